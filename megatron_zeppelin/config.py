@@ -1,0 +1,69 @@
+"""ZeppelinConfig: every Zeppelin option, typed, frozen and validated.
+
+Errors name the command-line flag to change (the argparse bridge is integration/args.py).
+
+>>> ZeppelinConfig(routing="multi-nic").routing_enabled(nodes=2), ZeppelinConfig().routing_enabled(nodes=1)
+(True, False)
+>>> ZeppelinConfig(strategy="bogus")
+Traceback (most recent call last):
+...
+megatron_zeppelin.config.ConfigError: unknown strategy 'bogus' (set --zeppelin-strategy to one of zeppelin, packed_dp, static_cp, allgather_cp, hybrid_dp, dynamic_cp)
+"""
+
+from __future__ import annotations
+
+from .errors import ZeppelinError
+
+from dataclasses import dataclass, field, replace
+from typing import Tuple
+
+STRATEGIES = ("zeppelin", "packed_dp", "static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp")
+ROUTING = ("auto", "multi-nic", "off")
+
+
+class ConfigError(ZeppelinError):
+    pass
+
+
+@dataclass(frozen=True)
+class ZeppelinConfig:
+    balance: bool = False  # --zeppelin-balance: plan every micro-batch with Zeppelin
+    strategy: str = "zeppelin"  # --zeppelin-strategy
+    gpus_per_node: int = 8  # --zeppelin-gpus-per-node
+    nics_per_node: int = 0  # --zeppelin-nics-per-node (0 = one per GPU, or the profile's)
+    gpu_nic_map: Tuple[int, ...] = field(default=())  # --zeppelin-gpu-nic-map
+    cluster: str = "h200"  # --zeppelin-cluster: profile preset or YAML path
+    routing: str = "auto"  # --zeppelin-routing: auto = multi-nic when the domain spans nodes
+    remap: bool = True  # --zeppelin-remap / --no-zeppelin-remap
+    capacity_tokens: int = 0  # --zeppelin-capacity-tokens: per-rank attention tokens, 0 = 2x the mean
+    cp_size: int = 0  # --zeppelin-cp-size: CP group size for static_cp/allgather_cp, 0 = best for the batch
+    min_route_bytes: int = 0  # --zeppelin-min-route-bytes: 0 = derived from the profile
+    debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
+    tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"unknown strategy '{self.strategy}' (set --zeppelin-strategy to one of "
+                              f"{', '.join(STRATEGIES)})")
+        if self.routing not in ROUTING:
+            raise ConfigError(f"unknown routing '{self.routing}' (set --zeppelin-routing to one of "
+                              f"{', '.join(ROUTING)})")
+        if self.gpus_per_node < 1:
+            raise ConfigError(f"--zeppelin-gpus-per-node must be >= 1, got {self.gpus_per_node}")
+        if self.nics_per_node < 0:
+            raise ConfigError(f"--zeppelin-nics-per-node must be >= 0, got {self.nics_per_node}")
+        if self.capacity_tokens < 0:
+            raise ConfigError(f"--zeppelin-capacity-tokens must be >= 0, got {self.capacity_tokens}")
+        if self.cp_size < 0 or (self.cp_size & (self.cp_size - 1)):
+            raise ConfigError(f"--zeppelin-cp-size must be 0 (auto) or a power of two, got {self.cp_size}")
+        if self.min_route_bytes < 0:
+            raise ConfigError(f"--zeppelin-min-route-bytes must be >= 0, got {self.min_route_bytes}")
+        if self.tp < 1:
+            raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
+        object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
+
+    def routing_enabled(self, nodes: int) -> bool:
+        return self.routing == "multi-nic" or (self.routing == "auto" and nodes > 1)
+
+    def with_(self, **kw) -> "ZeppelinConfig":
+        return replace(self, **kw)

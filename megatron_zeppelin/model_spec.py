@@ -1,0 +1,83 @@
+"""ModelSpec: the shapes of a LLaMA-style transformer the cost model needs (configs/models/*.yaml).
+
+>>> m = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
+>>> m.head_dim, m.kv_bytes_per_token(tp=1)   # K and V, 2 KV heads x 16 dims x 2 bytes each
+(16, 128)
+"""
+
+from __future__ import annotations
+
+from .errors import ZeppelinError
+
+import os
+from dataclasses import asdict, dataclass
+
+import yaml
+
+MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "models")
+
+
+class ModelSpecError(ZeppelinError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    head_dim: int = 0  # 0 = hidden // heads
+    dtype_bytes: int = 2  # bf16 activations and K/V
+
+    def __post_init__(self):
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "head_dim", "dtype_bytes"):
+            if getattr(self, f) < 1:
+                raise ModelSpecError(f"model {self.name}: {f} must be >= 1")
+        if self.heads % self.kv_heads:
+            raise ModelSpecError(f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads")
+
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """Bytes of K and V for one token of one layer on one TP rank."""
+        return 2 * max(1, self.kv_heads // tp) * self.head_dim * self.dtype_bytes
+
+    def linear_flops_per_token(self, tp: int = 1) -> float:
+        """Forward matmul FLOPs per token per layer on one TP rank (QKV, out proj, SwiGLU MLP)."""
+        h, d = self.hidden, self.head_dim
+        params = h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h + 3 * h * self.ffn
+        return 2.0 * params / tp
+
+    def head_flops_per_token(self, tp: int = 1) -> float:
+        """Forward FLOPs per token of the vocab head (embedding lookup is free)."""
+        return 2.0 * self.hidden * self.vocab / tp
+
+    def params(self) -> int:
+        h, d = self.hidden, self.head_dim
+        per_layer = h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h + 3 * h * self.ffn + 2 * h
+        return self.layers * per_layer + 2 * self.vocab * h + h
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name (``llama-7b``) or a YAML path."""
+    path = name_or_path
+    if not os.path.exists(path):
+        path = os.path.join(MODELS_DIR, f"{name_or_path}.yaml")
+    if not os.path.exists(path):
+        known = sorted(f[:-5] for f in os.listdir(MODELS_DIR) if f.endswith(".yaml"))
+        raise ModelSpecError(f"unknown model '{name_or_path}' (set --model to one of {known} or a YAML path)")
+    with open(path) as f:
+        d = yaml.safe_load(f)
+    if not isinstance(d, dict):
+        raise ModelSpecError(f"{path}: expected a mapping of model fields")
+    try:
+        return ModelSpec(**{k: v for k, v in d.items() if k != "source"})
+    except TypeError as e:
+        raise ModelSpecError(f"{path}: {e}") from None

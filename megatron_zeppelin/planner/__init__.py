@@ -1,0 +1,61 @@
+"""The planner: pure and deterministic. ``plan_batch`` turns the document lengths of one global
+micro-batch into a Plan (see types.py) for a topology, hardware profile, model and strategy.
+
+No torch.distributed, no clock, no unseeded randomness; ties are broken by (length, index).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ..config import ZeppelinConfig
+from ..model_spec import ModelSpec
+from ..profile import HardwareProfile
+from ..topology import Topology
+from .assemble import assemble
+from .context import Placement, PlanContext
+from .cost_model import CostModel
+from .strategies import get_strategy
+from .types import Plan, PlanError
+
+__all__ = ["plan_batch", "make_context", "Plan", "PlanError", "PlanContext", "Placement", "CostModel"]
+
+
+def make_context(topology: Topology, profile: HardwareProfile, model: ModelSpec,
+                 config: Optional[ZeppelinConfig] = None, total_tokens: int = 0) -> PlanContext:
+    config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
+    world = topology.world_size
+    capacity = config.capacity_tokens or max(1, 2 * -(-total_tokens // world))
+    return PlanContext(topology, model, profile, config, CostModel(model, profile, topology, config.tp), capacity)
+
+
+def check_lengths(lengths: Sequence[int], capacity: int, world: int) -> list:
+    if len(lengths) == 0:
+        raise PlanError("empty batch: no documents to plan (check --dataset / --global-batch-tokens)")
+    out = []
+    for i, L in enumerate(lengths):
+        if isinstance(L, bool) or int(L) != L:
+            raise PlanError(f"document {i} has non-integer length {L!r}")
+        if L <= 0:
+            raise PlanError(f"document {i} has length {L}: lengths must be positive")
+        out.append(int(L))
+    if max(out) > capacity * world:
+        i = out.index(max(out))
+        raise PlanError(f"document {i} has {max(out)} tokens but the domain holds at most {capacity * world} "
+                        f"({world} ranks x {capacity} tokens): raise --zeppelin-capacity-tokens "
+                        f"to at least {-(-max(out) // world)} or add ranks")
+    return out
+
+
+def plan_batch(lengths: Sequence[int], topology: Topology, profile: HardwareProfile, model: ModelSpec,
+               config: Optional[ZeppelinConfig] = None, strategy: Optional[str] = None) -> Plan:
+    """Plan one global micro-batch. ``strategy`` defaults to ``config.strategy``."""
+    config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
+    name = strategy or config.strategy
+    ZeppelinConfig(strategy=name)  # validates the name with a flag-naming error
+    if hasattr(lengths, "tolist"):
+        lengths = lengths.tolist()
+    ctx = make_context(topology, profile, model, config, total_tokens=sum(int(x) for x in lengths))
+    lengths = check_lengths(lengths, ctx.capacity, topology.world_size)
+    placement = get_strategy(name)(lengths, ctx)
+    return assemble(name, lengths, ctx, placement)

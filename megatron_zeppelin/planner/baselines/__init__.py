@@ -1,0 +1,1 @@
+"""Baseline strategies, each as its authors describe it, returning the same Placement/Plan types."""

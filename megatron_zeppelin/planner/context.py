@@ -1,0 +1,35 @@
+"""What a strategy gets (PlanContext) and what it returns (Placement) before assembly into a Plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from ..config import ZeppelinConfig
+from ..model_spec import ModelSpec
+from ..profile import HardwareProfile
+from ..topology import Topology
+from .cost_model import CostModel
+from .types import DocPlan, Ring, Thresholds
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    topology: Topology
+    model: ModelSpec
+    profile: HardwareProfile
+    config: ZeppelinConfig
+    cost: CostModel
+    capacity: int  # per-rank attention-layout token capacity
+
+
+@dataclass
+class Placement:
+    """A strategy's decision: document classes, rings and owners. Rings may come in any order;
+    assembly puts inter rings before intra rings and renumbers them."""
+    docs: List[DocPlan]
+    rings: List[Ring]
+    thresholds: Thresholds
+    remap: bool = False  # run the remapping layer (token-balanced linear layout)
+    routing: bool = False  # route inter-node ring messages over all NICs
+    meta: Dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,39 @@
+"""Attention layout: which token segments each rank holds for attention, and zigzag chunking.
+
+A document split over a ring of G ranks is cut into 2G chunks as equal as integers allow (no
+padding: a length not divisible by 2G gives chunks differing by one token); member i holds chunks i
+and 2G-1-i. Per rank the segments are in queue order: inter rings, intra rings (ring order, then the
+ring's documents in order, chunk i before chunk 2G-1-i), then local documents in document order.
+
+>>> zigzag_bounds(10, 2)   # 4 chunks of 10 tokens: 2, 3, 2, 3
+(0, 2, 5, 7, 10)
+>>> from megatron_zeppelin.planner.types import DocPlan, Ring
+>>> docs = [DocPlan(0, 10, "intra", 0, -1, zigzag_bounds(10, 2)), DocPlan(1, 3, "local", -1, 1, (0, 3))]
+>>> lay = attention_layout(docs, [Ring(0, (0, 1), "intra", (0,))], 2)
+>>> [[(s.doc, s.start, s.stop) for s in r] for r in lay]
+[[(0, 0, 2), (0, 7, 10)], [(0, 2, 5), (0, 5, 7), (1, 0, 3)]]
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+from .types import DocPlan, Ring, Segment
+
+
+def zigzag_bounds(length: int, ring_size: int) -> Tuple[int, ...]:
+    n = 2 * ring_size
+    return tuple((j * length) // n for j in range(n + 1))
+
+
+def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
+                     ) -> Tuple[Tuple[Segment, ...], ...]:
+    dmap: Dict[int, DocPlan] = {d.doc: d for d in docs}
+    out: List[List[Segment]] = [[] for _ in range(world)]
+    for ring in rings:
+        for i, rank in enumerate(ring.ranks):
+            for d in ring.docs:
+                out[rank].extend(dmap[d].member_segments(i))
+    for d in sorted((d for d in docs if d.cls == "local"), key=lambda d: d.doc):
+        out[d.owner].append(Segment(d.doc, 0, d.length))
+    return tuple(tuple(r) for r in out)

@@ -1,0 +1,61 @@
+"""Ring schedule: the direct (unrouted) messages of every ring step, as CommOps.
+
+Zigzag ring (``p2p``): at step s member i holds the K/V block of member (i - s) mod G and passes it
+to member i + 1. Steps 0..G-2 run in the forward; step G-1 only in the backward (dK/dV come home).
+All rings of one queue step together: global step s of the queue is step s of each of its rings.
+All-gather ring (``allgather``): one step in which every member sends its block to every other.
+
+Worked example: one intra ring of ranks (0, 1) holding a document of 6 tokens (member 0 holds 3
+tokens, member 1 holds 3), 4 bytes of K/V per token:
+
+>>> from megatron_zeppelin.topology import Topology
+>>> from megatron_zeppelin.planner.types import DocPlan, Ring
+>>> ring = Ring(id=0, ranks=(0, 1), cls="intra", docs=(0,))
+>>> doc = DocPlan(0, 6, "intra", 0, -1, (0, 1, 3, 4, 6))
+>>> ops = ring_ops([ring], {0: doc}, Topology(1, 2), kv_bytes_per_token=4)
+>>> [(o.step, o.src, o.dst, o.block, o.stop, o.nbytes, o.link) for o in ops]
+[(0, 0, 1, 0, 3, 12, 'nvlink'), (0, 1, 0, 1, 3, 12, 'nvlink'), (1, 0, 1, 1, 3, 12, 'nvlink'), (1, 1, 0, 0, 3, 12, 'nvlink')]
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+from ..topology import Topology
+from .types import CommOp, DocPlan, Ring
+
+
+def block_tokens(ring: Ring, docs: Dict[int, DocPlan]) -> List[int]:
+    """Tokens each member of ``ring`` holds (its K/V block size)."""
+    return [sum(len(s) for d in ring.docs for s in docs[d].member_segments(i)) for i in range(ring.size)]
+
+
+def _op(topo: Topology, ring: Ring, step: int, block: int, src: int, dst: int, tokens: int, kvb: int) -> CommOp:
+    inter = not topo.same_node(src, dst)
+    return CommOp(queue=ring.cls, step=step, ring=ring.id, block=block, msg_src=src, msg_dst=dst, src=src,
+                  dst=dst, start=0, stop=tokens, nbytes=tokens * kvb, link="nic" if inter else "nvlink",
+                  nic=topo.nic_of(src) if inter else -1, stage="direct")
+
+
+def ring_ops(rings: Sequence[Ring], docs: Dict[int, DocPlan], topo: Topology, kv_bytes_per_token: int) -> List[CommOp]:
+    ops: List[CommOp] = []
+    for ring in rings:
+        g = ring.size
+        if g < 2:
+            continue
+        sizes = block_tokens(ring, docs)
+        if ring.comm == "allgather":
+            for i in range(g):
+                for k in range(1, g):
+                    j = (i + k) % g
+                    if sizes[i]:
+                        ops.append(_op(topo, ring, 0, i, ring.ranks[i], ring.ranks[j], sizes[i], kv_bytes_per_token))
+            continue
+        for s in range(g):
+            for i in range(g):
+                blk = (i - s) % g
+                if sizes[blk]:
+                    ops.append(_op(topo, ring, s, blk, ring.ranks[i], ring.ranks[(i + 1) % g], sizes[blk],
+                                   kv_bytes_per_token))
+    ops.sort(key=lambda o: (("inter", "intra").index(o.queue), o.step, o.ring, o.src))
+    return ops

@@ -1,0 +1,23 @@
+"""Small contexts for docstring examples and tests (a toy profile and model)."""
+
+from __future__ import annotations
+
+from ..config import ZeppelinConfig
+from ..model_spec import ModelSpec
+from ..profile import HardwareProfile
+from ..topology import Topology
+from .context import PlanContext
+from .cost_model import CostModel
+
+TOY_MODEL = ModelSpec(name="toy", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
+TOY_PROFILE = HardwareProfile(
+    name="toy", gpu="toy", gemm_tflops=100.0, attn_seqlen=(128, 4096), attn_fwd_tflops=(20.0, 100.0),
+    attn_bwd_tflops=(16.0, 80.0), nvlink_GBps=100.0, nvlink_latency_us=3.0, nic_GBps=10.0,
+    nic_latency_us=15.0, gpus_per_node=4, nics_per_node=2)
+
+
+def toy_context(nodes: int = 1, gpus: int = 4, nics: int = 0, config: ZeppelinConfig = None,
+                capacity: int = 1 << 40) -> PlanContext:
+    topo = Topology(nodes, gpus, nics)
+    cfg = config or ZeppelinConfig(gpus_per_node=gpus)
+    return PlanContext(topo, TOY_MODEL, TOY_PROFILE, cfg, CostModel(TOY_MODEL, TOY_PROFILE, topo), capacity)

@@ -1,0 +1,285 @@
+"""The Plan: the one contract between planning, execution and simulation.
+
+Every strategy (Zeppelin and the baselines) returns a Plan; the engine executes it and the
+simulator times it. It is plain frozen data with a JSON form and a digest that every rank compares.
+
+Worked example: 2 ranks on one node, documents of 6 and 3 tokens; document 0 on an intra ring
+of both ranks (4 zigzag chunks), document 1 local on rank 1.
+
+>>> d0 = DocPlan(doc=0, length=6, cls="intra", ring=0, owner=-1, bounds=(0, 1, 3, 4, 6))
+>>> d0.member_segments(0), d0.member_segments(1)   # member i holds chunks i and 2G-1-i
+((Segment(doc=0, start=0, stop=1), Segment(doc=0, start=4, stop=6)), (Segment(doc=0, start=1, stop=3), Segment(doc=0, start=3, stop=4)))
+>>> DocPlan(doc=1, length=3, cls="local", ring=-1, owner=1, bounds=(0, 3)).member_segments(0)
+(Segment(doc=1, start=0, stop=3),)
+"""
+
+from __future__ import annotations
+
+from ..errors import ZeppelinError
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from ..topology import Topology
+
+CLASSES = ("inter", "intra", "local")  # also the queue order of the attention engine
+STAGES = ("direct", "dispatch", "transfer", "combine")  # routing stages run in this order per step
+LINKS = ("nvlink", "nic")
+
+
+class PlanError(ZeppelinError):
+    """A plan that breaks the contract or does not match the data it is used with."""
+
+
+@dataclass(frozen=True, order=True)
+class Segment:
+    """Tokens [start, stop) of document ``doc`` (positions inside the document, for RoPE)."""
+    doc: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class DocPlan:
+    """Where one document runs. ``bounds`` has 2G+1 chunk boundaries for a ring of G members
+    (chunk j = tokens [bounds[j], bounds[j+1]); member i holds chunks i and 2G-1-i), or (0, L) local."""
+    doc: int
+    length: int
+    cls: str  # "local" | "intra" | "inter"
+    ring: int  # index into Plan.rings, -1 for local
+    owner: int  # rank for local documents, -1 otherwise
+    bounds: Tuple[int, ...]
+
+    def member_segments(self, member: int) -> Tuple[Segment, ...]:
+        if self.ring < 0:
+            return (Segment(self.doc, 0, self.length),)
+        g2 = len(self.bounds) - 1
+        a, b = member, g2 - 1 - member
+        return tuple(Segment(self.doc, self.bounds[j], self.bounds[j + 1]) for j in (a, b)
+                     if self.bounds[j + 1] > self.bounds[j])
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Ranks that run ring attention together on ``docs`` (in this order). ``comm`` is ``p2p``
+    (zigzag ring: K/V blocks travel around the ring) or ``allgather`` (Llama-3-style)."""
+    id: int
+    ranks: Tuple[int, ...]
+    cls: str
+    docs: Tuple[int, ...]
+    comm: str = "p2p"
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(frozen=True)
+class Move:
+    """Remap, forward direction (attention layout -> linear layout): ``src`` sends ``segments``
+    to ``dst``. The backward (and the linear -> attention remap) is the same move reversed."""
+    src: int
+    dst: int
+    segments: Tuple[Segment, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+
+@dataclass(frozen=True)
+class CommOp:
+    """One hop of one ring-step message in one attention layer's forward.
+
+    The message is the K/V block that ring member ``block`` owns (all its tokens of the ring's
+    documents, in attention-layout order) travelling from ``msg_src`` to ``msg_dst``; this op carries
+    its token rows [start, stop) from ``src`` to ``dst`` over ``link`` (``nic`` = global NIC id for a
+    NIC hop, else -1). Stages of a step run in STAGES order: direct sends, or dispatch -> transfer ->
+    combine for a routed message. Ring steps 0..G-2 carry K/V in the forward; the backward also
+    uses step G-1 (dK/dV return to their owner)."""
+    queue: str  # "inter" | "intra"
+    step: int
+    ring: int
+    block: int  # ring member index whose K/V this is
+    msg_src: int
+    msg_dst: int
+    src: int
+    dst: int
+    start: int
+    stop: int
+    nbytes: int
+    link: str
+    nic: int
+    stage: str
+
+
+@dataclass(frozen=True)
+class RankCost:
+    """Predicted seconds for one training iteration (forward + backward, all layers) on one rank."""
+    attention_s: float
+    linear_s: float
+    comm_exposed_s: float
+    remap_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.attention_s + self.linear_s + self.comm_exposed_s + self.remap_s
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Length classes: <= local_max stays local; > intra_max may span nodes. ``reason`` says why."""
+    local_max: int
+    intra_max: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: str
+    topology: Topology
+    lengths: Tuple[int, ...]
+    docs: Tuple[DocPlan, ...]
+    rings: Tuple[Ring, ...]  # queue order: inter rings, then intra rings
+    attention_layout: Tuple[Tuple[Segment, ...], ...]  # per rank
+    linear_layout: Tuple[Tuple[Segment, ...], ...]  # per rank
+    remap: Tuple[Move, ...]
+    schedule: Tuple[CommOp, ...]
+    cost: Tuple[RankCost, ...]
+    lower_bound_s: float
+    thresholds: Thresholds
+    kv_bytes_per_token: int = 0
+    meta: Tuple[Tuple[str, str], ...] = field(default=())
+
+    # --- derived views ------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    @property
+    def predicted_iteration_s(self) -> float:
+        return max(c.total_s for c in self.cost)
+
+    @property
+    def imbalance(self) -> float:
+        t = [c.total_s for c in self.cost]
+        mean = sum(t) / len(t)
+        return max(t) / mean if mean > 0 else 1.0
+
+    def tokens(self, rank: int, layout: str = "attention") -> int:
+        lay = self.attention_layout if layout == "attention" else self.linear_layout
+        return sum(len(s) for s in lay[rank])
+
+    def rings_of(self, rank: int, cls: Optional[str] = None) -> Tuple[Ring, ...]:
+        return tuple(r for r in self.rings if rank in r.ranks and (cls is None or r.cls == cls))
+
+    def local_docs(self, rank: int) -> Tuple[DocPlan, ...]:
+        return tuple(d for d in self.docs if d.cls == "local" and d.owner == rank)
+
+    def ops(self, queue: Optional[str] = None, step: Optional[int] = None) -> Tuple[CommOp, ...]:
+        return tuple(o for o in self.schedule
+                     if (queue is None or o.queue == queue) and (step is None or o.step == step))
+
+    def class_counts(self) -> Dict[str, int]:
+        out = {c: 0 for c in CLASSES}
+        for d in self.docs:
+            out[d.cls] += 1
+        return out
+
+    # --- JSON and digest ----------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return _encode(self)
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, separators=None if indent else (",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        try:
+            return Plan(
+                strategy=d["strategy"], topology=Topology.from_dict(d["topology"]),
+                lengths=tuple(d["lengths"]),
+                docs=tuple(DocPlan(**{**x, "bounds": tuple(x["bounds"])}) for x in d["docs"]),
+                rings=tuple(Ring(**{**x, "ranks": tuple(x["ranks"]), "docs": tuple(x["docs"])})
+                            for x in d["rings"]),
+                attention_layout=tuple(tuple(Segment(*s) for s in r) for r in d["attention_layout"]),
+                linear_layout=tuple(tuple(Segment(*s) for s in r) for r in d["linear_layout"]),
+                remap=tuple(Move(m["src"], m["dst"], tuple(Segment(*s) for s in m["segments"]))
+                            for m in d["remap"]),
+                schedule=tuple(CommOp(*o) for o in d["schedule"]),
+                cost=tuple(RankCost(*c) for c in d["cost"]),
+                lower_bound_s=float(d["lower_bound_s"]), thresholds=Thresholds(**d["thresholds"]),
+                kv_bytes_per_token=int(d.get("kv_bytes_per_token", 0)),
+                meta=tuple((k, v) for k, v in d.get("meta", [])))
+        except (KeyError, TypeError) as e:
+            raise PlanError(f"malformed plan JSON: {e}") from None
+
+    @classmethod
+    def from_json(cls, s: str) -> "Plan":
+        return cls.from_dict(json.loads(s))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def first_difference(self, other: "Plan") -> Optional[str]:
+        """Path of the first field where two plans differ (None if equal), for mismatch errors."""
+        return _first_diff(self.to_dict(), other.to_dict(), "plan")
+
+
+# Compact encodings: segments and ops are lists (they are many); other dataclasses are dicts.
+_AS_LIST = (Segment, CommOp, RankCost)
+
+
+def _encode(x):
+    if isinstance(x, _AS_LIST):
+        return [_encode(getattr(x, f.name)) for f in fields(x)]
+    if isinstance(x, Topology):
+        return x.to_dict()
+    if is_dataclass(x):
+        return {f.name: _encode(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, (tuple, list)):
+        return [_encode(v) for v in x]
+    if isinstance(x, float):
+        return float(repr(x)) if x == x else None
+    return x
+
+
+def _first_diff(a, b, path: str) -> Optional[str]:
+    if type(a) != type(b):
+        return path
+    if isinstance(a, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if k not in a or k not in b:
+                return f"{path}.{k}"
+            r = _first_diff(a[k], b[k], f"{path}.{k}")
+            if r:
+                return r
+        return None
+    if isinstance(a, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            r = _first_diff(x, y, f"{path}[{i}]")
+            if r:
+                return r
+        return f"{path} (length {len(a)} vs {len(b)})" if len(a) != len(b) else None
+    return None if a == b else path
+
+
+def segments_tokens(segs: Iterable[Segment]) -> int:
+    return sum(len(s) for s in segs)
+
+
+def cu_seqlens(segs: Iterable[Segment]) -> List[int]:
+    """Cumulative lengths of consecutive segments (the varlen kernels' ``cu_seqlens``).
+
+    >>> cu_seqlens([Segment(0, 0, 3), Segment(4, 0, 5)])
+    [0, 3, 8]
+    """
+    out = [0]
+    for s in segs:
+        out.append(out[-1] + len(s))
+    return out

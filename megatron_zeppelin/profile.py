@@ -1,0 +1,135 @@
+"""HardwareProfile: the costs of one machine type (configs/clusters/*.yaml).
+
+Attention throughput depends on the length of the attended block: short documents run far below
+peak (tile quantization, launch overhead). Between table points the rate is interpolated linearly in
+log2(length); outside the table it is clamped.
+
+>>> p = HardwareProfile(name="toy", gpu="toy", gemm_tflops=100.0, attn_seqlen=(512, 2048),
+...                     attn_fwd_tflops=(50.0, 100.0), attn_bwd_tflops=(40.0, 80.0),
+...                     nvlink_GBps=100.0, nvlink_latency_us=2.0, nic_GBps=10.0, nic_latency_us=10.0,
+...                     gpus_per_node=8, nics_per_node=4)
+>>> p.attn_tflops(1024), p.attn_tflops(4096, backward=True)
+(75.0, 80.0)
+"""
+
+from __future__ import annotations
+
+from .errors import ZeppelinError
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Tuple
+
+import yaml
+
+CLUSTERS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "clusters")
+ALIASES = {"a": "a800", "b": "h800", "c": "h200"}
+
+
+class ProfileError(ZeppelinError):
+    pass
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    gpu: str
+    gemm_tflops: float
+    attn_seqlen: Tuple[int, ...]
+    attn_fwd_tflops: Tuple[float, ...]
+    attn_bwd_tflops: Tuple[float, ...]
+    nvlink_GBps: float  # per GPU, per direction, achieved
+    nvlink_latency_us: float
+    nic_GBps: float  # per NIC, per direction, achieved
+    nic_latency_us: float
+    gpus_per_node: int = 8
+    nics_per_node: int = 8
+    gpu_to_nic: Tuple[int, ...] = ()
+    memory_GB: float = 80.0
+    assumed: Tuple[str, ...] = field(default=())  # fields that are assumptions, not published/measured
+
+    def __post_init__(self):
+        for f in ("attn_seqlen", "attn_fwd_tflops", "attn_bwd_tflops", "gpu_to_nic", "assumed"):
+            object.__setattr__(self, f, tuple(getattr(self, f)))
+        n = len(self.attn_seqlen)
+        if n == 0 or len(self.attn_fwd_tflops) != n or len(self.attn_bwd_tflops) != n:
+            raise ProfileError(f"profile {self.name}: attention.seqlen, fwd_tflops and bwd_tflops must be "
+                               "non-empty lists of the same length")
+        if list(self.attn_seqlen) != sorted(set(self.attn_seqlen)) or self.attn_seqlen[0] < 1:
+            raise ProfileError(f"profile {self.name}: attention.seqlen must be strictly increasing and positive")
+        for f in ("gemm_tflops", "nvlink_GBps", "nic_GBps"):
+            if not getattr(self, f) > 0:
+                raise ProfileError(f"profile {self.name}: {f} must be > 0")
+        if min(self.attn_fwd_tflops) <= 0 or min(self.attn_bwd_tflops) <= 0:
+            raise ProfileError(f"profile {self.name}: attention throughputs must be > 0")
+        if self.nvlink_latency_us < 0 or self.nic_latency_us < 0:
+            raise ProfileError(f"profile {self.name}: latencies must be >= 0")
+
+    def attn_tflops(self, length: float, backward: bool = False) -> float:
+        xs, ys = self.attn_seqlen, (self.attn_bwd_tflops if backward else self.attn_fwd_tflops)
+        if length <= xs[0]:
+            return ys[0]
+        if length >= xs[-1]:
+            return ys[-1]
+        x = math.log2(length)
+        for i in range(1, len(xs)):
+            if length <= xs[i]:
+                x0, x1 = math.log2(xs[i - 1]), math.log2(xs[i])
+                return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
+        return ys[-1]  # unreachable
+
+    # --- (de)serialisation ----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        out = {k: d[k] for k in ("name", "gpu", "memory_GB", "gpus_per_node", "nics_per_node")}
+        out["gpu_to_nic"] = list(self.gpu_to_nic)
+        out["gemm_tflops"] = self.gemm_tflops
+        out["attention"] = {"seqlen": list(self.attn_seqlen), "fwd_tflops": list(self.attn_fwd_tflops),
+                            "bwd_tflops": list(self.attn_bwd_tflops)}
+        out["nvlink"] = {"GBps": self.nvlink_GBps, "latency_us": self.nvlink_latency_us}
+        out["nic"] = {"GBps": self.nic_GBps, "latency_us": self.nic_latency_us}
+        out["assumed"] = list(self.assumed)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<dict>") -> "HardwareProfile":
+        try:
+            att, nv, nic = d["attention"], d["nvlink"], d["nic"]
+            return cls(
+                name=str(d["name"]), gpu=str(d.get("gpu", d["name"])), gemm_tflops=float(d["gemm_tflops"]),
+                attn_seqlen=tuple(int(x) for x in att["seqlen"]),
+                attn_fwd_tflops=tuple(float(x) for x in att["fwd_tflops"]),
+                attn_bwd_tflops=tuple(float(x) for x in att["bwd_tflops"]),
+                nvlink_GBps=float(nv["GBps"]), nvlink_latency_us=float(nv["latency_us"]),
+                nic_GBps=float(nic["GBps"]), nic_latency_us=float(nic["latency_us"]),
+                gpus_per_node=int(d.get("gpus_per_node", 8)), nics_per_node=int(d.get("nics_per_node", 8)),
+                gpu_to_nic=tuple(int(x) for x in d.get("gpu_to_nic", ())),
+                memory_GB=float(d.get("memory_GB", 80.0)), assumed=tuple(d.get("assumed", ())))
+        except ProfileError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"malformed profile {source}: missing or bad field {e}") from None
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """A preset (``a800``/``h800``/``h200``, or the paper's cluster letters ``a``/``b``/``c``) or a YAML path."""
+    path = name_or_path
+    if not os.path.exists(path):
+        path = os.path.join(CLUSTERS_DIR, f"{ALIASES.get(name_or_path.lower(), name_or_path)}.yaml")
+    if not os.path.exists(path):
+        known = sorted(f[:-5] for f in os.listdir(CLUSTERS_DIR) if f.endswith(".yaml"))
+        raise ProfileError(f"unknown cluster '{name_or_path}' (set --cluster to one of {known}, a/b/c, "
+                           "or a profile YAML path)")
+    try:
+        with open(path) as f:
+            d = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ProfileError(f"malformed profile {path}: {e}") from None
+    if not isinstance(d, dict):
+        raise ProfileError(f"malformed profile {path}: expected a mapping")
+    return HardwareProfile.from_dict(d, source=path)

@@ -1,0 +1,23 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="megatron_zeppelin",
+    version="0.1.0",
+    description="Zeppelin (arXiv 2509.21841) for Megatron-Core: hierarchical sequence partitioning, "
+                "multi-NIC routing and attention/MLP remapping for variable-length data-parallel training",
+    packages=find_packages(include=["megatron_zeppelin", "megatron_zeppelin.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.4",
+        "megatron-core>=0.16.1",
+        "numpy>=1.24",
+        "PyYAML>=6",
+        "rich>=13",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "tensorboard>=2.14"],
+        "gpu": ["transformer-engine[pytorch]", "flash-attn"],
+    },
+    entry_points={"console_scripts": ["zeppelin=megatron_zeppelin.cli:main"]},
+)
