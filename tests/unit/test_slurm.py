@@ -1,0 +1,84 @@
+"""Rendered SLURM jobs: valid bash, the right flags for each mode, dry-run prints, logs collected."""
+
+import os
+import shlex
+import subprocess
+
+import pytest
+import yaml
+
+from megatron_zeppelin.cli import main
+from megatron_zeppelin.slurm import MODES, render_jobs
+from megatron_zeppelin.slurm_results import collect
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(REPO, "configs", "runs", "slurm_example.yaml")
+
+
+def _args(script: str):
+    """The launcher's argument list, as bash would split it."""
+    body = script.split("zeppelin_launch ", 1)[1].replace("\\\n", " ")
+    return shlex.split(body)
+
+
+def _flag(args, name, n=1):
+    i = args.index(name)
+    return args[i + 1:i + 1 + n]
+
+
+def test_every_mode_renders_valid_bash(tmp_path):
+    jobs = render_jobs(EXAMPLE, str(tmp_path))
+    assert {j.mode for j in jobs} == set(MODES) and len(jobs) == 2 * len(MODES)
+    for j in jobs:
+        p = tmp_path / os.path.basename(j.path)
+        p.write_text(j.script)
+        subprocess.run(["bash", "-n", str(p)], check=True)
+
+
+def test_flags_per_mode(tmp_path):
+    jobs = {(j.name, j.mode): _args(j.script) for j in render_jobs(EXAMPLE, str(tmp_path))}
+    z = jobs[("7b-arxiv-64k", "zeppelin")]
+    assert z[0].endswith("scripts/pretrain_gpt_zeppelin.py") and "--zeppelin-balance" in z
+    assert _flag(z, "--zeppelin-cluster") == ["h200"] and "--context-parallel-size" not in z
+    dp = jobs[("7b-arxiv-64k", "dp")]
+    assert dp[0].endswith("Megatron-LM/pretrain_gpt.py") and _flag(dp, "--context-parallel-size") == ["1"]
+    assert "--reset-attention-mask" in dp and "--zeppelin-balance" not in dp
+    cp = jobs[("7b-arxiv-64k", "cp_p2p")]
+    assert _flag(cp, "--context-parallel-size") == ["8"] and _flag(cp, "--cp-comm-type") == ["p2p"]
+    h = jobs[("7b-arxiv-64k", "cp_a2a_p2p")]
+    assert _flag(h, "--cp-comm-type") == ["a2a+p2p"]
+    assert _flag(h, "--hierarchical-context-parallel-sizes", 2) == ["8", "1"]
+    tp = jobs[("13b-prolong-64k", "cp_a2a_p2p")]  # tp 2: 4 CP ranks fit in a node of 8 GPUs
+    assert _flag(tp, "--tensor-model-parallel-size") == ["2"] and "--sequence-parallel" in tp
+    assert _flag(tp, "--hierarchical-context-parallel-sizes", 2) == ["4", "2"]
+    # same model and data in every mode
+    for mode in MODES:
+        a = jobs[("7b-arxiv-64k", mode)]
+        assert _flag(a, "--num-layers") == ["32"] and _flag(a, "--global-batch-size") == ["16"]
+        assert _flag(a, "--data-path") == ["/data/arxiv_text_document"]
+
+
+def test_dry_run_prints_commands(tmp_path, capsys):
+    assert main(["slurm", "--matrix", EXAMPLE, "--out", str(tmp_path / "jobs"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("sbatch ") == 8 and (tmp_path / "jobs" / "7b-arxiv-64k-zeppelin.sbatch").exists()
+
+
+def test_bad_matrix_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "m.yaml"
+    bad.write_text(yaml.safe_dump({"runs": [{"name": "x", "model": "llama-7b", "nodes": 2, "cp": 3,
+                                             "data_path": "/d", "modes": ["cp_p2p"]}]}))
+    assert main(["slurm", "--matrix", str(bad), "--out", str(tmp_path), "--dry-run"]) == 2
+    assert "cp 3" in capsys.readouterr().err
+    assert main(["slurm", "--matrix", str(tmp_path / "missing.yaml"), "--dry-run"]) == 2
+
+
+def test_collect_logs(tmp_path):
+    log = ("[zeppelin-slurm] run=r mode=zeppelin nodes=2 gpus_per_node=8\n" +
+           "".join(f" iteration {i:>8}/      10 | elapsed time per iteration (ms): {1000 + i:.1f} | "
+                   f"lm loss: {9 - i * 0.1:.3f} |\n" for i in range(1, 11)))
+    (tmp_path / "r-zeppelin-1.log").write_text(log)
+    (tmp_path / "other.log").write_text("no header here")
+    recs = collect(str(tmp_path), warmup=3)
+    assert len(recs) == 1 and recs[0]["iterations"] == 7
+    assert recs[0]["iteration_s"] == pytest.approx(1.007) and recs[0]["strategy"] == "zeppelin"
