@@ -1,0 +1,120 @@
+"""Shared pieces of the CP baselines: aligned groups of consecutive ranks, exact zigzag shares,
+turning a doc -> group assignment into a Placement, and picking the predicted-fastest candidate.
+
+Groups are blocks of consecutive ranks aligned to their size (as Megatron lays out CP groups), so a
+group of at most ``gpus_per_node`` ranks stays inside one node:
+
+>>> from megatron_zeppelin.topology import Topology
+>>> aligned_blocks(2, 8)
+[(0, 1), (2, 3), (4, 5), (6, 7)]
+>>> ring_class((0, 1, 2, 3), Topology(2, 4)), ring_class((0, 1, 2, 3, 4, 5, 6, 7), Topology(2, 4))
+('intra', 'inter')
+>>> member_tokens(10, 2)   # zigzag bounds (0, 2, 5, 7, 10): member 0 holds 2+3, member 1 holds 3+2
+[5, 5]
+
+A doc -> group map becomes local documents (group of one) and one ring per distinct group:
+
+>>> from megatron_zeppelin.planner.testing import toy_context
+>>> p = placement_from_groups([8, 3, 6], {0: (0, 1), 1: (1,), 2: (0, 1)}, toy_context(gpus=2), "p2p")
+>>> [(r.ranks, r.cls, r.docs) for r in p.rings], [(d.doc, d.cls, d.owner) for d in p.docs]
+([((0, 1), 'intra', (0, 2))], [(0, 'intra', -1), (1, 'local', 1), (2, 'intra', -1)])
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+
+from ..context import Placement, PlanContext
+from ..layout import zigzag_bounds
+from ..types import DocPlan, PlanError, Ring, Thresholds
+
+
+def aligned_blocks(size: int, world: int) -> List[Tuple[int, ...]]:
+    """Every block of ``size`` consecutive ranks starting at a multiple of ``size``."""
+    return [tuple(range(a, a + size)) for a in range(0, world - size + 1, size)]
+
+
+def cp_sizes(world: int) -> List[int]:
+    """CP group sizes: the powers of two that divide ``world``, and the whole domain (so a domain of
+    3 nodes x 4 GPUs can still split a document over all 12 ranks, as Megatron allows), ascending.
+
+    >>> cp_sizes(8), cp_sizes(12)
+    ([1, 2, 4, 8], [1, 2, 4, 12])
+    """
+    out, g = [], 1
+    while g <= world:
+        if world % g == 0:
+            out.append(g)
+        g *= 2
+    return out if out[-1] == world else out + [world]
+
+
+def ring_class(ranks: Sequence[int], topo) -> str:
+    return "intra" if len({topo.node_of(r) for r in ranks}) == 1 else "inter"
+
+
+def member_tokens(length: int, g: int) -> List[int]:
+    """Exact tokens each of ``g`` zigzag members holds (chunks i and 2g-1-i, no padding)."""
+    if g == 1:
+        return [length]
+    b = zigzag_bounds(length, g)
+    return [b[i + 1] - b[i] + b[2 * g - i] - b[2 * g - 1 - i] for i in range(g)]
+
+
+def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int, ...]], ctx: PlanContext,
+                          comm: str, why: str = "", meta: Dict[str, str] = None) -> Placement:
+    """One ring per distinct rank tuple (its documents in index order); groups of one are local.
+    ``why`` explains the classes in the plan's thresholds."""
+    topo = ctx.topology
+    ring_keys = sorted({g for g in groups.values() if len(g) > 1}, key=lambda g: (-len(g), g))
+    ring_id = {g: i for i, g in enumerate(ring_keys)}
+    members: Dict[Tuple[int, ...], List[int]] = {g: [] for g in ring_keys}
+    docs = []
+    for i, L in enumerate(lengths):
+        g = tuple(groups[i])
+        if len(g) == 1:
+            docs.append(DocPlan(i, int(L), "local", -1, g[0], (0, int(L))))
+        else:
+            members[g].append(i)
+            docs.append(DocPlan(i, int(L), ring_class(g, topo), ring_id[g], -1, zigzag_bounds(int(L), len(g))))
+    rings = [Ring(ring_id[g], g, ring_class(g, topo), tuple(members[g]), comm) for g in ring_keys]
+    return Placement(docs=docs, rings=rings, thresholds=describe_thresholds(docs, why), meta=dict(meta or {}))
+
+
+def describe_thresholds(docs: Sequence[DocPlan], why: str) -> Thresholds:
+    """The classes a baseline actually produced: longest local document, longest non-inter one."""
+    local = max((d.length for d in docs if d.cls == "local"), default=0)
+    intra = max((d.length for d in docs if d.cls != "inter"), default=0)
+    return Thresholds(local, max(local, intra), why)
+
+
+def rank_tokens(lengths: Sequence[int], groups: Mapping[int, Tuple[int, ...]], world: int) -> List[int]:
+    """Attention-layout tokens per rank implied by a doc -> group map."""
+    tok = [0] * world
+    for i, g in groups.items():
+        for r, t in zip(g, member_tokens(int(lengths[i]), len(g))):
+            tok[r] += t
+    return tok
+
+
+def pick_fastest(lengths: Sequence[int], ctx: PlanContext,
+                 candidates: Sequence[Tuple[int, Callable[[], Placement]]], what: str) -> Placement:
+    """Assemble each candidate (label, build) into a plan, keep the lowest predicted iteration time
+    (ties: the smaller label). Builders raising PlanError (e.g. over capacity) are skipped."""
+    from ..assemble import assemble  # late: assemble is the consumer of Placements
+
+    scored, reasons = [], []
+    for label, build in candidates:
+        try:
+            pl = build()
+        except PlanError as e:
+            reasons.append(f"{what}={label}: {e}")
+            continue
+        t = assemble(what, lengths, ctx, pl).predicted_iteration_s
+        scored.append((t, label, pl))
+    if not scored:
+        raise PlanError("no feasible " + what + " for this batch: " + "; ".join(reasons))
+    t, label, best = min(scored, key=lambda x: (x[0], x[1]))
+    best.meta[what] = str(label)
+    best.meta[what + "_predicted_s"] = ", ".join(f"{lb}:{tt:.6g}" for tt, lb, _ in sorted(scored, key=lambda x: x[1]))
+    return best
