@@ -1,0 +1,1 @@
+"""Plots (PNG, matplotlib with the Agg backend): imported lazily, matplotlib is slow to import."""

@@ -1,0 +1,107 @@
+"""The ``zeppelin plan --plot`` figure: where the batch's documents fall against the class
+thresholds, and what each rank is predicted to spend (from ``Plan.cost``)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+PARTS = (("attention_s", "attention", "#4C72B0"), ("linear_s", "linear", "#55A868"),
+         ("comm_exposed_s", "exposed comm", "#C44E52"), ("remap_s", "remap", "#8172B2"))
+CLASS_COLOR = {"local": "#DDEEFF", "intra": "#FFF2CC", "inter": "#F8D7DA"}
+
+
+def _matplotlib():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_plan(path: str, lengths, plan, compare: Optional[Dict[str, object]] = None,
+              title: Optional[str] = None) -> None:
+    """Write a PNG: length histogram with thresholds; per-rank stacked bars; with ``compare``
+    ({strategy: Plan or reason}) also each strategy's predicted iteration against the lower bound."""
+    plt = _matplotlib()
+    n = 3 if compare else 2
+    fig, axes = plt.subplots(n, 1, figsize=(12, 3.6 * n), constrained_layout=True)
+    _histogram(axes[0], np.asarray(lengths), plan)
+    _rank_bars(axes[1], plan)
+    if compare:
+        _strategies(axes[2], compare, plan.lower_bound_s)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def _histogram(ax, x: np.ndarray, plan) -> None:
+    lo, hi = max(1, int(x.min())), int(x.max())
+    bins = np.logspace(np.log10(lo), np.log10(hi + 1), 40) if hi > lo else np.array([lo - 0.5, hi + 0.5])
+    th = plan.thresholds
+    # Shade the class ranges so the thresholds read at a glance.
+    edges = [(bins[0], min(th.local_max, bins[-1]), "local"), (max(th.local_max, bins[0]),
+             min(th.intra_max, bins[-1]), "intra"), (max(th.intra_max, bins[0]), bins[-1], "inter")]
+    for a, b, c in edges:
+        if b > a:
+            ax.axvspan(a, b, color=CLASS_COLOR[c], alpha=0.8, lw=0, label=f"{c} range")
+    ax.hist(x, bins=bins, color="#4C72B0", alpha=0.9, label="documents")
+    ax.set_xscale("log")
+    ax.set_yscale("log")  # the long tail is a handful of documents: keep them visible
+    ax.set_ylim(bottom=0.7)
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel("documents (log)")
+    tw = ax.twinx()  # where the tokens (and the quadratic attention work) are
+    tok, _ = np.histogram(x, bins=bins, weights=x)
+    tw.step(bins[1:], np.cumsum(tok) / tok.sum(), where="pre", color="#DD8452", label="cumulative token share")
+    tw.set_ylim(0, 1.02)
+    tw.set_ylabel("cumulative share of tokens")
+    for v, name in ((th.local_max, "local max"), (th.intra_max, "intra max")):
+        if bins[0] < v < bins[-1]:
+            ax.axvline(v, color="k", ls="--", lw=1)
+            ax.text(v, np.sqrt(ax.get_ylim()[1] * ax.get_ylim()[0]), f"{name} {v} ", rotation=90, ha="right", va="center", fontsize=8)
+    cc = plan.class_counts()
+    ax.set_title(f"{len(x)} documents; {plan.strategy}: {cc['local']} local, {cc['intra']} intra, "
+                 f"{cc['inter']} inter", fontsize=10)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = tw.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left", bbox_to_anchor=(1.07, 1.0))
+
+
+def _rank_bars(ax, plan) -> None:
+    ranks = np.arange(plan.world_size)
+    bottom = np.zeros(plan.world_size)
+    for field, label, color in PARTS:
+        v = np.array([getattr(c, field) for c in plan.cost])
+        ax.bar(ranks, v, bottom=bottom, color=color, label=label, width=0.85)
+        bottom += v
+    ax.axhline(plan.lower_bound_s, color="k", ls="--", lw=1, label=f"lower bound {plan.lower_bound_s:.3g} s")
+    g = plan.topology.gpus_per_node
+    for b in range(g, plan.world_size, g):  # node boundaries
+        ax.axvline(b - 0.5, color="grey", lw=0.6, alpha=0.6)
+    ax.set_xlim(-0.6, plan.world_size - 0.4)
+    ax.set_xlabel(f"rank ({plan.topology.nodes} node(s) x {g} GPUs; grey lines = node boundaries)")
+    ax.set_ylabel("predicted s / iteration")
+    ax.set_title(f"{plan.strategy}: predicted iteration {plan.predicted_iteration_s:.3g} s, imbalance "
+                 f"{plan.imbalance:.3f}, {plan.predicted_iteration_s / plan.lower_bound_s:.3f}x lower bound",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def _strategies(ax, plans: Dict[str, object], lower_bound: float) -> None:
+    names = [n for n, p in plans.items() if not isinstance(p, str)]
+    vals = [plans[n].predicted_iteration_s for n in names]
+    y = np.arange(len(names))
+    bars = ax.barh(y, vals, color=["#C44E52" if n == "zeppelin" else "#8C8C8C" for n in names])
+    for b, v in zip(bars, vals):
+        ax.text(v, b.get_y() + b.get_height() / 2, f" {v:.3g} s ({v / lower_bound:.2f}x)", va="center", fontsize=8)
+    ax.axvline(lower_bound, color="k", ls="--", lw=1, label=f"lower bound {lower_bound:.3g} s")
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(vals + [lower_bound]) * 1.25)
+    ax.set_xlabel("predicted iteration s (slowest rank)")
+    missing = [n for n, p in plans.items() if isinstance(p, str)]
+    ax.set_title("strategies on the same batch" + (f" (not planned: {', '.join(missing)})" if missing else ""),
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
