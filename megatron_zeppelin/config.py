@@ -65,5 +65,11 @@ class ZeppelinConfig:
     def routing_enabled(self, nodes: int) -> bool:
         return self.routing == "multi-nic" or (self.routing == "auto" and nodes > 1)
 
+    @classmethod
+    def from_args(cls, args) -> "ZeppelinConfig":
+        """From parsed ``--zeppelin-*`` flags (defined in integration/args.py, which has no megatron import)."""
+        from .integration.args import config_from_args
+        return config_from_args(args)
+
     def with_(self, **kw) -> "ZeppelinConfig":
         return replace(self, **kw)

@@ -129,7 +129,7 @@ def load_profile(name_or_path: str) -> HardwareProfile:
         with open(path) as f:
             d = yaml.safe_load(f)
     except yaml.YAMLError as e:
-        raise ProfileError(f"malformed profile {path}: {e}") from None
+        raise ProfileError(f"malformed profile {path}: {' '.join(str(e).split())}") from None
     if not isinstance(d, dict):
         raise ProfileError(f"malformed profile {path}: expected a mapping")
     return HardwareProfile.from_dict(d, source=path)

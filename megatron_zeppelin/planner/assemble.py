@@ -28,7 +28,7 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
                         key=lambda d: d.doc))
     att = attention_layout(docs, rings, topo.world_size)
     if placement.remap:
-        lin, moves = plan_remap(att, topo)
+        lin, moves = plan_remap(att, topo, cost=cost)
     else:
         lin, moves = att, ()
     dmap = {d.doc: d for d in docs}

@@ -125,3 +125,54 @@ class CostModel:
             else:
                 lo = mid
         return hi
+
+    # --- vectorised and ring-member estimates (the partitioner's hot path) --------------------
+    def attn_tflops_np(self, lengths, backward: bool = False):
+        """``profile.attn_tflops`` for an array of lengths (same clamped log2 interpolation)."""
+        import numpy as np
+        p = self.profile
+        ys = p.attn_bwd_tflops if backward else p.attn_fwd_tflops
+        x = np.log2(np.maximum(np.asarray(lengths, dtype=np.float64), 1.0))
+        return np.interp(x, np.log2(np.asarray(p.attn_seqlen, dtype=np.float64)), np.asarray(ys, dtype=np.float64))
+
+    def block_s_np(self, q, kv, causal: bool):
+        """``block_s`` (all layers) for arrays of block shapes; 0 where q or kv is 0.
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> c = toy_context().cost
+        >>> abs(float(c.block_s_np([300], [300], True)[0]) - c.block_s(300, 300, True)) < 1e-15
+        True
+        """
+        import numpy as np
+        q = np.asarray(q, dtype=np.float64)
+        kv = np.asarray(kv, dtype=np.float64)
+        hd = self._heads * self.model.head_dim
+        f = 2.0 * q * (q + 1) * hd if causal else 4.0 * q * kv * hd
+        t = f / (self.attn_tflops_np(q) * 1e12) + BWD_FLOPS * f / (self.attn_tflops_np(q, True) * 1e12)
+        return np.where((q > 0) & (kv > 0), t * self.model.layers, 0.0)
+
+    def doc_attention_np(self, lengths):
+        """``doc_attention_s`` for an array of lengths."""
+        return self.block_s_np(lengths, lengths, True)
+
+    def ring_member_attention_s(self, length: int, ring: int) -> float:
+        """Iteration attention seconds of one member of a zigzag ring of ``ring`` ranks on one
+        document: chunks of c = L/(2G); each member computes 2 diagonal and 2G-1 full c x c blocks
+        (equal for every member: that is the point of zigzag). ring=1 is the whole document.
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> c = toy_context().cost
+        >>> c.ring_member_attention_s(1000, 1) == c.doc_attention_s(1000)
+        True
+        >>> c.ring_member_attention_s(1000, 2) > c.doc_attention_s(1000) / 2   # smaller, slower blocks
+        True
+        """
+        if ring <= 1:
+            return self.doc_attention_s(length)
+        c = max(1, length // (2 * ring))
+        return 2 * self.block_s(c, c, True) + (2 * ring - 1) * self.block_s(c, c, False)
+
+    def remap_s_per_token(self, link: str) -> float:
+        """Iteration seconds to remap one token over ``link`` (4 exchanges per layer: there and back,
+        forward and backward), without latency."""
+        return 4 * self.model.layers * self.hidden_bytes_per_token / self.bandwidth(link)

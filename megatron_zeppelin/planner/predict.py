@@ -10,9 +10,12 @@ bytes) against 2.5x the compute. The simulator (sim/) refines this with an event
 from __future__ import annotations
 
 from collections import defaultdict
+
+import numpy as np
 from typing import Dict, List, Sequence, Tuple
 
 from .cost_model import BWD_FLOPS, CostModel
+from .remap import remap_exchange_s, remap_exchanges
 from .types import STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
 
 
@@ -52,6 +55,50 @@ def step_message_times(ops: Sequence[CommOp], cost: CostModel, scale: float = 1.
     return {k: sum(v.get(s, 0.0) for s in STAGES) for k, v in per_msg_stage.items()}
 
 
+def _arrivals(msgs: Dict[Tuple, float]) -> Dict[int, float]:
+    """Latest message arrival per destination rank."""
+    out: Dict[int, float] = {}
+    for (_, _, _, md), t in msgs.items():
+        if t > out.get(md, -1.0):
+            out[md] = t
+    return out
+
+
+def _ring_compute(qrings, dmap, cost: CostModel, steps: int, world: int, attn: List[float]):
+    """Per-step, per-rank forward and backward compute seconds (one layer) of the p2p rings of one
+    queue, as [steps, world] arrays; all-gather rings' attention is added to ``attn`` directly."""
+    layers = cost.model.layers
+    qs, ks, cs, at = [], [], [], []
+    for r in qrings:
+        if r.comm == "allgather":
+            # Llama-3 CP: gather all K/V once, then every q chunk attends its whole prefix.
+            for i, rank in enumerate(r.ranks):
+                for d in r.docs:
+                    for seg in dmap[d].member_segments(i):
+                        f = cost.block_s(len(seg), seg.start, False, 1) + cost.block_s(len(seg), len(seg), True, 1)
+                        attn[rank] += f * layers
+            continue
+        for s in range(r.size):
+            for i, rank in enumerate(r.ranks):
+                for q, k, c in ring_step_blocks(r, dmap, i, s):
+                    qs.append(q)
+                    ks.append(k)
+                    cs.append(c)
+                    at.append(s * world + rank)
+    comp_f = np.zeros(steps * world)
+    comp_b = np.zeros(steps * world)
+    if qs:
+        q, k, c = np.array(qs, dtype=np.float64), np.array(ks, dtype=np.float64), np.array(cs, dtype=bool)
+        hd = max(1, cost.model.heads // cost.tp) * cost.model.head_dim
+        flops = np.where(c, 2.0 * q * (q + 1) * hd, 4.0 * q * k * hd)
+        fwd = flops / (cost.attn_tflops_np(q) * 1e12)
+        bwd = BWD_FLOPS * flops / (cost.attn_tflops_np(q, True) * 1e12)
+        idx = np.array(at, dtype=np.int64)
+        np.add.at(comp_f, idx, fwd)
+        np.add.at(comp_b, idx, bwd)
+    return comp_f.reshape(steps, world), comp_b.reshape(steps, world)
+
+
 def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Sequence[Sequence[Segment]],
             schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel) -> Tuple[RankCost, ...]:
     world = cost.topology.world_size
@@ -59,63 +106,51 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     dmap = {d.doc: d for d in docs}
     attn = [0.0] * world
     exposed = [0.0] * world
-    for d in docs:
-        if d.cls == "local":
-            attn[d.owner] += cost.block_s(d.length, d.length, True)
+    # Local documents: one vectorised cost call (same numbers as block_s per document).
+    loc = [d for d in docs if d.cls == "local"]
+    if loc:
+        t_loc = cost.block_s_np([d.length for d in loc], [d.length for d in loc], True)
+        for d, t in zip(loc, t_loc.tolist()):
+            attn[d.owner] += t
     by_step: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
     for o in schedule:
         by_step[(o.queue, o.step)].append(o)
     for queue in ("inter", "intra"):
         qrings = [r for r in rings if r.cls == queue]
         steps = max((r.size for r in qrings), default=0)
-        for s in range(steps):
-            fwd_msgs = step_message_times(by_step.get((queue, s), ()), cost, 1.0)
-            bwd_msgs = step_message_times(by_step.get((queue, s), ()), cost, 2.0)
-            comp_f = defaultdict(float)
-            comp_b = defaultdict(float)
-            for r in qrings:
-                if s >= r.size:
-                    continue
+        if not steps:
+            continue
+        # Per rank: the largest p2p ring it is in (its last forward step) and all-gather membership.
+        p2p_size: Dict[int, int] = defaultdict(int)
+        allg = set()
+        for r in qrings:
+            for rank in r.ranks:
                 if r.comm == "allgather":
-                    if s > 0:
-                        continue
-                    # Llama-3 CP: gather all K/V once, then every q chunk attends its whole prefix.
-                    for i, rank in enumerate(r.ranks):
-                        for d in r.docs:
-                            for seg in dmap[d].member_segments(i):
-                                f = cost.block_s(len(seg), seg.start, False, 1) + cost.block_s(len(seg), len(seg), True, 1)
-                                attn[rank] += f * layers
+                    allg.add(rank)
+                else:
+                    p2p_size[rank] = max(p2p_size[rank], r.size)
+        comp_f, comp_b = _ring_compute(qrings, dmap, cost, steps, world, attn)
+        for s in range(steps):
+            step_ops = by_step.get((queue, s), ())
+            arrive_f = _arrivals(step_message_times(step_ops, cost, 1.0))
+            arrive_b = _arrivals(step_message_times(step_ops, cost, 2.0))
+            ranks = set(np.nonzero(comp_f[s])[0].tolist()) | set(arrive_f)
+            for rank in ranks:
+                af, ab = arrive_f.get(rank, 0.0), arrive_b.get(rank, 0.0)
+                if rank in allg:  # not overlapped (TE/Megatron all-gather CP): fully exposed, fwd and bwd
+                    exposed[rank] += layers * (af + ab)
                     continue
-                for i, rank in enumerate(r.ranks):
-                    for q, k, c in ring_step_blocks(r, dmap, i, s):
-                        fwd = cost.block_fwd_s(q, k, c)
-                        comp_f[rank] += fwd
-                        comp_b[rank] += cost.block_s(q, k, c, 1) - fwd
-            for rank in set(comp_f) | {o.msg_dst for o in by_step.get((queue, s), ())}:
-                arrive_f = max((t for (rg, b, ms, md), t in fwd_msgs.items() if md == rank), default=0.0)
-                arrive_b = max((t for (rg, b, ms, md), t in bwd_msgs.items() if md == rank), default=0.0)
-                last_fwd_step = all(s >= r.size - 1 for r in qrings if rank in r.ranks and r.comm == "p2p")
-                allg = any(r.comm == "allgather" and rank in r.ranks for r in qrings)
-                cf, cb = comp_f.get(rank, 0.0), comp_b.get(rank, 0.0)
-                if allg:  # not overlapped (TE/Megatron all-gather CP): fully exposed, fwd and bwd
-                    exposed[rank] += layers * (arrive_f + arrive_b)
-                    continue
+                cf, cb = float(comp_f[s, rank]), float(comp_b[s, rank])
                 attn[rank] += layers * (cf + cb)
-                if not last_fwd_step:
-                    exposed[rank] += layers * max(0.0, arrive_f - cf)
-                exposed[rank] += layers * max(0.0, arrive_b - cb)
-    # Remap: attention->linear and back in the forward, mirrored in the backward: 4 exchanges a layer.
+                if s < p2p_size[rank] - 1:  # the last forward step moves nothing
+                    exposed[rank] += layers * max(0.0, af - cf)
+                exposed[rank] += layers * max(0.0, ab - cb)
+    # Remap: to linear and back per layer in the forward (none back after the last layer), mirrored
+    # in the backward; one exchange is paced by each rank's busiest NVLink port or NIC (planner/remap.py).
     remap = [0.0] * world
     if moves:
-        out_b: Dict[int, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        for m in moves:
-            link = cost.link_of(m.src, m.dst)
-            nb = m.tokens * cost.hidden_bytes_per_token
-            out_b[m.src][link] += nb
-            out_b[m.dst][link] += nb
-        for r, per in out_b.items():
-            t = max(cost.transfer_s(b, l) for l, b in per.items())
-            remap[r] = 4 * layers * t
+        n_ex = remap_exchanges(layers)
+        remap = [n_ex * t for t in remap_exchange_s(moves, cost)]
     lin = [cost.linear_s(sum(len(x) for x in linear_layout[r])) for r in range(world)]
     return tuple(RankCost(attn[r], lin[r], exposed[r], remap[r]) for r in range(world))
 
@@ -123,5 +158,5 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
 def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     """Perfect balance, every document at its own (most efficient) length, all communication hidden."""
     world = cost.topology.world_size
-    att = sum(cost.doc_attention_s(L) for L in lengths)
-    return (att + cost.linear_s(sum(lengths))) / world
+    att = float(cost.doc_attention_np(np.asarray(lengths, dtype=np.float64)).sum())
+    return (att + cost.linear_s(sum(int(x) for x in lengths))) / world

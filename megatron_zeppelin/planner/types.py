@@ -245,7 +245,7 @@ def _encode(x):
     if isinstance(x, (tuple, list)):
         return [_encode(v) for v in x]
     if isinstance(x, float):
-        return float(repr(x)) if x == x else None
+        return float(repr(float(x))) if x == x else None  # float(): numpy floats repr as np.float64(...)
     return x
 
 

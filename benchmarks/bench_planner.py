@@ -1,0 +1,98 @@
+"""Planner benchmark: latency of the whole ``plan_batch`` (partition, assembly, remap, routed
+schedule, prediction) and the quality of Zeppelin's plans on the paper's workloads. Writes JSON.
+
+Latency cases (issue 2): 1k documents for 64 ranks (8 nodes x 8) and 16k documents for 1024 ranks
+(128 nodes x 8), a800 profile, llama-7b; lengths lognormal (median e^7.5 ~ 1.8k tokens, sigma 1.3,
+seed 0) clipped to [1, 64K]. Median (and min) of ``--repeats`` runs after one warm-up.
+
+Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M tokens, seeds
+``--seeds``) at 4 nodes x 8 A800, llama-7b, every strategy: predicted iteration, imbalance
+(max/mean per-rank time) and the ratio to the lower bound.
+
+    .venv/bin/python benchmarks/bench_planner.py --out out/bench_planner.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from megatron_zeppelin.config import STRATEGIES
+from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.planner import plan_batch
+from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.topology import Topology
+
+
+def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -> dict:
+    rng = np.random.default_rng(0)
+    lengths = rng.lognormal(7.5, 1.3, n_docs).clip(1, 65536).astype(np.int64)
+    topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
+    plan_batch(lengths, topo, prof, model, strategy=strategy)  # warm-up (imports, caches)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plan = plan_batch(lengths, topo, prof, model, strategy=strategy)
+        times.append(time.perf_counter() - t0)
+    return {"strategy": strategy, "docs": n_docs, "ranks": topo.world_size, "tokens": int(lengths.sum()),
+            "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "repeats": repeats,
+            "classes": plan.class_counts(), "ops": len(plan.schedule), "moves": len(plan.remap)}
+
+
+def quality(datasets, seeds, prof, model) -> list:
+    from megatron_zeppelin.workloads import sample_batch
+    topo = Topology(4, 8, prof.nics_per_node, prof.gpu_to_nic)
+    rows = []
+    for ds in datasets:
+        for seed in seeds:
+            lengths = sample_batch(ds, 1 << 20, seed=seed, max_len=65536)
+            row = {"dataset": ds, "seed": seed, "docs": int(len(lengths)), "strategies": {}}
+            for s in STRATEGIES:
+                p = plan_batch(lengths, topo, prof, model, strategy=s)
+                row["strategies"][s] = {"predicted_iteration_s": p.predicted_iteration_s,
+                                        "imbalance": p.imbalance, "lower_bound_s": p.lower_bound_s,
+                                        "ratio_to_lower_bound": p.predicted_iteration_s / p.lower_bound_s,
+                                        "classes": p.class_counts()}
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="out/bench_planner.json", help="JSON output path")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--cluster", default="a800")
+    ap.add_argument("--model", default="llama-7b")
+    ap.add_argument("--skip-quality", action="store_true")
+    args = ap.parse_args(argv)
+    prof, model = load_profile(args.cluster), load_model(args.model)
+    out = {"cluster": args.cluster, "model": args.model, "latency": [], "quality": []}
+    for n, nodes in ((1000, 8), (16000, 128)):
+        for s in ("zeppelin", "packed_dp"):
+            r = latency(n, nodes, args.repeats, s, prof, model)
+            out["latency"].append(r)
+            print(f"latency {s:10s} {n:6d} docs {r['ranks']:5d} ranks: median {r['median_ms']:.1f} ms "
+                  f"(min {r['min_ms']:.1f})", flush=True)
+    if not args.skip_quality:
+        out["quality"] = quality(("arxiv", "github", "prolong64k"), args.seeds, prof, model)
+        for row in out["quality"]:
+            z = row["strategies"]["zeppelin"]
+            best = min((v["predicted_iteration_s"], k) for k, v in row["strategies"].items() if k != "zeppelin")
+            print(f"quality {row['dataset']:10s} seed {row['seed']}: zeppelin {z['predicted_iteration_s']:.2f} s "
+                  f"imbalance {z['imbalance']:.3f} ratio {z['ratio_to_lower_bound']:.3f}; best baseline "
+                  f"{best[1]} {best[0]:.2f} s", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
