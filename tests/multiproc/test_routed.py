@@ -1,0 +1,146 @@
+"""Routed schedules on gloo: every ring step's routed transfers deliver exactly the data of the direct
+ones, the executed per-NIC bytes are the schedule's, and the attention engine's outputs and gradients
+are bitwise equal with routing on and off (float64)."""
+
+import zlib
+from collections import defaultdict
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron_zeppelin.attention.engine import AttentionEngine
+from megatron_zeppelin.attention.testing import hand_plan, rank_inputs
+from megatron_zeppelin.config import ZeppelinConfig
+from megatron_zeppelin.distributed.counters import CommCounters
+from megatron_zeppelin.distributed.executor import StepExchange
+from megatron_zeppelin.distributed.launch import run_distributed
+from megatron_zeppelin.planner.assemble import assemble
+from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.planner.context import Placement
+from megatron_zeppelin.planner.routing import nic_bytes
+from megatron_zeppelin.planner.testing import toy_context
+from megatron_zeppelin.topology import Topology
+
+
+def plans(topo: Topology):
+    """(direct, routed) plans of one batch with inter rings over all ranks and over ranks of
+    different nodes, an intra ring and local documents; every NIC message of >= 2 rows is routed."""
+    g, w = topo.gpus_per_node, topo.world_size
+    cross = (g - 1, g, w - 1) if topo.nodes > 2 else (g - 1, g)  # ring hops that all leave a node
+    where = [tuple(range(w)), cross, (0, 1) if g > 1 else 0, 1 % w, w - 1, tuple(range(0, w, g))]
+    lengths = [301, 97, 40, 5, 17, 64]
+    direct = hand_plan(lengths, topo, where)
+    cfg = ZeppelinConfig(gpus_per_node=g, min_route_bytes=1)
+    ctx = toy_context(topo.nodes, g, topo.nics_per_node, config=cfg)
+    routed = assemble(direct.strategy, lengths, ctx, Placement(
+        docs=list(direct.docs), rings=list(direct.rings), thresholds=direct.thresholds, routing=True))
+    check_plan(direct)
+    check_plan(routed)
+    assert any(o.stage == "transfer" for o in routed.schedule)
+    return direct, routed
+
+
+def message_data(key, rows, width):
+    """The block a message carries, the same on every rank (seeded by the message key)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+    return torch.randn(rows, width, generator=gen, dtype=torch.float64)
+
+
+def run_steps(plan, rank, group, width):
+    """Run every (queue, step) of the schedule; returns received messages and per-step NIC bytes."""
+    got, nic = {}, {}
+    steps = sorted({(o.queue, o.step) for o in plan.schedule})
+    for queue, step in steps:
+        ops = plan.ops(queue, step)
+        rows = defaultdict(int)
+        for o in ops:
+            rows[(o.ring, o.block, o.msg_src, o.msg_dst)] = max(rows[(o.ring, o.block, o.msg_src, o.msg_dst)], o.stop)
+        pay = {(r, b, md): message_data((queue, step, r, b, ms, md), n, width)
+               for (r, b, ms, md), n in rows.items() if ms == rank}
+        c = CommCounters()
+        out = StepExchange(ops, rank, group, pay, width, dtype=torch.float64, counters=c).start().wait()
+        for (r, b, ms), t in out.items():
+            got[(queue, step, r, b, ms)] = t
+        nic[(queue, step)] = dict(c.bytes_by_nic)
+    return got, nic
+
+
+def engine_run(plan, rank, group):
+    (q, k, v, dout), idx = rank_inputs(plan, rank, 4, 2, 8, torch.float64, seed=7)
+    lq, lk, lv = (x[idx].clone().requires_grad_(True) for x in (q, k, v))
+    c = CommCounters()
+    out = AttentionEngine(plan, rank, group, counters=c)(lq, lk, lv)
+    out.backward(dout[idx])
+    return [out.detach(), lq.grad, lk.grad, lv.grad], dict(c.bytes_by_nic)
+
+
+def _body(rank, world, topo):
+    direct, routed = plans(topo)
+    width = direct.kv_bytes_per_token // 8  # float64 rows of exactly kv_bytes_per_token bytes
+    group = dist.group.WORLD
+    res = {}
+    for name, plan in (("direct", direct), ("routed", routed)):
+        got, nic = run_steps(plan, rank, group, width)
+        res[name] = ({k: t.numpy() for k, t in got.items()}, nic)
+        tensors, nic_e = engine_run(plan, rank, group)
+        res[name + "_engine"] = ([t.numpy() for t in tensors], nic_e)
+    return res  # numpy, not tensors: torch's queue would share tensor memory with a rank that exits
+
+
+def check_topology(topo: Topology, results):
+    direct, routed = plans(topo)
+    width = direct.kv_bytes_per_token // 8
+    for name, plan in (("direct", direct), ("routed", routed)):
+        got = {}
+        nic_exec = defaultdict(lambda: defaultdict(int))
+        for rank, res in enumerate(results):
+            g, nic = res[name]
+            for k, t in g.items():
+                assert k not in got
+                got[k] = (rank, torch.from_numpy(t))
+            for step, per in nic.items():
+                for n, b in per.items():
+                    nic_exec[step][n] += b
+        # every message of every step arrives whole, at its msg_dst, with exactly the sender's data
+        want = defaultdict(int)
+        for o in plan.schedule:
+            key = (o.queue, o.step, o.ring, o.block, o.msg_src)
+            want[(key, o.msg_dst)] = max(want[(key, o.msg_dst)], o.stop)
+        assert {k for k, _ in want} == set(got)
+        for (key, md), rows in want.items():
+            rank, t = got[key]
+            assert rank == md
+            q, s, r, b, ms = key
+            assert torch.equal(t, message_data((q, s, r, b, ms, md), rows, width)), (name, key)
+        # per-NIC bytes of every step: executed counters == the schedule
+        for q, s in {(o.queue, o.step) for o in plan.schedule}:
+            assert dict(nic_exec[(q, s)]) == nic_bytes(plan.ops(q, s), topo), (name, q, s)
+    # routing spreads each step's inter-node bytes: the busiest NIC of a step carries less
+    busiest = {name: sum(max(nic_bytes(p.ops(q, s), topo).values(), default=0)
+                         for q, s in {(o.queue, o.step) for o in p.schedule})
+               for name, p in (("direct", direct), ("routed", routed))}
+    assert busiest["routed"] < busiest["direct"], busiest
+    assert sum(o.nbytes for o in routed.schedule if o.link == "nic") == \
+        sum(o.nbytes for o in direct.schedule if o.link == "nic")  # NIC bytes moved, not added
+    # engine: outputs and gradients bitwise equal with routing on and off
+    for rank, res in enumerate(results):
+        a, _ = res["direct_engine"]
+        b, nic_b = res["routed_engine"]
+        for x, y, what in zip(a, b, ("out", "dq", "dk", "dv")):
+            assert torch.equal(torch.from_numpy(x), torch.from_numpy(y)), (topo.describe(), rank, what)
+
+
+TOPOLOGIES = [Topology(2, 2), Topology(2, 4, 2), Topology(4, 2)]
+
+
+def test_routed_equals_direct_2x2():
+    topo = TOPOLOGIES[0]
+    check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=240))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("topo", [TOPOLOGIES[1], TOPOLOGIES[2], Topology(2, 4)],
+                         ids=["2x4_2nics_cluster_a_wiring", "4x2", "2x4"])
+def test_routed_equals_direct(topo):
+    check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=300))
