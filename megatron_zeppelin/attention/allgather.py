@@ -1,0 +1,95 @@
+"""All-gather context parallelism (Ring.comm == "allgather", Llama-3 style) for one queue.
+
+One exchange (the Plan's step-0 ops of the ring: every member's K/V block to every other member);
+each member then attends its queries to all blocks. The backward gathers K/V again with the same
+ops (nothing gathered is kept between forward and backward) and sends each block's partial dK/dV
+home over the mirrored ops, where the owner sums them (a reduce-scatter through the schedule).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from ..distributed.executor import StepExchange
+from .blocks import attend, attend_backward, pack_kv
+
+
+def _rings(eng, queue):
+    return [r for r in eng.plan.rings if r.cls == queue and r.comm == "allgather"]
+
+
+def _gather(eng, queue, rings, mine, k, v, phase, tag):
+    width = 2 * k.shape[1] * k.shape[2]
+    pay = {(r.id, eng.view.member[r.id]): pack_kv(k[eng.view.own_rows(r)], v[eng.view.own_rows(r)]) for r in mine}
+    ex = StepExchange(eng.step_ops(queue, 0, {r.id for r in rings}), eng.rank, eng.group, pay, width,
+                      dtype=k.dtype, device=k.device, counters=eng.counters, phase=phase, tag=tag).start()
+    return pay, ex
+
+
+def _blocks(eng, r, pay, got, like, width):
+    i = eng.view.member[r.id]
+    for b in range(r.size):
+        if b == i:
+            yield b, pay[(r.id, i)]
+        elif eng.view.block_rows(r, b):
+            yield b, got[(r.id, b, r.ranks[b])]
+
+
+def allgather_forward(eng, queue: str, q, k, v, out, lse, overlap: Optional[Callable] = None):
+    rings = _rings(eng, queue)
+    if not rings:
+        return overlap
+    mine = [r for r in rings if r.id in eng.view.member]
+    width = 2 * k.shape[1] * k.shape[2]
+    pay, ex = _gather(eng, queue, rings, mine, k, v, "fwd", 2)
+    with eng.counters.timer(queue):  # own block while the gather is in flight
+        for r in mine:
+            i = eng.view.member[r.id]
+            attend(eng.view, r, i, pay[(r.id, i)], q, out, lse, eng.scale, eng.backend)
+    if overlap is not None:
+        overlap()
+        overlap = None
+    got = ex.wait()
+    with eng.counters.timer(queue):
+        for r in mine:
+            for b, kv in _blocks(eng, r, pay, got, k, width):
+                if b != eng.view.member[r.id]:
+                    attend(eng.view, r, b, kv, q, out, lse, eng.scale, eng.backend)
+    return overlap
+
+
+def allgather_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap: Optional[Callable] = None):
+    rings = _rings(eng, queue)
+    if not rings:
+        return overlap
+    mine = [r for r in rings if r.id in eng.view.member]
+    width = 2 * k.shape[1] * k.shape[2]
+    pay, ex = _gather(eng, queue, rings, mine, k, v, "bwd", 2)
+    if overlap is not None:
+        overlap()
+        overlap = None
+    got = ex.wait()
+    partial = {}
+    with eng.counters.timer(queue):
+        for r in mine:
+            for b, kv in _blocks(eng, r, pay, got, k, width):
+                g = torch.zeros_like(kv)
+                attend_backward(eng.view, r, b, kv, g, q, out, lse, dout, dq, eng.scale, eng.backend)
+                partial[(r.id, b)] = g
+    # partial dK/dV of block b go home to member b over the mirrored step-0 ops
+    ex = StepExchange(eng.step_ops(queue, 0, {r.id for r in rings}), eng.rank, eng.group, partial, width,
+                      dtype=k.dtype, device=k.device, reverse=True, counters=eng.counters, phase="bwd", tag=3)
+    got = ex.start().wait()
+    c = width // 2
+    for r in mine:
+        i = eng.view.member[r.id]
+        own = eng.view.own_rows(r)
+        tot = partial[(r.id, i)]
+        for j in range(r.size):
+            if j != i and (r.id, i, r.ranks[j]) in got:
+                tot = tot + got[(r.id, i, r.ranks[j])]
+        dk[own] += tot[:, :c].view(-1, k.shape[1], k.shape[2])
+        dv[own] += tot[:, c:].view(-1, k.shape[1], k.shape[2])
+    return overlap

@@ -1,0 +1,1 @@
+"""Distributed runtime: process groups, communication primitives, schedule executor, launcher."""

@@ -1,0 +1,135 @@
+"""The attention engine on gloo equals single-process per-document causal attention (out and
+q/k/v gradients) for every strategy's plan, counts the bytes the Plan's ops say, and handles bad
+input (zero-token rank, NaN, plan mismatch) without hanging."""
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron_zeppelin.attention.engine import verify_plan
+from megatron_zeppelin.attention.testing import check_engine, expected_step_bytes, hand_plan, toy_route
+from megatron_zeppelin.config import STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.distributed.launch import run_distributed
+from megatron_zeppelin.planner import plan_batch
+from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
+from megatron_zeppelin.planner.types import PlanError
+from megatron_zeppelin.topology import Topology
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def batch(seed: int, world: int):
+    """Odd lengths, one huge document, many tiny ones."""
+    rng = random.Random(seed)
+    return [rng.randrange(150, 400) | 1] + [rng.randrange(1, 6) for _ in range(2 * world)] + \
+           [rng.randrange(7, 90) for _ in range(world)]
+
+
+def strategy_plan(strategy: str, lengths, topo: Topology):
+    """The planner's default capacity (2x the mean: long documents must split); if the batch
+    does not fit that, a capacity of the whole batch."""
+    for cap in (0, sum(lengths)):
+        cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, capacity_tokens=cap)
+        try:
+            return plan_batch(lengths, topo, TOY_PROFILE, TOY_MODEL, cfg, strategy=strategy)
+        except PlanError:
+            if cap:
+                raise
+
+
+def _run_cases(rank, world, cases):
+    """cases: [(name, plan, dtype, kv_heads)] -> per case errors and byte counts (one spawn)."""
+    out = []
+    for name, plan, dtype, kvh in cases:
+        r = check_engine(plan, rank, dist.group.WORLD, heads=4, kv_heads=kvh, d=8, dtype=dtype, seed=len(name))
+        c = r.pop("counters")
+        r["bytes_by_step"] = dict(c.bytes_by_step)
+        r["bytes_by_link"] = dict(c.bytes_by_link)
+        out.append((name, r))
+    return out
+
+
+def _check_results(results, cases):
+    for ci, (name, plan, dtype, kvh) in enumerate(cases):
+        row_bytes = 2 * kvh * 8 * torch.empty((), dtype=dtype).element_size()
+        fwd_total = {}
+        for rank, res in enumerate(results):
+            cname, r = res[ci]
+            assert cname == name
+            assert r["tokens"] == plan.tokens(rank)
+            err = max(r["out"], r["dq"], r["dk"], r["dv"])
+            assert err <= TOL[dtype], (name, rank, r)
+            assert all(r[k + "_shape_ok"] for k in ("out", "dq", "dk", "dv"))
+            want = {**expected_step_bytes(plan, rank, row_bytes, "fwd"), **expected_step_bytes(plan, rank, row_bytes, "bwd")}
+            assert r["bytes_by_step"] == want, (name, rank)
+            for (ph, q, s), n in r["bytes_by_step"].items():
+                if ph == "fwd":
+                    fwd_total[(q, s)] = fwd_total.get((q, s), 0) + n
+        # the forward bytes of each ring step are the Plan's op bytes (scaled to this test's K/V row size)
+        size = {x.id: x.size for x in plan.rings}
+        comm = {x.id: x.comm for x in plan.rings}
+        plan_fwd = {}
+        for o in plan.schedule:
+            if comm[o.ring] == "allgather" or o.step < size[o.ring] - 1:
+                plan_fwd[(o.queue, o.step)] = plan_fwd.get((o.queue, o.step), 0) + o.nbytes
+        assert {k: v * row_bytes // plan.kv_bytes_per_token for k, v in plan_fwd.items()} == fwd_total, name
+
+
+def _faults(rank, world, plan, other):
+    out = {}
+    r = check_engine(plan, rank, dist.group.WORLD, nan=True)
+    out["nan"] = r["out"]
+    try:
+        verify_plan(other if rank == 1 else plan, dist.group.WORLD)
+        out["verify"] = "passed"
+    except PlanError as e:
+        out["verify"] = str(e)
+    verify_plan(plan, dist.group.WORLD)  # equal plans pass (and the group is still usable)
+    return out
+
+
+def default_cases():
+    t = Topology(2, 2)
+    f64 = torch.float64
+    p2p = hand_plan([37, 3, 5, 20, 2, 9, 11], t, [(0, 1, 2, 3), 1, 0, (3, 2), (1, 2), 3, (0, 1)])
+    cases = [("hand_p2p", p2p, f64, 2), ("hand_p2p_routed_gqa1", toy_route(p2p), f64, 1),
+             ("hand_p2p_f32", p2p, torch.float32, 2),
+             ("hand_allgather_routed", toy_route(hand_plan([29, 4, 13], t, [(0, 3, 1), 2, (2, 1)], comm="allgather")), f64, 2),
+             ("zero_token_rank", toy_route(hand_plan([10, 5], t, [(0, 1, 2), 0])), f64, 2)]
+    lengths = batch(1, 4)
+    for s in ("packed_dp", "static_cp", "zeppelin", "hybrid_dp"):
+        cases.append((s, strategy_plan(s, lengths, t), f64, 2))
+    return cases
+
+
+def test_engine_world4_2x2_several_strategies_and_faults():
+    cases = default_cases()
+    assert cases[4][1].tokens(3) == 0
+    _check_results(run_distributed(_run_cases, 4, cases, timeout=240), cases)
+    t = Topology(2, 2)
+    plan = hand_plan([9, 4, 6], t, [(0, 2), 1, 3])
+    other = hand_plan([9, 4, 7], t, [(0, 2), 1, 3])
+    res = run_distributed(_faults, 4, plan, other, timeout=60)
+    assert all(r["nan"] for r in res)  # NaN propagated, nobody hung
+    assert "first difference at plan.lengths[2]" in res[1]["verify"]
+    assert all("digest" in r["verify"] for r in res)
+
+
+# --- the full matrix (slow) ----------------------------------------------------------------------
+MATRIX = [(Topology(1, 1), 1), (Topology(1, 2), 2), (Topology(1, 4), 4), (Topology(2, 2), 4), (Topology(2, 4), 8)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("topo,world", MATRIX, ids=lambda x: getattr(x, "describe", lambda: str(x))()[:12])
+def test_engine_every_strategy_matrix(topo, world):
+    cases = []
+    for seed in (2, 3):
+        lengths = batch(seed, world)
+        for s in STRATEGIES:
+            for dtype, kvh in ((torch.float64, 2), (torch.float32, 1)):
+                cases.append((f"{s}_{seed}_{dtype}", strategy_plan(s, lengths, topo), dtype, kvh))
+    if topo.nodes > 1:
+        cases.append(("routed", toy_route(strategy_plan("hybrid_dp", batch(4, world), topo)), torch.float64, 2))
+    _check_results(run_distributed(_run_cases, world, cases, timeout=600), cases)
