@@ -166,46 +166,51 @@ def transfer_matrix(counts: Sequence[int], targets: Sequence[int], topo: Topolog
     return dict(sorted(flows.items()))
 
 
-def _take_tail(segs: List[Segment], n: int) -> Tuple[List[Segment], List[Segment]]:
-    """Split ``segs`` into (kept head, tail of n tokens)."""
-    kept, tail = list(segs), []
+def _take_tail(segs: List[Segment], n: int) -> List[Segment]:
+    """Remove the last ``n`` tokens of ``segs`` (in place) and return them, in order."""
+    tail = []
     while n > 0:
-        s = kept.pop()
-        if len(s) <= n:
+        s = segs.pop()
+        size = s.stop - s.start
+        if size <= n:
             tail.append(s)
-            n -= len(s)
+            n -= size
         else:
             cut = s.stop - n
-            kept.append(Segment(s.doc, s.start, cut))
+            segs.append(Segment(s.doc, s.start, cut))
             tail.append(Segment(s.doc, cut, s.stop))
             n = 0
     tail.reverse()
-    return kept, tail
+    return tail
 
 
 def plan_remap(attention_layout: Sequence[Sequence[Segment]], topo: Topology, *, cost=None,
                capacities: Optional[Sequence[int]] = None
                ) -> Tuple[Tuple[Tuple[Segment, ...], ...], Tuple[Move, ...]]:
     """(linear layout, moves) at minimum remap cost. ``cost``: a CostModel for the NVLink/NIC
-    per-token costs (default: NIC 8x NVLink); ``capacities``: per-rank linear-layout token caps."""
+    per-token costs (default: NIC 8x NVLink); ``capacities``: per-rank linear-layout token caps
+    (caps that sum to the batch's tokens are exact per-rank targets)."""
     if len(attention_layout) != topo.world_size:
         raise RemapError(f"attention layout has {len(attention_layout)} ranks but the topology has "
                          f"{topo.world_size} ({topo.describe()})")
-    counts = [sum(len(s) for s in r) for r in attention_layout]
+    counts = [sum(s.stop - s.start for s in r) for r in attention_layout]
     targets = balanced_targets(counts, topo, capacities, link_costs(cost))
     flows = transfer_matrix(counts, targets, topo)
-    kept = [list(r) for r in attention_layout]
     by_src: Dict[int, List[int]] = {}
     for (s, d) in flows:
         by_src.setdefault(s, []).append(d)
+    kept: List = list(attention_layout)  # rows stay tuples unless they send or receive
     moves: List[Move] = []
     # Each sender gives its tail away: the last destination gets the very end (dsts stay in order).
     for src, dsts in by_src.items():
+        segs = list(kept[src])
         for dst in reversed(dsts):
-            kept[src], tail = _take_tail(kept[src], flows[(src, dst)])
-            moves.append(Move(src, dst, tuple(tail)))
+            moves.append(Move(src, dst, tuple(_take_tail(segs, flows[(src, dst)]))))
+        kept[src] = segs
     moves.sort(key=lambda m: (m.src, m.dst))
     for m in moves:
+        if isinstance(kept[m.dst], tuple):
+            kept[m.dst] = list(kept[m.dst])
         kept[m.dst].extend(m.segments)
     return tuple(tuple(r) for r in kept), tuple(moves)
 
