@@ -72,7 +72,7 @@ def megatron_args(run: Dict, mode: str) -> List[str]:
          "--eval-iters", 0, "--log-throughput"]
     if m.kv_heads != m.heads:
         a += ["--group-query-attention", "--num-query-groups", m.kv_heads]
-    if tp > 1:
+    if tp > 1 and mode != "zeppelin":  # Zeppelin's layer spec does not support sequence parallelism yet
         a += ["--sequence-parallel"]
     a += list(r["extra_args"])
     if mode == "zeppelin":

@@ -51,6 +51,7 @@ def test_flags_per_mode(tmp_path):
     tp = jobs[("13b-prolong-64k", "cp_a2a_p2p")]  # tp 2: 4 CP ranks fit in a node of 8 GPUs
     assert _flag(tp, "--tensor-model-parallel-size") == ["2"] and "--sequence-parallel" in tp
     assert _flag(tp, "--hierarchical-context-parallel-sizes", 2) == ["4", "2"]
+    assert "--sequence-parallel" not in jobs[("13b-prolong-64k", "zeppelin")]
     # same model and data in every mode
     for mode in MODES:
         a = jobs[("7b-arxiv-64k", mode)]
