@@ -1,0 +1,92 @@
+"""Predicted memory per GPU: weights, gradients, optimizer states (by ZeRO stage and TP) and
+activations (by the planned per-rank token capacity).
+
+Bytes per parameter (mixed precision, Adam, as Megatron and DeepSpeed count them): weights
+``param_bytes`` (2 for bf16; 4 for fp32 as the CPU runs), gradients ``grad_bytes``, optimizer states
+4 (fp32 master copy, only when weights are not fp32) + 8 (Adam m, v). ZeRO-1 divides the optimizer
+states by DP, ZeRO-2 also the gradients, ZeRO-3 also the weights; TP divides all of them.
+
+Activations saved for the backward, per token per layer, in elements of the activation dtype
+(LLaMA layer, flash/fused attention so no L x L scores; sequence parallel with TP so /TP):
+``9h + 3kv + heads + 4ffn`` -- norm input and output (2h), QKV output (h + 2kv), rotary q, k
+(h + kv), attention output (h) and its log-sum-exp (heads), out-projection output (h), pre-MLP
+norm input and output (2h), fc1 output (2 ffn), the SwiGLU product and its SiLU (2 ffn), fc2
+output (h). Plus the head: final norm (2h) and, in fp32, the logits, their softmax and gradient
+(3 vocab / TP). ``tokens`` is the most tokens any rank holds (the plan's per-rank capacity).
+
+>>> from megatron_zeppelin.model_spec import ModelSpec
+>>> tiny = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, dtype_bytes=4)
+>>> activation_bytes_per_token(tiny)   # 2 x (9*64 + 3*32 + 4 + 4*128) x 4 + 2*64*4 + 3*256*4
+13088
+>>> m = predict_memory(tiny, tokens=1000, dp=2, zero_stage=3, param_bytes=4, grad_bytes=4)
+>>> m.weights == tiny.params() * 4 // 2, m.optimizer == tiny.params() * 8 // 2
+(True, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import ZeppelinError
+from ..model_spec import ModelSpec
+
+
+class MemoryModelError(ZeppelinError):
+    pass
+
+
+def activation_bytes_per_token(m: ModelSpec, tp: int = 1, recompute: bool = False) -> int:
+    """With ``recompute`` (Megatron full activation recompute) only each layer's input is kept,
+    plus one layer's saved tensors while that layer is recomputed."""
+    kv = m.kv_heads * m.head_dim
+    per_layer = 9 * m.hidden + 3 * kv + m.heads + 4 * m.ffn
+    if recompute:
+        layers = (m.layers * m.hidden + per_layer) * m.dtype_bytes // tp
+    else:
+        layers = m.layers * per_layer * m.dtype_bytes // tp
+    head = 2 * m.hidden * m.dtype_bytes + 3 * m.vocab * 4 // tp  # logits path in fp32
+    return int(layers + head)
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), total=self.total)
+
+    def describe(self, unit: float = 2**30, name: str = "GiB") -> str:
+        return (f"{self.total / unit:.1f} {name} = weights {self.weights / unit:.1f} + grads "
+                f"{self.gradients / unit:.1f} + optimizer {self.optimizer / unit:.1f} + activations "
+                f"{self.activations / unit:.1f}")
+
+
+def predict_memory(m: ModelSpec, tokens: int, dp: int = 1, tp: int = 1, zero_stage: int = 0,
+                   param_bytes: int = 2, grad_bytes: int = 4, recompute: bool = False) -> MemoryPrediction:
+    """Bytes on one GPU for ``tokens`` tokens held at once by that rank."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise MemoryModelError(f"ZeRO stage must be 0..3, got {zero_stage} (set --zero-stage)")
+    if dp < 1 or tp < 1:
+        raise MemoryModelError(f"dp and tp must be >= 1, got dp={dp} tp={tp}")
+    p = m.params() / tp
+    opt_per_param = 8 + (0 if param_bytes >= 4 else 4)  # Adam m, v (+ fp32 master weights)
+    weights = p * param_bytes / (dp if zero_stage >= 3 else 1)
+    grads = p * grad_bytes / (dp if zero_stage >= 2 else 1)
+    opt = p * opt_per_param / (dp if zero_stage >= 1 else 1)
+    act = activation_bytes_per_token(m, tp, recompute) * tokens
+    return MemoryPrediction(int(weights), int(grads), int(opt), int(act))
+
+
+def plan_capacity_tokens(plan) -> int:
+    """The most tokens any rank holds in either layout of a Plan (activations scale with it)."""
+    world = len(plan.attention_layout)
+    att = max(plan.tokens(r) for r in range(world))
+    lin = max(sum(s.stop - s.start for s in plan.linear_layout[r]) for r in range(world))
+    return int(max(att, lin))
