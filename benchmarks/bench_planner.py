@@ -9,7 +9,11 @@ Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M 
 ``--seeds``) at 4 nodes x 8 A800, llama-7b, every strategy: predicted iteration, imbalance
 (max/mean per-rank time) and the ratio to the lower bound.
 
+Sweep (``--sweep``): Zeppelin against every baseline on the paper's other settings: clusters a800
+and h200, 2..16 nodes of 8 GPUs, 64K..256K context, 256K tokens per node per global batch, seed 0.
+
     .venv/bin/python benchmarks/bench_planner.py --out out/bench_planner.json
+    .venv/bin/python benchmarks/bench_planner.py --skip-latency --skip-quality --sweep --out out/sweep.json
 """
 
 from __future__ import annotations
@@ -30,17 +34,21 @@ from megatron_zeppelin.topology import Topology
 
 
 def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -> dict:
+    """Wall-clock (the target) and CPU time of plan_batch; the CPU time shows what the planner
+    costs when other processes share the machine's cores."""
     rng = np.random.default_rng(0)
     lengths = rng.lognormal(7.5, 1.3, n_docs).clip(1, 65536).astype(np.int64)
     topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
     plan_batch(lengths, topo, prof, model, strategy=strategy)  # warm-up (imports, caches)
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = plan_batch(lengths, topo, prof, model, strategy=strategy)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     return {"strategy": strategy, "docs": n_docs, "ranks": topo.world_size, "tokens": int(lengths.sum()),
             "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "repeats": repeats,
+            "cpu_median_ms": 1e3 * statistics.median(cpu), "load_average": os.getloadavg()[0],
             "classes": plan.class_counts(), "ops": len(plan.schedule), "moves": len(plan.remap)}
 
 
@@ -62,6 +70,39 @@ def quality(datasets, seeds, prof, model) -> list:
     return rows
 
 
+def sweep(clusters, node_counts, contexts, datasets, model) -> list:
+    """Zeppelin vs every baseline, seed 0, 256K tokens per node, per (cluster, nodes, context, dataset)."""
+    from megatron_zeppelin.workloads import sample_batch
+    rows = []
+    for cl in clusters:
+        prof = load_profile(cl)
+        for nodes in node_counts:
+            topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
+            for ctx_len in contexts:
+                for ds in datasets:
+                    lengths = sample_batch(ds, nodes << 18, seed=0, max_len=ctx_len)
+                    row = {"cluster": cl, "nodes": nodes, "context": ctx_len, "dataset": ds,
+                           "docs": int(len(lengths)), "max_len": int(max(lengths)), "strategies": {}}
+                    for s in STRATEGIES:
+                        p = plan_batch(lengths, topo, prof, model, strategy=s)
+                        row["strategies"][s] = {"predicted_iteration_s": p.predicted_iteration_s,
+                                                "imbalance": p.imbalance,
+                                                "ratio_to_lower_bound": p.predicted_iteration_s / p.lower_bound_s,
+                                                "classes": p.class_counts()}
+                    z = row["strategies"]["zeppelin"]
+                    best = min((v["predicted_iteration_s"], k) for k, v in row["strategies"].items() if k != "zeppelin")
+                    row["best_baseline"], row["speedup_vs_best"] = best[1], best[0] / z["predicted_iteration_s"]
+                    row["speedup_vs_static_cp"] = (row["strategies"]["static_cp"]["predicted_iteration_s"]
+                                                   / z["predicted_iteration_s"])
+                    rows.append(row)
+                    print(f"sweep {cl} {nodes:2d}x8 ctx {ctx_len >> 10}K {ds:10s}: zeppelin "
+                          f"{z['predicted_iteration_s']:.3f} s imb {z['imbalance']:.3f} ratio "
+                          f"{z['ratio_to_lower_bound']:.3f} classes {z['classes']}; best baseline {best[1]} "
+                          f"{best[0]:.3f} s (x{row['speedup_vs_best']:.2f}); static_cp "
+                          f"x{row['speedup_vs_static_cp']:.2f}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="out/bench_planner.json", help="JSON output path")
@@ -70,15 +111,21 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", default="a800")
     ap.add_argument("--model", default="llama-7b")
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also run the cluster/nodes/context sweep")
+    ap.add_argument("--sweep-clusters", nargs="+", default=["a800", "h200"])
+    ap.add_argument("--sweep-nodes", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--sweep-contexts", type=int, nargs="+", default=[65536, 131072, 262144])
     args = ap.parse_args(argv)
     prof, model = load_profile(args.cluster), load_model(args.model)
-    out = {"cluster": args.cluster, "model": args.model, "latency": [], "quality": []}
-    for n, nodes in ((1000, 8), (16000, 128)):
+    out = {"cluster": args.cluster, "model": args.model, "latency": [], "quality": [], "sweep": []}
+    for n, nodes in (() if args.skip_latency else ((1000, 8), (16000, 128))):
         for s in ("zeppelin", "packed_dp"):
             r = latency(n, nodes, args.repeats, s, prof, model)
             out["latency"].append(r)
             print(f"latency {s:10s} {n:6d} docs {r['ranks']:5d} ranks: median {r['median_ms']:.1f} ms "
-                  f"(min {r['min_ms']:.1f})", flush=True)
+                  f"(min {r['min_ms']:.1f}; CPU median {r['cpu_median_ms']:.1f}; load {r['load_average']:.1f})",
+                  flush=True)
     if not args.skip_quality:
         out["quality"] = quality(("arxiv", "github", "prolong64k"), args.seeds, prof, model)
         for row in out["quality"]:
@@ -87,6 +134,9 @@ def main(argv=None) -> int:
             print(f"quality {row['dataset']:10s} seed {row['seed']}: zeppelin {z['predicted_iteration_s']:.2f} s "
                   f"imbalance {z['imbalance']:.3f} ratio {z['ratio_to_lower_bound']:.3f}; best baseline "
                   f"{best[1]} {best[0]:.2f} s", flush=True)
+    if args.sweep:
+        out["sweep"] = sweep(args.sweep_clusters, args.sweep_nodes, args.sweep_contexts,
+                             ("arxiv", "github", "prolong64k"), model)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -1,17 +1,22 @@
 """Assembly: a strategy's Placement -> the full Plan (layouts, remap, routed schedule, prediction).
 
 Every strategy goes through here, so every Plan is built the same way and the runtime and the
-simulator see the same kind of data whichever strategy made it.
+simulator see the same kind of data whichever strategy made it. With ``Placement.balance_linear``
+(Zeppelin) the remap's linear layout equalises each node's ranks' predicted time instead of their
+token counts (node_time_targets).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from operator import attrgetter
+from typing import List, Sequence
+
+import numpy as np
 
 from .context import Placement, PlanContext
 from .layout import attention_layout
-from .predict import lower_bound, predict
+from .predict import lower_bound, predict, ring_costs
 from .remap import plan_remap
 from .schedule import ring_ops
 from .types import CLASSES, Plan
@@ -25,20 +30,64 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
     new_id = {placement.rings[i].id: k for k, i in enumerate(order)}
     rings = tuple(replace(placement.rings[i], id=new_id[placement.rings[i].id]) for i in order)
     docs = tuple(sorted((replace(d, ring=new_id[d.ring]) if d.ring >= 0 else d for d in placement.docs),
-                        key=lambda d: d.doc))
+                        key=attrgetter("doc")))
     att = attention_layout(docs, rings, topo.world_size)
-    if placement.remap:
-        lin, moves = plan_remap(att, topo, cost=cost)
-    else:
-        lin, moves = att, ()
     dmap = {d.doc: d for d in docs}
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token)
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
-    rank_cost = predict(docs, rings, lin, ops, moves, cost)
-    return Plan(strategy=strategy, topology=topo, lengths=tuple(int(x) for x in lengths), docs=docs,
+    parts = ring_costs(docs, rings, ops, cost)
+    if placement.remap:
+        caps = None
+        if placement.balance_linear:
+            # Ranks busier with attention + exposed communication get fewer linear tokens.
+            busy = [a + e for a, e in zip(*parts)]
+            tokens = [sum([s.stop - s.start for s in r]) for r in att]
+            caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.linear_s(1), ctx.capacity)
+        lin, moves = plan_remap(att, topo, cost=cost, capacities=caps)
+    else:
+        lin, moves = att, ()
+    rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts)
+    return Plan(strategy=strategy, topology=topo, lengths=tuple(map(int, lengths)), docs=docs,
                 rings=rings, attention_layout=att, linear_layout=lin, remap=tuple(moves),
                 schedule=tuple(ops), cost=rank_cost, lower_bound_s=lower_bound(lengths, cost),
                 thresholds=placement.thresholds, kv_bytes_per_token=cost.kv_bytes_per_token,
                 meta=tuple(sorted((str(k), str(v)) for k, v in placement.meta.items())))
+
+
+def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_node: int, rate: float,
+                      capacity: int) -> List[int]:
+    """Linear-layout tokens per rank that equalise busy + rate * tokens inside each node, keeping
+    each node's total (so the remap moves tokens over NVLink only), within ``capacity``.
+
+    >>> node_time_targets([4.0, 0.0, 1.0, 1.0], [2, 6, 3, 3], 2, 1.0, 100)   # node 0: 4+2 = 0+6
+    [2, 6, 3, 3]
+    >>> node_time_targets([3.0, 0.0], [4, 4], 2, 1.0, 100)   # 3 + 2.5 = 0 + 5.5 -> 2 and 6 tokens
+    [3, 5]
+    """
+    b = np.asarray(busy, dtype=np.float64).reshape(-1, gpus_per_node)
+    n_tok = np.asarray(tokens, dtype=np.int64).reshape(-1, gpus_per_node).sum(axis=1)
+    cap = float(capacity)
+    # Per node the level T with sum(clip((T - busy) / rate, 0, cap)) = its tokens (bisection).
+    lo = b.min(axis=1)
+    hi = b.max(axis=1) + rate * n_tok + rate
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        got = np.clip((mid[:, None] - b) / rate, 0.0, cap).sum(axis=1)
+        low = got < n_tok
+        lo = np.where(low, mid, lo)
+        hi = np.where(low, hi, mid)
+    x = np.clip((hi[:, None] - b) / rate, 0.0, cap)
+    out = np.floor(x).astype(np.int64)
+    # Round to the node total: the largest remainders get the +1s (ties: lower rank).
+    left = n_tok - out.sum(axis=1)
+    frac = x - out
+    for v in range(len(out)):
+        k = int(left[v])
+        if k > 0:
+            room = np.where(out[v] < capacity, frac[v], -1.0)
+            out[v, np.lexsort((np.arange(gpus_per_node), -room))[:k]] += 1
+        elif k < 0:
+            out[v, np.lexsort((np.arange(gpus_per_node), frac[v]))[:-k]] -= 1
+    return out.reshape(-1).tolist()

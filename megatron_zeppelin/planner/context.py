@@ -32,4 +32,7 @@ class Placement:
     thresholds: Thresholds
     remap: bool = False  # run the remapping layer (token-balanced linear layout)
     routing: bool = False  # route inter-node ring messages over all NICs
+    # With remap: give each rank of a node the linear tokens that equalise its attention + exposed
+    # communication + linear time (node totals kept: NVLink moves only), not an equal token count.
+    balance_linear: bool = False
     meta: Dict[str, str] = field(default_factory=dict)

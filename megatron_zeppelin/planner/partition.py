@@ -1,332 +1,302 @@
-"""Zeppelin's hierarchical sequence partitioner: lengths -> classes, node buckets, GPU buckets.
+"""Zeppelin's sequence partitioner: LPT over ranks, splitting documents too big for one rank.
 
-1. Costs and classes. Each document's attention cost comes from the cost model (quadratic, with the
-   profile's length-dependent kernel efficiency). A rank's *budget* is the batch's total work over
-   the ranks (attention; plus linear time when the remap layer is off, since then tokens stay where
-   attention puts them). One piece of work may take at most ``GRANULE`` of a budget: bigger
-   documents are split over rings. The class thresholds (thresholds.py) follow from the cost
-   model's crossovers: local <= local_max < intra <= intra_max < inter.
-2. Ring sizes. An intra document gets the smallest ring (2..gpus_per_node) whose member cost fits
-   the granule and whose token share fits the capacity, but never one so large that a ring step
-   cannot hide its NVLink transfer (then the largest that hides). Inter documents likewise over
-   more than one node (NIC transfer, shared over the node's NICs when routing is on), spread evenly
-   over the fewest nodes.
-3. Node buckets. Inter rings take the least-loaded nodes (and in each, its least-loaded ranks);
-   then every other document, longest first, goes to the node whose predicted per-rank time is
-   lowest (LPT). Node time = attention / gpus + the cost of its token imbalance: linear time when
-   remap is off, else the cross-node remap of its surplus or deficit (what the remap layer will pay).
-4. GPU buckets. Inside each node, intra documents (longest first) run on the ring of the
-   least-loaded ranks that have room; local documents go to the least-loaded rank with room (LPT).
-   Rank time is the same as node time with the intra-node (NVLink) remap cost. Documents assigned
-   to the same ranks share one ring.
+A rank's *load* is the predicted time of what it holds: attention (the cost model's quadratic
+cost with the profile's length-dependent efficiency) plus the linear time of its tokens. The
+*budget* B is the batch's total work over the ranks (the lower bound: every document whole, perfect
+balance). The remap layer then evens out what the greedy leaves inside each node (assemble.py).
+
+1. Classes are eligibility ranges (thresholds.py, from the cost model's crossovers): a document of
+   at most ``local_max`` tokens always stays whole (no ring step of it can hide its NVLink
+   transfer); a longer one may run on an intra-node ring; from ``intra_max + 1`` tokens it may also
+   span nodes (a 2-member ring across 2 nodes hides its routed NIC transfer).
+2. Documents, longest first (ties by index), each go where they raise the busiest rank touched
+   least, preferring the cheapest form that stays within B:
+   - local, on the least-loaded rank with room, if that rank stays within B (or the document is
+     too short to split);
+   - else an intra ring: the smallest size G whose G least-loaded ranks of some node (with room
+     for their zigzag share) stay within B; members cost ring_member_attention(L, G) + their
+     tokens' linear time (equal for every member: zigzag);
+   - else, if the document may span nodes, an inter ring of the smallest G (among sizes whose ring
+     steps hide the routed NIC transfer) whose G least-loaded ranks of the domain stay within B,
+     taken from the fewest nodes and ordered node by node (only the hops between nodes use NICs).
+     Nodes thus receive fractions of a long document, which whole-document node buckets cannot;
+   - if nothing stays within B, the form with the least resulting maximum (ties: local, intra,
+     smaller G).
+3. Documents on the same ranks and class share one ring.
 
 Determinism: documents are visited in (-length, index) order and every choice breaks ties by
-(load, index), so the decisions depend on the lengths only. Guarantee (tested): for any permutation
-of the input, each document lands where a document of the same length landed before; per rank the
-multiset of (class, ring ranks, length) is the same, hence the same predicted costs.
+(load, rank), so the decisions depend on the lengths only; any permutation of the input gives each
+document the place a document of the same length had before.
 
-Worked example (toy model, 1 node x 4 GPUs): documents of 8000 and 5000 tokens are over local_max,
-so they run on intra rings; the short ones go to rank 1, the one whose time they lower most (it holds
-the fewest tokens, and the remap layer would otherwise have to bring it some).
+Worked example (toy model, 1 node x 4 GPUs): a rank's budget is 0.255 ms; the 8000-token
+document costs 0.72 ms whole, so it runs on a ring (of 4: members of a 3-ring would exceed the
+budget, as smaller chunks run slower); the 5000-token one (0.29 ms) exceeds the budget too and
+takes a 3-ring; the short ones fill rank 3, the least loaded (LPT).
 
 >>> from megatron_zeppelin.planner.testing import toy_context
 >>> p = plan_zeppelin([8000, 5000, 300, 200, 100, 90], toy_context(nodes=1, gpus=4))
->>> p.thresholds.local_max
-3095
+>>> p.thresholds.local_max, p.meta["budget_s"]
+(3095, '0.000254692')
 >>> [(d.doc, d.cls, d.owner) for d in p.docs]
-[(0, 'intra', -1), (1, 'intra', -1), (2, 'local', 1), (3, 'local', 1), (4, 'local', 1), (5, 'local', 1)]
+[(0, 'intra', -1), (1, 'intra', -1), (2, 'local', 3), (3, 'local', 3), (4, 'local', 3), (5, 'local', 3)]
 >>> [(r.ranks, r.docs) for r in p.rings]
-[((0, 1, 2), (0,)), ((0, 2, 3), (1,))]
+[((0, 1, 2, 3), (0,)), ((0, 1, 2), (1,))]
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .bins import Bins
 from .context import Placement, PlanContext
+from .cost_model import BWD_FLOPS
 from .layout import zigzag_bounds
-from .thresholds import inter_share, member_cost_s, zeppelin_thresholds
+from .thresholds import inter_share, zeppelin_thresholds
 from .types import DocPlan, PlanError, Ring
 
-# Largest share of a rank's budget one piece of work may be: LPT packing ends within a few percent
-# of the mean when pieces are at most half a bin and smaller pieces remain to fill the gaps.
-GRANULE = 0.5
+_INF = float("inf")
 
 
-def _member_tokens(length: int, ring: int) -> int:
-    """Most tokens any zigzag member holds (two chunks of at most ceil(L / 2G))."""
-    return 2 * -(-length // (2 * ring))
-
-
-class _Loads:
-    """Per-rank attention seconds and tokens; time = attention + the cost of the token imbalance."""
-
-    def __init__(self, ctx: PlanContext, total_tokens: int):
-        topo, cost = ctx.topology, ctx.cost
-        self.world, self.g = topo.world_size, topo.gpus_per_node
-        self.att = [0.0] * self.world
-        self.tok = [0] * self.world
-        self.cap = ctx.capacity
-        self.remap = ctx.config.remap
-        self.lin_rate = cost.linear_s(1)
-        self.c_nv = cost.remap_s_per_token("nvlink")
-        self.c_x = cost.remap_s_per_token("nic")
-        self.mean_rank = total_tokens / self.world
-        self.mean_node = total_tokens / topo.nodes
-
-    def rank_time(self, r: int) -> float:
-        if self.remap:
-            return self.att[r] + self.c_nv * abs(self.tok[r] - self.mean_rank)
-        return self.att[r] + self.lin_rate * self.tok[r]
-
-    def node_time(self, att: float, tok: int) -> float:
-        if self.remap:
-            return (att + self.c_x * abs(tok - self.mean_node)) / self.g
-        return (att + self.lin_rate * tok) / self.g
-
-    def least_loaded(self, ranks, count: int, need: int) -> List[int]:
-        """The ``count`` least-loaded of ``ranks`` with room for ``need`` more tokens (ties by rank)."""
-        ok = [r for r in ranks if self.tok[r] + need <= self.cap]
-        if len(ok) < count:
-            return []
-        return sorted(sorted(ok, key=lambda r: (self.rank_time(r), r))[:count])
-
-    def add(self, r: int, att: float, tok: int) -> None:
-        self.att[r] += att
-        self.tok[r] += tok
-
-
-def _ring_sizes(ctx: PlanContext, lengths: np.ndarray, granule: float):
-    """Per document: the granule's ring size (node-level estimate), member cost for every size
-    2..gpus_per_node, and which sizes fit the capacity and hide the NVLink transfer (vectorised)."""
-    cost, g, cap = ctx.cost, ctx.topology.gpus_per_node, ctx.capacity
-    n = len(lengths)
-    if n == 0 or g < 2:
-        z = np.zeros((n, 0))
-        return np.zeros(n, dtype=np.int64), z, z.astype(bool)
-    sizes = np.arange(2, g + 1)
-    Lf = lengths.astype(np.float64)[:, None]
-    c = np.maximum(1, lengths[:, None] // (2 * sizes[None, :]))  # [n, sizes] chunk tokens
+def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
+    """Per ring size G in ``sizes``: member time (attention + linear of its tokens), most tokens
+    a member holds, and whether a ring step hides its NVLink / routed NIC transfer (one layer)."""
+    cost = ctx.cost
+    G = sizes.astype(np.float64)
+    c = np.maximum(1, length // (2 * sizes)).astype(np.float64)  # zigzag chunk tokens
     full = cost.block_s_np(c, c, False)
-    member = 2 * cost.block_s_np(c, c, True) + (2 * sizes[None, :] - 1) * full
-    if not ctx.config.remap:
-        member = member + cost.linear_s(1) * np.ceil(Lf / sizes[None, :])
-    # Hiding: per-step forward compute (2 full blocks, one layer) >= K/V transfer of L/G tokens.
-    step_c = 2 * full / cost.model.layers / (1 + _bwd_ratio(cost, c))
-    step_t = cost.latency("nvlink") + cost.kv_bytes_per_token * Lf / sizes[None, :] / cost.bandwidth("nvlink")
-    hides = step_c >= step_t
-    fits = 2 * -(-lengths[:, None] // (2 * sizes[None, :])) <= cap
-    out = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        ok = fits[i]
-        if not ok.any():
-            continue  # caller raises the capacity error
-        cand = ok & hides[i]
-        if not cand.any():  # nothing hides: the smallest ring that fits (least exposed traffic)
-            out[i] = sizes[np.argmax(ok)]
-            continue
-        bal = cand & (member[i] <= granule)
-        out[i] = sizes[np.argmax(bal)] if bal.any() else sizes[np.nonzero(cand)[0][-1]]
-    # Sizes the GPU level may choose from: those that fit and hide (or the fallback above).
-    allowed = (fits & hides) | (sizes[None, :] == out[:, None])
-    return out, member, allowed
+    member_att = 2 * cost.block_s_np(c, c, True) + (2 * G - 1) * full
+    need = 2 * -(-length // (2 * sizes))  # tokens of a member's two chunks, at most
+    fwd_full = full / cost.model.layers / (1.0 + BWD_FLOPS * cost.attn_tflops_np(c) / cost.attn_tflops_np(c, True))
+    step_c = 2 * fwd_full  # forward compute of one ring step (2 full blocks, one layer)
+    nbytes = cost.kv_bytes_per_token * length / G
+    hide_nv = step_c >= cost.latency("nvlink") + nbytes / cost.bandwidth("nvlink")
+    hide_nic = step_c >= cost.latency("nic") + nbytes * inter_share(ctx) / cost.bandwidth("nic")
+    return member_att + rate * need, need, hide_nv, hide_nic
 
 
-def _choose_intra(loads: "_Loads", ranks, length: int, member_s, allowed, target: float):
-    """(ring size, members) inside one node: the smallest allowed ring whose least-loaded members
-    stay within ``target`` seconds, else the one that ends with the least-loaded top member."""
-    best = (float("inf"), 0, [])
-    for j, ok in enumerate(allowed):
-        if not ok:
-            continue
-        G = j + 2
-        members = loads.least_loaded(ranks, G, _member_tokens(length, G))
-        if not members:
-            continue
-        top = max(loads.rank_time(r) for r in members) + float(member_s[j])
-        if top <= target:
-            return G, members
-        if top < best[0]:
-            best = (top, G, members)
-    return best[1], best[2]
+class _Ranks:
+    """Per-rank load (seconds) and attention tokens, with a lazy min-heap for LPT picks."""
 
+    def __init__(self, world: int, cap: int):
+        self.load = [0.0] * world  # lists: the hot loop touches single entries
+        self.tok = [0] * world
+        self.att = [0.0] * world  # load without the linear time of the tokens
+        self.cap = cap
+        self.ver = [0] * world
+        self.heap = [(0.0, r, 0) for r in range(world)]
 
-def _bwd_ratio(cost, c):
-    """Backward / forward seconds of a block of chunk size ``c`` (to undo block_s's fwd+bwd sum)."""
-    return 2.5 * cost.attn_tflops_np(c) / cost.attn_tflops_np(c, True)
+    def least_loaded(self, need: int):
+        """(load, rank) of the least-loaded rank with room for ``need`` tokens, or None."""
+        heap, aside, out = self.heap, [], None
+        while heap:
+            t, r, v = heap[0]
+            if v != self.ver[r]:
+                heapq.heappop(heap)
+                continue
+            if self.tok[r] + need <= self.cap:
+                out = (t, r)
+                break
+            aside.append(heapq.heappop(heap))
+        for x in aside:
+            heapq.heappush(heap, x)
+        return out
 
-
-def _inter_ring_size(ctx: PlanContext, length: int, granule: float) -> Tuple[int, int]:
-    """(nodes, members per node) of an inter ring for one document."""
-    topo, cost, cap = ctx.topology, ctx.cost, ctx.capacity
-    g, world = topo.gpus_per_node, topo.world_size
-    share = inter_share(ctx)
-    lo = g + 1
-    while lo <= world and _member_tokens(length, lo) > cap:
-        lo += 1
-    if lo > world:
-        raise PlanError(f"document of {length} tokens does not fit {world} ranks of {cap} tokens "
-                        "(raise --zeppelin-capacity-tokens or add ranks)")
-
-    def hides(G: int) -> bool:
-        return cost.ring_step_compute_s(length, G) >= cost.ring_step_transfer_s(length, G, "nic", share)
-
-    # Smallest balanced size (member cost falls with the ring size): bisection.
-    a, b = lo, world
-    if member_cost_s(ctx, length, b) > granule:
-        a = b
-    while a < b:
-        m = (a + b) // 2
-        if member_cost_s(ctx, length, m) <= granule:
-            b = m
+    def add(self, r: int, t: float, tokens: int, rate: float) -> None:
+        self.load[r] += t
+        self.tok[r] += tokens
+        self.att[r] += t - rate * tokens
+        self.ver[r] += 1
+        entry = (self.load[r], r, self.ver[r])
+        if self.heap and self.heap[0][1] == r:  # the usual LPT case: the top entry itself grows
+            heapq.heapreplace(self.heap, entry)
         else:
-            a = m + 1
-    G = a
-    if not hides(G):  # shrink towards a size whose steps hide the NIC transfer, not below lo
-        while G > lo and not hides(G):
-            G -= 1
-    # Over the fewest nodes, members spread evenly: every node of the ring sends one NIC hop per
-    # step, so fewer nodes means less NIC traffic in all (and fewer rings sharing a node's NICs).
-    k = max(2, min(-(-G // g), topo.nodes))
-    return k, min(g, -(-G // k))
+            heapq.heappush(self.heap, entry)
+
+    def masker(self):
+        """need -> loads as an array, +inf where ``need`` more tokens do not fit (arrays built once)."""
+        load, tok = np.asarray(self.load), np.asarray(self.tok)
+        top = int(tok.max())
+
+        def masked(need: int) -> np.ndarray:
+            return load if top + need <= self.cap else np.where(tok + need <= self.cap, load, _INF)
+        return masked
+
+
+def _intra(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
+    """Best intra ring: (resulting max, G, members); the smallest G within ``budget`` if any."""
+    best = (_INF, 0, ())
+    masked = ranks.masker()
+    for j in np.nonzero(ok)[0].tolist():
+        G = int(sizes[j])
+        m = masked(int(need[j])).reshape(-1, g)
+        kth = np.partition(m, G - 1, axis=1)[:, G - 1]  # per node: its G-th smallest load
+        v = int(np.argmin(kth))
+        res = float(kth[v]) + float(member[j])
+        if res == _INF or res >= best[0]:
+            continue
+        row = np.lexsort((np.arange(g), m[v]))[:G]  # G least-loaded of node v, ties by rank
+        best = (res, G, tuple(sorted(int(v * g + x) for x in row)))
+        if res <= budget:
+            break
+    return best
+
+
+def _inter(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
+    """Best inter ring: the G least-loaded ranks of the domain, from the fewest nodes, node by node."""
+    best = (_INF, 0, ())
+    masked = ranks.masker()
+    for j in np.nonzero(ok)[0].tolist():
+        G = int(sizes[j])
+        m = masked(int(need[j]))
+        if G > len(m):
+            break
+        order = np.lexsort((np.arange(len(m)), m))
+        kth = float(m[order[G - 1]])
+        res = kth + float(member[j])
+        if res == _INF or res >= best[0]:
+            continue
+        elig = order[m[order] <= kth]
+        nodes = elig // g
+        count = np.bincount(nodes, minlength=len(m) // g)
+        rank_node = sorted(range(len(count)), key=lambda n: (-int(count[n]), n))
+        pos = {n: k for k, n in enumerate(rank_node)}
+        chosen = sorted(elig.tolist(), key=lambda r: (pos[r // g], float(m[r]), r))[:G]
+        if len({r // g for r in chosen}) < 2:
+            continue  # all in one node: the intra candidate is as good and cheaper
+        best = (res, G, tuple(sorted(chosen, key=lambda r: (r // g, r))))
+        if res <= budget:
+            break
+    return best
+
+
+# Budget scales tried in turn while the plan's estimate stays over GOOD x the lower bound: a lower
+# target makes long documents take larger rings, which can leave fewer stranded ranks.
+TARGETS = (1.0, 0.97, 0.94, 0.9, 0.85, 0.8)
+GOOD = 1.01
 
 
 def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    topo, cost, cfg = ctx.topology, ctx.cost, ctx.config
-    world, g, nodes = topo.world_size, topo.gpus_per_node, topo.nodes
+    cost = ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
-    n = len(L)
-    order = np.lexsort((np.arange(n), -L))  # (-length, index)
-    whole = cost.doc_attention_np(L)
-    total_tok = int(L.sum())
-    work = float(whole.sum()) + (0.0 if cfg.remap else cost.linear_s(total_tok))
-    budget = work / world
-    granule = GRANULE * budget
-    th = zeppelin_thresholds(ctx, granule)
-    loads = _Loads(ctx, total_tok)
-    ring_of: Dict[int, Tuple[str, Tuple[int, ...]]] = {}  # doc -> (class, member ranks)
+    order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
+    rate = cost.linear_s(1)
+    whole = cost.doc_attention_np(L) + rate * L
+    budget = float(whole.sum()) / ctx.topology.world_size
+    th = zeppelin_thresholds(ctx)
+    args = (ctx, L.tolist(), whole.tolist(), order.tolist(), th, rate, {})
+    best = None
+    for f in TARGETS:
+        ring_of, owner, est = _greedy(*args, budget * f)
+        if best is None or est < best[0]:
+            best = (est, f, ring_of, owner)
+        if est <= GOOD * budget:
+            break
+    est, f, ring_of, owner = best
+    meta = {"budget_s": f"{budget:.6g}", "target": f"{f:g}", "estimate_s": f"{est:.6g}"}
+    return _placement(lengths, ctx, order, ring_of, owner, th, meta)
+
+
+def _estimate(ranks: _Ranks, g: int) -> float:
+    """Iteration estimate of a greedy result: the remap evens load out inside each node, so a
+    node takes its mean load, or its largest attention (no rank gives up attention work)."""
+    load = np.asarray(ranks.load).reshape(-1, g)
+    att = np.asarray(ranks.att).reshape(-1, g)
+    return float(np.maximum(load.mean(axis=1), att.max(axis=1)).max())
+
+
+def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables: dict, budget: float):
+    """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate)."""
+    topo, cost = ctx.topology, ctx.cost
+    world, g, nodes = topo.world_size, topo.gpus_per_node, topo.nodes
+    ranks = _Ranks(world, ctx.capacity)
+    ring_of: Dict[int, Tuple[str, Tuple[int, ...]]] = {}
     owner: Dict[int, int] = {}
-
-    # --- inter documents: rings over the least-loaded nodes ------------------------------------
-    is_inter = L > th.intra_max
-    for i in (int(i) for i in order if is_inter[i]):
-        Li = int(L[i])
-        k, m = _inter_ring_size(ctx, Li, granule)
-        node_t = [sum(loads.rank_time(r) for r in topo.node_ranks(v)) for v in range(nodes)]
-        need = _member_tokens(Li, k * m)
-        members: List[int] = []
-        for v in sorted(range(nodes), key=lambda v: (node_t[v], v)):
-            pick = loads.least_loaded(topo.node_ranks(v), m, need)
-            if pick:
-                members.extend(pick)
-            if len(members) == k * m:
-                break
-        if len(members) < k * m:
-            raise PlanError(f"document {i} ({Li} tokens) needs {k * m} ranks with room for {need} tokens "
-                            f"(raise --zeppelin-capacity-tokens, now {ctx.capacity})")
-        members.sort(key=lambda r: (topo.node_of(r), r))  # node by node: one NIC hop per node
-        _place_ring(ctx, loads, Li, members)
-        ring_of[i] = ("inter", tuple(members))
-
-    # --- node buckets for the rest (LPT on node time) -------------------------------------------
-    ring_size = np.zeros(n, dtype=np.int64)
-    # Over local_max, or too big for one rank's capacity (split even if it cannot hide).
-    is_intra = (~is_inter) & ((L > th.local_max) | (L > ctx.capacity))
-    idx_intra = np.nonzero(is_intra)[0]
-    ring_size[idx_intra], member, allowed = _ring_sizes(ctx, L[idx_intra], granule)
-    row = {int(i): k for k, i in enumerate(idx_intra)}
-    est = whole.copy()
-    for i in idx_intra:
-        if ring_size[i] == 0:
-            raise PlanError(f"document {int(i)} ({int(L[i])} tokens) does not fit one node's ranks "
-                            f"(raise --zeppelin-capacity-tokens, now {ctx.capacity})")
-        G = int(ring_size[i])  # member[] already holds the linear share when remap is off
-        est[i] = G * float(member[row[int(i)], G - 2]) - (0.0 if cfg.remap else cost.linear_s(int(L[i])))
-    node_att = {v: sum(loads.att[r] for r in topo.node_ranks(v)) for v in range(nodes)}
-    node_tok = {v: sum(loads.tok[r] for r in topo.node_ranks(v)) for v in range(nodes)}
-    nb = Bins(range(nodes), loads.mean_node, loads.c_x if cfg.remap else loads.lin_rate, cfg.remap,
-              node_att, node_tok)
-    node_docs: List[List[int]] = [[] for _ in range(nodes)]
-    node_cap = g * ctx.capacity
-    for i in order[~is_inter[order]].tolist():
-        Li = int(L[i])
-        v = nb.pick(float(est[i]), Li, lambda v, t: nb.tok[v] + t <= node_cap)
-        if v is None:
-            raise PlanError(f"document {i} ({Li} tokens) fits no node's remaining capacity "
-                            f"(raise --zeppelin-capacity-tokens, now {ctx.capacity})")
-        node_docs[v].append(i)
-        nb.add(v, float(est[i]), Li)
-
-    # --- GPU buckets inside each node ------------------------------------------------------------
-    for v in range(nodes):
-        ranks = topo.node_ranks(v)
-        docs_v = node_docs[v]
-        target = max(budget, nb.att[v] / g)
-        for i in docs_v:  # intra documents come first (longer than every local one)
-            if not is_intra[i]:
-                break
-            Li = int(L[i])
-            G, members = _choose_intra(loads, ranks, Li, member[row[i]], allowed[row[i]], target)
-            if not members:
-                raise PlanError(f"document {i} ({Li} tokens) needs {G} ranks of node {v} with room "
-                                f"(raise --zeppelin-capacity-tokens, now {ctx.capacity})")
-            _place_ring(ctx, loads, Li, members, float(member[row[i], G - 2]))
-            ring_of[i] = ("intra", tuple(members))
-        rb = Bins(ranks, loads.mean_rank, loads.c_nv if cfg.remap else loads.lin_rate, cfg.remap,
-                  {r: loads.att[r] for r in ranks}, {r: loads.tok[r] for r in ranks})
-        for i in docs_v:
-            if is_intra[i]:
-                continue
-            Li = int(L[i])
-            r = rb.pick(float(whole[i]), Li, lambda r, t: loads.tok[r] + t <= loads.cap)
-            if r is None:  # node full (fragmented): any rank of the domain with room
-                room = [q for q in range(world) if loads.tok[q] + Li <= loads.cap]
-                if not room:
-                    raise PlanError(f"document {i} ({Li} tokens) fits no rank "
-                                    f"(raise --zeppelin-capacity-tokens, now {ctx.capacity})")
-                r = min(room, key=lambda q: (loads.rank_time(q), q))
-            else:
-                rb.add(r, float(whole[i]), Li)
-            loads.add(r, float(whole[i]), Li)
+    intra_sizes = np.arange(2, g + 1)
+    inter_sizes = np.arange(2, world + 1) if nodes > 1 else np.arange(0)
+    local_max, cap = th.local_max, ctx.capacity
+    heap, load, tok, att, ver = ranks.heap, ranks.load, ranks.tok, ranks.att, ranks.ver
+    for i in order:
+        Li, ui = L_list[i], whole_list[i]
+        t, r, v = heap[0]
+        if Li <= local_max and v == ver[r] and tok[r] + Li <= cap:
+            # Fast path of the common case (a short document on the heap's top rank): _Ranks.add inlined.
+            load[r] = t + ui
+            tok[r] += Li
+            att[r] += ui - rate * Li
+            ver[r] = v + 1
+            heapq.heapreplace(heap, (t + ui, r, v + 1))
             owner[i] = r
-    return _placement(lengths, ctx, order, ring_of, owner, th, budget)
+            continue
+        loc = ranks.least_loaded(Li)
+        loc_res = loc[0] + ui if loc else _INF
+        if loc and (Li <= local_max or loc_res <= budget):
+            owner[i] = loc[1]
+            ranks.add(loc[1], ui, Li, rate)
+            continue
+        best = (loc_res, 1, (loc[1],) if loc else ())
+        cls = "local"
+        forced = loc is None  # does not fit one rank whole: split whether or not steps hide
+        if g >= 2:
+            if ("intra", Li) not in tables:  # the same for every pass
+                tables[("intra", Li)] = _ring_table(ctx, Li, intra_sizes, rate)
+            member, need, hide_nv, _ = tables[("intra", Li)]
+            ok = hide_nv | forced
+            if not ok.any():
+                ok = intra_sizes == 2
+            cand = _intra(ranks, g, intra_sizes, member, need, ok, budget)
+            if cand[0] < best[0]:
+                best, cls = cand, "intra"
+        if best[0] > budget and len(inter_sizes) and (Li > th.intra_max or best[0] == _INF):
+            if ("inter", Li) not in tables:
+                tables[("inter", Li)] = _ring_table(ctx, Li, inter_sizes, rate)
+            member, need, _, hide_nic = tables[("inter", Li)]
+            ok = hide_nic | (best[0] == _INF)
+            cand = _inter(ranks, g, inter_sizes, member, need, ok, budget)
+            if cand[0] < best[0]:
+                best, cls = cand, "inter"
+        if best[0] == _INF:
+            raise PlanError(f"document {i} ({Li} tokens) fits no ranks with room (raise "
+                            f"--zeppelin-capacity-tokens, now {ctx.capacity}, or add ranks)")
+        if cls == "local":
+            owner[i] = best[2][0]
+            ranks.add(best[2][0], ui, Li, rate)
+            continue
+        members = best[2]
+        G = len(members)
+        b = zigzag_bounds(Li, G)
+        m_att = cost.ring_member_attention_s(Li, G)
+        for k, r in enumerate(members):
+            t = (b[k + 1] - b[k]) + (b[2 * G - k] - b[2 * G - 1 - k])
+            ranks.add(r, m_att + rate * t, t, rate)
+        ring_of[i] = (cls, members)
+    return ring_of, owner, _estimate(ranks, g)
 
 
-def _place_ring(ctx: PlanContext, loads: _Loads, length: int, members: Sequence[int], att: float = -1.0) -> None:
-    G = len(members)
-    if att < 0:
-        att = ctx.cost.ring_member_attention_s(length, G)
-    elif not ctx.config.remap:  # the vectorised member cost includes the linear share; loads add tokens
-        att -= ctx.cost.linear_s(-(-length // G))
-    b = zigzag_bounds(length, G)
-    for j, r in enumerate(members):
-        loads.add(r, att, (b[j + 1] - b[j]) + (b[2 * G - j] - b[2 * G - 1 - j]))
+def _local_doc(i: int, length: int, owner: int) -> DocPlan:
+    """``DocPlan(i, length, "local", -1, owner, (0, length))`` without the frozen dataclass's
+    per-field ``__setattr__`` (most documents are local; this is half their planning time)."""
+    d = object.__new__(DocPlan)
+    d.__dict__.update(doc=i, length=length, cls="local", ring=-1, owner=owner, bounds=(0, length))
+    return d
 
 
-def _placement(lengths, ctx, order, ring_of, owner, th, budget) -> Placement:
+def _placement(lengths, ctx, order, ring_of, owner, th, meta) -> Placement:
     """Docs and rings; documents on the same ranks and class share one ring (in visiting order)."""
     ring_id: Dict[Tuple[str, Tuple[int, ...]], int] = {}
     ring_docs: List[List[int]] = []
     for i in order.tolist():
         key = ring_of.get(i)
-        if key is not None and key not in ring_id:
+        if key is None:
+            continue
+        if key not in ring_id:
             ring_id[key] = len(ring_docs)
             ring_docs.append([])
-        if key is not None:
-            ring_docs[ring_id[key]].append(i)
+        ring_docs[ring_id[key]].append(i)
     rings = [Ring(id=k, ranks=key[1], cls=key[0], docs=tuple(ring_docs[k])) for key, k in ring_id.items()]
-    docs = []
-    for i, Li in enumerate(lengths):
-        Li = int(Li)
-        key = ring_of.get(i)
-        if key is None:
-            docs.append(DocPlan(i, Li, "local", -1, owner[i], (0, Li)))
-        else:
-            docs.append(DocPlan(i, Li, key[0], ring_id[key], -1, zigzag_bounds(Li, len(key[1]))))
-    nodes = ctx.topology.nodes
-    meta = {"budget_s": f"{budget:.6g}", "granule": str(GRANULE)}
+    docs = [_local_doc(i, Li, owner[i]) if i in owner else
+            DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
+            for i, Li in enumerate(map(int, lengths))]
     return Placement(docs=docs, rings=rings, thresholds=th, remap=ctx.config.remap,
-                     routing=ctx.config.routing_enabled(nodes), meta=meta)
+                     routing=ctx.config.routing_enabled(ctx.topology.nodes), balance_linear=True, meta=meta)

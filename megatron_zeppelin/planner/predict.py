@@ -99,8 +99,10 @@ def _ring_compute(qrings, dmap, cost: CostModel, steps: int, world: int, attn: L
     return comp_f.reshape(steps, world), comp_b.reshape(steps, world)
 
 
-def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Sequence[Sequence[Segment]],
-            schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel) -> Tuple[RankCost, ...]:
+def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequence[CommOp], cost: CostModel
+               ) -> Tuple[List[float], List[float]]:
+    """Per rank (attention seconds, exposed communication seconds) of one iteration: what the
+    attention layout and the routed schedule cost, before the linear modules and the remap."""
     world = cost.topology.world_size
     layers = cost.model.layers
     dmap = {d.doc: d for d in docs}
@@ -145,13 +147,23 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
                 if s < p2p_size[rank] - 1:  # the last forward step moves nothing
                     exposed[rank] += layers * max(0.0, af - cf)
                 exposed[rank] += layers * max(0.0, ab - cb)
+    return attn, exposed
+
+
+def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Sequence[Sequence[Segment]],
+            schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel, parts=None
+            ) -> Tuple[RankCost, ...]:
+    """Per-rank predicted costs. ``parts``: ``ring_costs``'s result when the caller already has it."""
+    world = cost.topology.world_size
+    layers = cost.model.layers
+    attn, exposed = parts if parts is not None else ring_costs(docs, rings, schedule, cost)
     # Remap: to linear and back per layer in the forward (none back after the last layer), mirrored
     # in the backward; one exchange is paced by each rank's busiest NVLink port or NIC (planner/remap.py).
     remap = [0.0] * world
     if moves:
         n_ex = remap_exchanges(layers)
         remap = [n_ex * t for t in remap_exchange_s(moves, cost)]
-    lin = [cost.linear_s(sum(len(x) for x in linear_layout[r])) for r in range(world)]
+    lin = [cost.linear_s(sum([x.stop - x.start for x in linear_layout[r]])) for r in range(world)]
     return tuple(RankCost(attn[r], lin[r], exposed[r], remap[r]) for r in range(world))
 
 

@@ -26,8 +26,10 @@ from .types import CommOp, DocPlan, Ring
 
 
 def block_tokens(ring: Ring, docs: Dict[int, DocPlan]) -> List[int]:
-    """Tokens each member of ``ring`` holds (its K/V block size)."""
-    return [sum(len(s) for d in ring.docs for s in docs[d].member_segments(i)) for i in range(ring.size)]
+    """Tokens each member of ``ring`` holds (its K/V block size): chunks i and 2G-1-i of each document."""
+    g2 = 2 * ring.size
+    bounds = [docs[d].bounds for d in ring.docs]
+    return [sum([b[i + 1] - b[i] + b[g2 - i] - b[g2 - 1 - i] for b in bounds]) for i in range(ring.size)]
 
 
 def _op(topo: Topology, ring: Ring, step: int, block: int, src: int, dst: int, tokens: int, kvb: int) -> CommOp:

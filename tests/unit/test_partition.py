@@ -15,8 +15,9 @@ from megatron_zeppelin.model_spec import load_model
 from megatron_zeppelin.planner import Plan, PlanError, plan_batch
 from megatron_zeppelin.planner.checks import check_plan
 from megatron_zeppelin.planner.partition import plan_zeppelin
+from megatron_zeppelin.planner.types import CLASSES
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE, toy_context
-from megatron_zeppelin.planner.thresholds import zeppelin_thresholds
+from megatron_zeppelin.planner.thresholds import inter_share, zeppelin_thresholds
 from megatron_zeppelin.profile import load_profile
 from megatron_zeppelin.topology import Topology
 
@@ -34,31 +35,33 @@ def rank_signature(plan: Plan):
 
 def test_thresholds_follow_the_crossovers_not_constants():
     ctx = toy_context(nodes=2, gpus=4)
-    th = zeppelin_thresholds(ctx, granule_s=1e-3)
+    th = zeppelin_thresholds(ctx)
     assert th.local_max == ctx.cost.crossover_length(2, "nvlink") - 1
-    faster = replace(TOY_PROFILE, nvlink_GBps=TOY_PROFILE.nvlink_GBps * 4)
+    assert th.intra_max == ctx.cost.crossover_length(2, "nic", share=inter_share(ctx)) - 1
+    faster = replace(TOY_PROFILE, nvlink_GBps=TOY_PROFILE.nvlink_GBps * 4, nic_GBps=TOY_PROFILE.nic_GBps * 4)
     ctx2 = replace(ctx, profile=faster, cost=replace(ctx.cost, profile=faster))
-    th2 = zeppelin_thresholds(ctx2, granule_s=1e-3)
+    th2 = zeppelin_thresholds(ctx2)
     assert th2.local_max < th.local_max  # faster NVLink: shorter documents already hide
-    assert "NVLink" in th.reason and "inter-node" in th.reason
+    assert th2.intra_max < th.intra_max  # faster NICs: shorter documents may span nodes
+    assert "NVLink" in th.reason and "span nodes" in th.reason
 
 
-def test_classes_are_length_ranges_and_rings_are_well_formed():
+def test_classes_respect_the_length_ranges_and_rings_are_well_formed():
     rng = np.random.default_rng(0)
     lengths = [int(x) for x in rng.lognormal(7.5, 1.3, 120).clip(1, 60000)] + [120000]
     plan = plan_batch(lengths, Topology(2, 4), TOY_PROFILE, TOY_MODEL)
     check_plan(plan)
     th = plan.thresholds
-    for d in plan.docs:
-        want = "local" if d.length <= th.local_max else "intra" if d.length <= th.intra_max else "inter"
-        assert d.cls == want, (d, th)
+    for d in plan.docs:  # a class is allowed from its range up: short documents never split
+        lowest = "local" if d.length <= th.local_max else "intra" if d.length <= th.intra_max else "inter"
+        assert CLASSES.index(d.cls) >= CLASSES.index(lowest), (d, th)
     counts = plan.class_counts()
     assert counts["inter"] >= 1 and counts["intra"] >= 1 and counts["local"] >= 1
     for ring in plan.rings:
         if ring.cls == "inter":  # members grouped node by node: one NIC hop per node per step
             nodes = [plan.topology.node_of(r) for r in ring.ranks]
             assert nodes == sorted(nodes)
-    assert dict(plan.meta)["granule"]
+    assert float(dict(plan.meta)["budget_s"]) > 0
 
 
 def test_placement_flags_follow_the_config():
@@ -116,19 +119,62 @@ def test_json_round_trip_and_digest_stable_across_processes():
     assert out.stdout.strip() == plan.digest()
 
 
-def test_paper_workloads_beat_the_stock_baselines():
-    """Issue 2's setting: 4 nodes x 8 A800, llama-7b, ~1M tokens, 64K context. The targets
-    (imbalance <= 1.05, <= 1.15x the lower bound) are measured by benchmarks/bench_planner.py;
-    here: every plan is valid, Zeppelin predicts a faster iteration than packed DP,
-    and stays within 1.35x of the lower bound."""
+def _issue_targets(ds: str, seed: int):
+    """Issue 2's setting: 4 nodes x 8 A800, llama-7b, ~1M tokens, 64K context. Zeppelin's plan is
+    valid, within 5% of the mean per rank, within 1.15x of the lower bound, and predicts a faster
+    iteration than every baseline at its best settings."""
+    from megatron_zeppelin.config import STRATEGIES
     from megatron_zeppelin.workloads import sample_batch
     prof, model = load_profile("a800"), load_model("llama-7b")
     topo = Topology(4, 8, prof.nics_per_node, prof.gpu_to_nic)
-    for ds in ("arxiv", "github", "prolong64k"):
-        lengths = sample_batch(ds, 1 << 20, seed=0, max_len=65536)
-        z = plan_batch(lengths, topo, prof, model, strategy="zeppelin")
-        check_plan(z)
-        for base in ("packed_dp",):
-            b = plan_batch(lengths, topo, prof, model, strategy=base)
-            assert z.predicted_iteration_s < b.predicted_iteration_s, (ds, base)
-        assert z.predicted_iteration_s / z.lower_bound_s < 1.35, ds
+    lengths = sample_batch(ds, 1 << 20, seed=seed, max_len=65536)
+    z = plan_batch(lengths, topo, prof, model, strategy="zeppelin")
+    check_plan(z)
+    assert z.imbalance <= 1.05, (ds, seed, z.imbalance)
+    assert z.predicted_iteration_s / z.lower_bound_s <= 1.15, (ds, seed)
+    for base in STRATEGIES[1:]:
+        b = plan_batch(lengths, topo, prof, model, strategy=base)
+        assert z.predicted_iteration_s < b.predicted_iteration_s, (ds, seed, base)
+
+
+@pytest.mark.parametrize("ds", ["arxiv", "github", "prolong64k"])
+def test_paper_workloads_meet_the_issue_targets(ds):
+    _issue_targets(ds, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("ds", ["arxiv", "github", "prolong64k"])
+def test_paper_workloads_meet_the_issue_targets_more_seeds(ds, seed):
+    _issue_targets(ds, seed)
+
+
+def test_long_documents_span_nodes_on_small_rings():
+    """Node-granular placement cannot balance 3 long documents over 2 nodes; with documents
+    spanning nodes on small inter rings (members node by node, steps that hide the routed
+    transfer), the plan is valid and no rank's attention exceeds its node's level."""
+    lengths = [40000] * 3 + [300] * 20
+    plan = plan_batch(lengths, Topology(2, 4), TOY_PROFILE, TOY_MODEL)
+    check_plan(plan)
+    inter = [r for r in plan.rings if r.cls == "inter"]
+    assert inter and all(r.size < plan.world_size for r in inter)
+    for r in inter:
+        nodes = [plan.topology.node_of(x) for x in r.ranks]
+        assert nodes == sorted(nodes) and len(set(nodes)) == 2
+    # Every baseline keeps at least one node with two whole long documents: 8.56 ms against 7.33.
+    for base in ("static_cp", "hybrid_dp", "dynamic_cp"):
+        other = plan_batch(lengths, Topology(2, 4), TOY_PROFILE, TOY_MODEL, strategy=base)
+        assert plan.predicted_iteration_s < 0.9 * other.predicted_iteration_s, base
+
+
+def test_linear_layout_balances_time_inside_each_node_over_nvlink_only():
+    from megatron_zeppelin.workloads import sample_batch
+    prof, model = load_profile("a800"), load_model("llama-7b")
+    topo = Topology(2, 8, prof.nics_per_node, prof.gpu_to_nic)
+    plan = plan_batch(sample_batch("prolong64k", 1 << 19, seed=3, max_len=65536), topo, prof, model)
+    check_plan(plan)
+    assert all(topo.same_node(m.src, m.dst) for m in plan.remap)  # node totals kept
+    for v in range(topo.nodes):
+        t = [plan.cost[r].total_s for r in topo.node_ranks(v)]
+        assert max(t) / min(t) < 1.02
+    assert max(c.remap_s for c in plan.cost) < 0.02 * plan.predicted_iteration_s
