@@ -1,0 +1,110 @@
+"""The ``--zeppelin-*`` flags, in Megatron-LM's style, and the bridge to ZeppelinConfig.
+
+``add_zeppelin_args`` is usable as Megatron-LM's ``extra_args_provider`` (it takes and returns the
+parser). ``config_from_args`` reads them back (plus Megatron's own TP/CP/PP flags when present) and
+refuses settings Zeppelin does not support yet, naming the flag.
+
+>>> import argparse
+>>> p = add_zeppelin_args(argparse.ArgumentParser())
+>>> a = p.parse_args(["--zeppelin-balance", "--zeppelin-gpus-per-node", "2", "--zeppelin-gpu-nic-map", "0,0"])
+>>> c = config_from_args(a)
+>>> c.balance, c.gpus_per_node, c.gpu_nic_map, c.remap
+(True, 2, (0, 0), True)
+>>> a.context_parallel_size = 2
+>>> config_from_args(a)
+Traceback (most recent call last):
+...
+megatron_zeppelin.config.ConfigError: --zeppelin-balance plans context parallelism itself: set --context-parallel-size 1 (use --zeppelin-cp-size for the static_cp baseline)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
+
+
+def _int_list(s: str):
+    try:
+        return tuple(int(x) for x in s.replace(" ", "").split(",") if x != "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    g = parser.add_argument_group(title="zeppelin", description="Zeppelin variable-length balancing")
+    g.add_argument("--zeppelin-balance", action="store_true",
+                   help="Plan every global micro-batch with Zeppelin (local / intra / inter documents, "
+                        "routing, remapping); needs the Zeppelin layer spec and batch path.")
+    g.add_argument("--zeppelin-strategy", default="zeppelin", choices=STRATEGIES,
+                   help="Planner: zeppelin, or a baseline run through the same engine.")
+    g.add_argument("--zeppelin-gpus-per-node", type=int, default=None,
+                   help="GPUs per node of the domain (default: LOCAL_WORLD_SIZE, else 8).")
+    g.add_argument("--zeppelin-nics-per-node", type=int, default=0,
+                   help="NICs per node (0 = one per GPU, or the cluster profile's).")
+    g.add_argument("--zeppelin-gpu-nic-map", type=_int_list, default=(),
+                   help="NIC index of each local GPU, e.g. 0,0,1,1 (default: even sharing).")
+    g.add_argument("--zeppelin-cluster", default="h200",
+                   help="Hardware profile: a800, h800, h200 or a YAML path (cost model).")
+    g.add_argument("--zeppelin-routing", default="auto", choices=ROUTING,
+                   help="Route inter-node ring traffic over all NICs (auto = when the domain spans nodes).")
+    g.add_argument("--zeppelin-remap", dest="zeppelin_remap", action="store_true", default=True,
+                   help="Remap tokens to a token-balanced layout for the MLP and vocab head (default).")
+    g.add_argument("--no-zeppelin-remap", dest="zeppelin_remap", action="store_false",
+                   help="Keep the attention layout for the linear modules.")
+    g.add_argument("--zeppelin-capacity-tokens", type=int, default=0,
+                   help="Per-rank attention-layout token capacity (0 = twice the mean).")
+    g.add_argument("--zeppelin-cp-size", type=int, default=0,
+                   help="CP group size for the static_cp / allgather_cp baselines (0 = auto).")
+    g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
+                   help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
+    g.add_argument("--zeppelin-debug-plan", action="store_true",
+                   help="Compare plan digests across the domain every step (a mismatch is an error).")
+    return parser
+
+
+def _get(args, name, default=None):
+    v = getattr(args, name, default)
+    return default if v is None else v
+
+
+def check_megatron_args(args) -> None:
+    """Megatron settings --zeppelin-balance cannot run with yet: a clear error naming the flag."""
+    if not _get(args, "zeppelin_balance", False):
+        return
+    if _get(args, "context_parallel_size", 1) != 1:
+        raise ConfigError("--zeppelin-balance plans context parallelism itself: set --context-parallel-size 1 "
+                          "(use --zeppelin-cp-size for the static_cp baseline)")
+    if _get(args, "pipeline_model_parallel_size", 1) != 1:
+        raise ConfigError("--zeppelin-balance does not support pipeline parallelism yet: set "
+                          "--pipeline-model-parallel-size 1")
+    if _get(args, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
+        raise ConfigError("--zeppelin-balance does not support virtual pipeline stages: drop "
+                          "--num-layers-per-virtual-pipeline-stage")
+    if _get(args, "sequence_parallel", False):
+        raise ConfigError("--zeppelin-balance does not support --sequence-parallel yet: drop it")
+    if _get(args, "num_experts", None):
+        raise ConfigError("--zeppelin-balance supports dense models only: drop --num-experts")
+    if _get(args, "multi_latent_attention", False):
+        raise ConfigError("--zeppelin-balance does not support --multi-latent-attention")
+    if _get(args, "attention_dropout", 0.0):
+        raise ConfigError("--zeppelin-balance needs --attention-dropout 0")
+    if _get(args, "position_embedding_type", "rope") not in ("rope", "none"):
+        raise ConfigError("--zeppelin-balance supports --position-embedding-type rope or none")
+
+
+def config_from_args(args) -> ZeppelinConfig:
+    """ZeppelinConfig from parsed flags (Megatron's or `zeppelin train`'s)."""
+    import os
+
+    check_megatron_args(args)
+    gpn = _get(args, "zeppelin_gpus_per_node", None) or int(os.environ.get("LOCAL_WORLD_SIZE", 0) or 8)
+    return ZeppelinConfig(
+        balance=bool(_get(args, "zeppelin_balance", False)), strategy=_get(args, "zeppelin_strategy", "zeppelin"),
+        gpus_per_node=int(gpn), nics_per_node=int(_get(args, "zeppelin_nics_per_node", 0)),
+        gpu_nic_map=tuple(_get(args, "zeppelin_gpu_nic_map", ())), cluster=_get(args, "zeppelin_cluster", "h200"),
+        routing=_get(args, "zeppelin_routing", "auto"), remap=bool(_get(args, "zeppelin_remap", True)),
+        capacity_tokens=int(_get(args, "zeppelin_capacity_tokens", 0)), cp_size=int(_get(args, "zeppelin_cp_size", 0)),
+        min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
+        debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
+        tp=int(_get(args, "tensor_model_parallel_size", 1)))

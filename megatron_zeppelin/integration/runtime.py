@@ -1,0 +1,101 @@
+"""Bring-up of megatron-core for one run: parallel state, seeds, the model, DDP and the optimizer.
+
+Process groups come from megatron's parallel_state here, once, and are passed explicitly from then
+on: ``Runtime.domain_group`` (the DP x CP ranks of this TP slice: the Zeppelin domain), ``tp_group``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ZeppelinError
+from ..model_spec import ModelSpec
+from . import cpu
+
+
+class RuntimeSetupError(ZeppelinError):
+    pass
+
+
+@dataclass
+class Runtime:
+    tp: int
+    tp_rank: int
+    domain_rank: int
+    domain_size: int
+    domain_group: Any
+    tp_group: Any
+    device: torch.device
+    cpu_shim: bool
+
+
+def init_parallel(tp: int = 1, seed: int = 1234) -> Runtime:
+    """torch.distributed must be initialized; sets up megatron's groups (TP x DP, no PP/CP)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    shim = cpu.install()
+    if not shim:
+        import os
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    world = dist.get_world_size()
+    if world % tp:
+        raise RuntimeSetupError(f"--tensor-model-parallel-size {tp} does not divide the world size {world}")
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=not shim)
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    if shim:
+        cpu.seed(seed, tp_rank)
+    else:
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)
+    device = torch.device("cpu") if shim else torch.device("cuda", torch.cuda.current_device())
+    return Runtime(tp=tp, tp_rank=tp_rank, domain_rank=ps.get_data_parallel_rank(),
+                   domain_size=ps.get_data_parallel_world_size(),
+                   domain_group=ps.get_data_parallel_group(), tp_group=ps.get_tensor_model_parallel_group(),
+                   device=device, cpu_shim=shim)
+
+
+def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.float32, recompute: bool = False):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads, num_query_groups=m.kv_heads,
+        kv_channels=m.head_dim, ffn_hidden_size=m.ffn, normalization="RMSNorm", gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
+        tensor_model_parallel_size=tp, use_cpu_initialization=True, calculate_per_token_loss=True,
+        params_dtype=dtype, bf16=dtype == torch.bfloat16, init_method_std=0.02,
+        bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False, persist_layer_norm=False,
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None, recompute_num_layers=1 if recompute else None)
+
+
+def build_model(m: ModelSpec, tp: int = 1, zeppelin: bool = True, max_seq: int = 1 << 16,
+                dtype: torch.dtype = torch.float32, device=None):
+    """A GPT model with the Zeppelin spec (or the stock local spec as the oracle)."""
+    from megatron.core.models.gpt import GPTModel
+
+    from .spec import get_gpt_layer_reference_spec, get_gpt_layer_zeppelin_spec
+
+    config = transformer_config(m, tp, dtype)
+    spec = (get_gpt_layer_zeppelin_spec(use_te=False if cpu.needed() else None) if zeppelin
+            else get_gpt_layer_reference_spec())
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=m.vocab, max_sequence_length=max_seq,
+                position_embedding_type="rope", share_embeddings_and_output_weights=False,
+                pre_process=True, post_process=True)
+    return model.to(device or torch.device("cpu"))
+
+
+def wrap_ddp(model):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=False)
+    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
