@@ -48,6 +48,10 @@ class HardwareProfile:
     gpu_to_nic: Tuple[int, ...] = ()
     memory_GB: float = 80.0
     assumed: Tuple[str, ...] = field(default=())  # fields that are assumptions, not published/measured
+    # Fixed seconds per attention block call (launch, LSE merge, indexing), forward and backward, on top
+    # of FLOPs / rate; 0 in the GPU presets (folded into the rate table), measured by `zeppelin bench --validate-cpu`.
+    attn_call_fwd_us: float = 0.0
+    attn_call_bwd_us: float = 0.0
 
     def __post_init__(self):
         for f in ("attn_seqlen", "attn_fwd_tflops", "attn_bwd_tflops", "gpu_to_nic", "assumed"):
@@ -90,6 +94,8 @@ class HardwareProfile:
         out["nvlink"] = {"GBps": self.nvlink_GBps, "latency_us": self.nvlink_latency_us}
         out["nic"] = {"GBps": self.nic_GBps, "latency_us": self.nic_latency_us}
         out["assumed"] = list(self.assumed)
+        if self.attn_call_fwd_us or self.attn_call_bwd_us:
+            out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
         return out
 
     @classmethod
@@ -105,7 +111,8 @@ class HardwareProfile:
                 nic_GBps=float(nic["GBps"]), nic_latency_us=float(nic["latency_us"]),
                 gpus_per_node=int(d.get("gpus_per_node", 8)), nics_per_node=int(d.get("nics_per_node", 8)),
                 gpu_to_nic=tuple(int(x) for x in d.get("gpu_to_nic", ())),
-                memory_GB=float(d.get("memory_GB", 80.0)), assumed=tuple(d.get("assumed", ())))
+                memory_GB=float(d.get("memory_GB", 80.0)), assumed=tuple(d.get("assumed", ())),
+                attn_call_fwd_us=float(att.get("call_fwd_us", 0.0)), attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)))
         except ProfileError:
             raise
         except (KeyError, TypeError, ValueError) as e:

@@ -1,0 +1,130 @@
+"""``zeppelin report``: run (or load) the benchmark matrix and write docs/results.md with its figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..errors import ZeppelinError
+
+GANTT_CASE = dict(cluster="a800", model="llama-7b", dataset="github", context=65536, nodes=2)
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "report", help="write docs/results.md: the matrix's tables, figures and the commands that made them",
+        description="Run the benchmark matrix on the simulator (or load a `zeppelin bench --json` file) and "
+                    "write a Markdown report with the summary, per-study tables, plots and Gantt charts.")
+    p.add_argument("--matrix", default="configs/runs/paper.yaml", help="run matrix (default configs/runs/paper.yaml)")
+    p.add_argument("--results", metavar="FILE", nargs="+",
+                   help="use these `zeppelin bench --json` files (merged) instead of running the matrix")
+    p.add_argument("--validation", metavar="FILE", help="validation JSON (`zeppelin bench --validate-cpu --json`) to include")
+    p.add_argument("--out", default="docs/results.md", help="report path (default docs/results.md)")
+    p.add_argument("--figures", default="docs/figures", help="figure folder (default docs/figures)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    p.set_defaults(func=run)
+    return p
+
+
+def _gantts(figdir: str, rel: str) -> dict:
+    """One layer's timeline of Zeppelin and of TE-style CP (at its best simulated CP size)."""
+    from ..config import ZeppelinConfig
+    from ..model_spec import load_model
+    from ..profile import load_profile
+    from ..sim.iteration import simulate
+    from ..sim.plots import gantt
+    from ..sim.runs import domain_topology, make_plan
+    from ..workloads import sample_batch
+    c = GANTT_CASE
+    profile, model = load_profile(c["cluster"]), load_model(c["model"])
+    topo = domain_topology(profile, c["nodes"])
+    lengths = [int(x) for x in sample_batch(c["dataset"], c["context"] * topo.world_size, 0, max_len=c["context"])]
+    cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic)
+    out = {}
+    for v in ("zeppelin", "static_cp"):
+        best = None
+        for cp in ((0,) if v == "zeppelin" else (2, 4, 8, 16)):
+            plan = make_plan(v, lengths, topo, profile, model, cfg.with_(cp_size=cp))
+            res = simulate(plan, profile, model)
+            if best is None or res.iteration_s < best[1].iteration_s:
+                best = (cp, res)
+        name = f"gantt_{v}"
+        cp = f", CP {best[0]}" if best[0] else ""
+        gantt(best[1], os.path.join(figdir, f"{name}.png"),
+              title=f"{v}{cp}: {c['model']} on {c['cluster']}, {c['dataset']} {c['context'] // 1024}K, "
+                    f"{topo.world_size} GPUs; iteration {best[1].iteration_s:.3f} s")
+        out[f"{name} ({c['model']}, {c['cluster']}, {c['dataset']}, {topo.world_size} GPUs{cp})"] = f"{rel}/{name}.png"
+    return out
+
+
+def run(args) -> int:
+    from ..sim.matrix import load_matrix, run_matrix, summarize, summarize_by_study
+    from ..sim.plots import scaling_lines, speedup_bars
+    from ..sim.report import render
+
+    me = " ".join(["zeppelin report"] + ([f"--results {' '.join(args.results)}"] if args.results else
+                                         [f"--matrix {args.matrix}"]) +
+                  ([f"--validation {args.validation}"] if args.validation else []) +
+                  [f"--out {args.out}", f"--figures {args.figures}"])
+    if args.results:
+        records, commands = [], []
+        for path in args.results:
+            try:
+                with open(path) as f:
+                    part = json.load(f)
+            except (OSError, ValueError) as e:
+                raise ZeppelinError(f"cannot read --results {path}: {e}") from None
+            records += part["runs"]
+            commands.append(part.get("command") or f"zeppelin bench --matrix {part.get('matrix', args.matrix)} --json {path}")
+        overall = summarize([r for r in records if not r["study"].startswith("ablation")])
+        doc = {"matrix": args.matrix, "summary": overall["summary"], "lower_bound": overall.get("lower_bound", {}),
+               "studies": summarize_by_study(records), "runs": records}
+        commands.append(me)
+    else:
+        items, _ = load_matrix(args.matrix)
+        records = run_matrix(items, None, progress=not args.no_progress and sys.stderr.isatty())
+        overall = summarize([r for r in records if not r["study"].startswith("ablation")])
+        doc = {"matrix": args.matrix, "summary": overall["summary"], "lower_bound": overall.get("lower_bound", {}),
+               "studies": summarize_by_study(records), "runs": records}
+        commands = [me]
+    os.makedirs(args.figures, exist_ok=True)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    rel = os.path.relpath(os.path.abspath(args.figures), out_dir)
+    figs = {}
+    for study in sorted({r["study"] for r in doc["runs"]}):
+        speedup_bars(doc["runs"], os.path.join(args.figures, f"speedup_{study}.png"), study)
+        figs[f"speedup bars: {study}"] = f"{rel}/speedup_{study}.png"
+        if study == "scaling":
+            scaling_lines(doc["runs"], os.path.join(args.figures, "scaling.png"), study)
+            figs["scaling lines: scaling"] = f"{rel}/scaling.png"
+    figs.update(_gantts(args.figures, rel))
+    validation = None
+    if args.validation:
+        try:
+            with open(args.validation) as f:
+                validation = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ZeppelinError(f"cannot read --validation {args.validation}: {e}") from None
+        if validation.get("command"):
+            commands.insert(len(commands) - 1, validation["command"])
+    try:
+        with open(os.path.join(args.figures, "results.json"), "w") as f:
+            json.dump(doc, f, indent=1, default=float)
+        with open(args.out, "w") as f:
+            f.write(render(doc, commands, figs, validation, notes=_NOTES))
+    except OSError as e:
+        raise ZeppelinError(f"cannot write the report: {e}") from None
+    print(f"wrote {args.out} and {len(figs)} figures in {args.figures}")
+    return 0
+
+
+_NOTES = """What the simulator models (megatron_zeppelin/sim/): the Plan's own schedule ops on per-GPU NVLink
+ports and per-NIC links with max-min fair sharing; the attention engine's step order (K/V exchange
+overlapped with each ring step's compute, dK/dV exchange after it, local documents inside the first
+exchange); QKV/output projections on the attention layout, MLP on the linear layout, the remap
+all-to-alls around the MLP; TP all-reduces for 13B/30B; the vocab head; and Megatron DDP's gradient
+all-reduce after the backward (not overlapped: Megatron's default). One layer is simulated with all
+ranks starting together and multiplied by the layer count. Hardware figures: configs/clusters/*.yaml
+(their `assumed` fields are assumptions, not published numbers); workloads: configs/datasets/*.yaml."""

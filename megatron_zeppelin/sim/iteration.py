@@ -1,0 +1,183 @@
+"""One training iteration of a Plan, simulated: iteration time, per-rank timelines, NIC utilisation.
+
+The simulator reads only the Plan (layouts, rings, remap moves, the schedule's CommOps: the same ops
+the runtime executes) and the profile; it never looks at which strategy made the plan.
+
+Iteration = forward of every layer -> vocab head (forward + backward, linear layout) -> backward of
+every layer -> DP gradient all-reduce (allreduce.py; overlapped with the backward only when
+``overlap_grad_reduce``, as Megatron DDP's ``--overlap-grad-reduce``; off by default, like Megatron).
+The optimizer step and the embedding are left out (the same for every strategy).
+
+Layers (``layers``):
+- ``"scale"`` (default, fast): one layer's forward and one layer's backward are simulated, each with
+  all ranks starting together, and multiplied by the layer count: a barrier at every layer boundary.
+  Close when ranks are coupled at each layer boundary (the remap all-to-all, rings over the busy
+  ranks); an upper bound in general, since without a barrier a rank that is fast in one phase can
+  run ahead (tests measure the gap against "all"). The last layer's remap back is counted.
+- ``"all"``: every layer chained, no barriers (exact for the model; L times slower to simulate).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..model_spec import ModelSpec
+from ..planner.cost_model import CostModel
+from ..planner.types import Plan
+from ..profile import HardwareProfile
+from .allreduce import allreduce_s, exposed_s
+from .compute import LayerCosts
+from .events import FLOW, TaskGraph
+from .layer import LayerBuilder
+from .network import LinkTable
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    layers: str = "scale"  # "scale" | "all"
+    overlap_grad_reduce: bool = False
+    grad_bytes_per_param: int = 4
+    allreduce: bool = True
+    tp_comm: bool = True
+    remap_point: str = "attention_output"  # or "core_attention" (what-if; see layer.py)
+
+
+@dataclass
+class SimResult:
+    iteration_s: float
+    forward_s: float
+    head_s: float
+    backward_s: float
+    allreduce_s: float  # the whole DP all-reduce
+    allreduce_exposed_s: float
+    layers: int
+    mode: str
+    rank_compute_s: List[Dict[str, float]]  # per rank, seconds per category over the iteration
+    nic: List[Dict[str, float]]  # per global NIC: bytes and utilisation (bytes / (bandwidth x iteration))
+    link_bytes: Dict[str, float]  # over the iteration: nvlink, nic
+    timeline: List[tuple] = field(default_factory=list)  # (rank, category, label, start, end) of one layer fwd+bwd
+
+    def to_dict(self, timeline: bool = False) -> dict:
+        d = asdict(self)
+        if not timeline:
+            d.pop("timeline")
+        return d
+
+    @property
+    def max_nic_util(self) -> float:
+        return max((max(n["util_out"], n["util_in"]) for n in self.nic), default=0.0)
+
+
+class _Run:
+    """A graph, its result, and how many times it counts in the iteration."""
+
+    def __init__(self, g: TaskGraph, links: LinkTable, times: int, offset: float = 0.0):
+        self.g, self.times, self.offset = g, times, offset
+        self.res = g.run(links.capacity)
+
+
+def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1,
+             options: Optional[SimOptions] = None) -> SimResult:
+    opt = options or SimOptions()
+    if opt.layers not in ("scale", "all"):
+        from ..errors import ZeppelinError
+        raise ZeppelinError(f"unknown layers mode '{opt.layers}' (set --sim-layers to scale or all)")
+    topo = plan.topology
+    cost = CostModel(model, profile, topo, tp)
+    costs = LayerCosts(cost)
+    links = LinkTable(topo, cost.bandwidth("nvlink"), cost.bandwidth("nic"))
+    L = model.layers
+    world = plan.world_size
+    head = [costs.head_iteration_s(plan.tokens(r, "linear")) for r in range(world)]
+    head_s = max(head)
+    runs: List[_Run] = []
+    if opt.layers == "scale":
+        cache: dict = {}
+        gf = TaskGraph()
+        LayerBuilder(plan, costs, links, gf, opt.tp_comm, cache, opt.remap_point).forward()
+        rf = _Run(gf, links, L)
+        gb = TaskGraph()
+        LayerBuilder(plan, costs, links, gb, opt.tp_comm, cache, opt.remap_point).backward()
+        rb = _Run(gb, links, L, offset=rf.res.makespan)
+        runs = [rf, rb]
+        fwd, bwd = L * rf.res.makespan, L * rb.res.makespan
+        layer_ends = [fwd + head_s + (i + 1) * rb.res.makespan for i in range(L)]
+    else:
+        g = TaskGraph()
+        b = LayerBuilder(plan, costs, links, g, opt.tp_comm, None, opt.remap_point)
+        marks = []
+        for i in range(L):  # the last layer skips the remap back (and so its gradient)
+            b.forward(remap_back=i < L - 1)
+        fwd_marks = list(b.cursor)
+        for r in range(world):
+            b.compute(r, head[r], "head")
+        for i in reversed(range(L)):
+            b.backward(remap_back=i < L - 1)
+            marks.append(g.join(list(b.cursor)))
+        run = _Run(g, links, 1)
+        runs = [run]
+        end = run.res.end
+        fwd = max(float(end[t]) for t in fwd_marks if t is not None)
+        total = run.res.makespan
+        layer_ends = [float(end[m]) for m in marks]
+        bwd = total - fwd - head_s  # the head is inside the chained graph; report it separately
+    grad = model.params() / tp * opt.grad_bytes_per_param
+    ar = allreduce_s(grad, topo, cost.bandwidth("nvlink"), cost.bandwidth("nic"), cost.latency("nvlink"),
+                     cost.latency("nic")) if opt.allreduce else 0.0
+    backward_end = fwd + head_s + bwd
+    ar_exp = exposed_s(ar, layer_ends, backward_end, opt.overlap_grad_reduce)
+    iteration = backward_end + ar_exp
+    return _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, opt.layers)
+
+
+def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, mode) -> SimResult:
+    world = plan.world_size
+    per_rank = [defaultdict(float) for _ in range(world)]
+    link_bytes = np.zeros(len(links.keys))
+    timeline = []
+    for run in runs:
+        g, res = run.g, run.res
+        for i in range(len(g)):
+            tag = g.tag[i]
+            if g.kind[i] == FLOW:
+                a, b = g.links[i]
+                link_bytes[a] += g.nbytes[i] * run.times
+                link_bytes[b] += g.nbytes[i] * run.times
+            elif tag is not None:
+                per_rank[tag[0]][tag[1]] += g.dur[i] * run.times
+            if tag is not None and res.end[i] > res.start[i]:
+                timeline.append((tag[0], tag[1], tag[2], float(res.start[i] + run.offset),
+                                 float(res.end[i] + run.offset)))
+    if mode == "scale":  # the head is not in the layer graphs
+        for r in range(world):
+            per_rank[r]["head"] += head[r]
+    nics = []
+    kinds = defaultdict(float)
+    for idx, (kind, i) in enumerate(links.keys):
+        kinds["nic" if kind.startswith("nic") else "nvlink"] += link_bytes[idx] / 2  # each flow counted at both ends
+    for n in range(plan.topology.num_nics):
+        out_b = float(link_bytes[links.index[("nic_out", n)]])
+        in_b = float(link_bytes[links.index[("nic_in", n)]])
+        cap = float(links.capacity[links.index[("nic_out", n)]])
+        denom = cap * iteration if iteration > 0 else 1.0
+        nics.append({"nic": n, "bytes_out": out_b, "bytes_in": in_b, "util_out": out_b / denom,
+                     "util_in": in_b / denom})
+    return SimResult(iteration_s=iteration, forward_s=fwd, head_s=head_s, backward_s=bwd, allreduce_s=ar,
+                     allreduce_exposed_s=ar_exp, layers=L, mode=mode, rank_compute_s=[dict(d) for d in per_rank],
+                     nic=nics, link_bytes=dict(kinds), timeline=timeline)
+
+
+def simulate_attention(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1) -> float:
+    """Seconds of one layer's core attention, forward then backward, every rank starting together
+    (what one engine call plus its backward takes): the term validated against measured runs."""
+    cost = CostModel(model, profile, plan.topology, tp)
+    links = LinkTable(plan.topology, cost.bandwidth("nvlink"), cost.bandwidth("nic"))
+    g = TaskGraph()
+    b = LayerBuilder(plan, LayerCosts(cost), links, g, False)
+    b.attention(False)
+    b.attention(True)
+    return g.run(links.capacity).makespan

@@ -1,0 +1,243 @@
+"""One transformer layer of a Plan as a task graph: forward or backward, every rank.
+
+Forward, per rank (design.md "Where Zeppelin sits"): QKV projection (attention-layout tokens) ->
+attention queues inter, intra, local -> output projection [-> TP all-reduce] -> remap to the linear
+layout -> MLP (linear-layout tokens) [-> TP all-reduce] -> remap back. The backward runs the mirror:
+remap back's gradient, MLP, remap, output projection, attention queues (same order: the slowest
+communication starts first), QKV projection.
+
+Attention follows the engine (attention/engine.py, ring.py, allgather.py) step by step; each rank
+runs every step of a queue and waits for the step's exchanges before the next (its stream is
+synchronous with its communication). Queues inter, then intra; in a queue the all-gather rings,
+then the zigzag (p2p) rings, all rings of a queue stepping together (global step s = step s of
+each ring). The local documents run once, inside the first exchange of the layer.
+- zigzag forward: step s starts the K/V exchange of step s (rings with s < G-1), computes the block
+  received in step s-1, waits. Backward: the K/V exchange starts before the compute, the dK/dV
+  exchange of the block just computed after it (rings with s < G; step G-1 brings dK/dV home).
+- all-gather (Llama-3): gather K/V; forward computes its own block meanwhile, the rest after;
+  backward gathers again, computes, then sends partial dK/dV home over the reversed ops.
+Every exchange moves the Plan's CommOps (executor.run_step), so routed schedules are timed as run.
+
+``remap_point``: ``attention_output`` (design.md: the remap moves the hidden states after the output
+projection, so the QKV and output projections run on the attention layout) or ``core_attention``
+(a what-if: every projection on the linear layout; q, k, v are remapped into the attention layout
+and the attention output back, (heads + 2 kv_heads) x head_dim and heads x head_dim per token).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional
+
+from ..planner.types import Plan
+from .compute import LayerCosts
+from .events import TaskGraph
+from .executor import Hop, reverse_hops, run_step
+from .network import LinkTable
+
+RING_QUEUES = ("inter", "intra")
+REMAP_POINTS = ("attention_output", "core_attention")
+
+
+class LayerBuilder:
+    def __init__(self, plan: Plan, costs: LayerCosts, links: LinkTable, g: TaskGraph,
+                 tp_comm: bool = True, ring_cache: Optional[dict] = None,
+                 remap_point: str = "attention_output"):
+        self.plan, self.k, self.links, self.g = plan, costs, links, g
+        self.topo = plan.topology
+        self.world = plan.world_size
+        self.tp_comm = tp_comm
+        self.lat = {"nvlink": costs.cost.latency("nvlink"), "nic": costs.cost.latency("nic")}
+        self.docs = {d.doc: d for d in plan.docs}
+        self.ring_of = {r.id: r for r in plan.rings}
+        self.ops = defaultdict(list)
+        for o in plan.schedule:
+            self.ops[(o.queue, o.step)].append(o)
+        self.t_att = [plan.tokens(r, "attention") for r in range(self.world)]
+        self.t_lin = [plan.tokens(r, "linear") for r in range(self.world)]
+        self.local_tokens = defaultdict(list)
+        for d in plan.docs:
+            if d.cls == "local":
+                self.local_tokens[d.owner].append(d.length)
+        if remap_point not in REMAP_POINTS:
+            from ..errors import ZeppelinError
+            raise ZeppelinError(f"unknown remap point '{remap_point}' (set --remap-point to one of {REMAP_POINTS})")
+        self.remap_point = remap_point
+        m, tp, db = costs.cost.model, costs.cost.tp, costs.cost.model.dtype_bytes
+        self.remap_bytes = {"hidden": costs.cost.hidden_bytes_per_token,  # per token, per TP rank
+                            "qkv": (max(1, m.heads // tp) + 2 * max(1, m.kv_heads // tp)) * m.head_dim * db,
+                            "ctx": max(1, m.heads // tp) * m.head_dim * db}
+        self.cursor: List[Optional[int]] = [None] * self.world
+        self._ring_cache: Dict[int, tuple] = {} if ring_cache is None else ring_cache  # shared fwd/bwd
+
+    # --- helpers -----------------------------------------------------------------------------
+    def compute(self, rank: int, seconds: float, cat: str, deps=()) -> int:
+        self.cursor[rank] = self.g.delay(seconds, [self.cursor[rank], *deps], tag=(rank, cat, cat))
+        return self.cursor[rank]
+
+    def _wait(self, ends: Dict[int, int]):
+        """Each rank's compute stream waits for its part of a collective step."""
+        for r, e in ends.items():
+            self.cursor[r] = self.g.join([self.cursor[r], e])
+
+    def _remap(self, reverse: bool, what: str = "hidden"):
+        """Attention layout -> linear layout (``reverse``: back), ``what`` bytes per token moved."""
+        nb = self.remap_bytes[what]
+        hops = [Hop("direct", m.src, m.dst, m.tokens * nb, self.k.cost.link_of(m.src, m.dst),
+                    self.topo.nic_of(m.src) if not self.topo.same_node(m.src, m.dst) else -1, "remap")
+                for m in self.plan.remap if m.tokens]
+        if not hops:
+            return
+        hops = reverse_hops(hops, self.topo) if reverse else hops
+        ranks = {h.src for h in hops} | {h.dst for h in hops}
+        self._wait(run_step(self.g, self.links, self.topo, hops, {r: [self.cursor[r]] for r in ranks}, self.lat))
+
+    def _tp(self, tokens: List[int]):
+        if self.tp_comm and self.k.cost.tp > 1:
+            for r in range(self.world):
+                self.compute(r, self.k.tp_allreduce_s(tokens[r]), "tp_comm")
+
+    # --- attention ---------------------------------------------------------------------------
+    def _hops(self, ops, scale: float) -> List[Hop]:
+        return [Hop(o.stage, o.src, o.dst, o.nbytes * scale, o.link, o.nic, f"ring_{o.queue}") for o in ops]
+
+    def _step_costs(self, ring):
+        if ring.id not in self._ring_cache:
+            self._ring_cache[ring.id] = self.k.ring_step_s(ring, self.docs)
+        return self._ring_cache[ring.id]
+
+    def _members(self, rings, fn) -> Dict[int, float]:
+        """Per rank, the sum of ``fn(ring costs (fwd, bwd), member index)`` over its rings."""
+        out: Dict[int, float] = defaultdict(float)
+        for ring in rings:
+            c = self._step_costs(ring)
+            for i, rank in enumerate(ring.ranks):
+                out[rank] += fn(c, i)
+        return out
+
+    def _exchange(self, ops, reverse: bool = False) -> Dict[int, int]:
+        """Start a StepExchange of ``ops`` on every rank it involves, gated by each rank's stream."""
+        hops = self._hops(ops, 1.0)
+        if reverse:
+            hops = reverse_hops(hops, self.topo)
+        ranks = {h.src for h in hops} | {h.dst for h in hops}
+        return run_step(self.g, self.links, self.topo, hops, {r: [self.cursor[r]] for r in ranks}, self.lat)
+
+    def _computes(self, per_rank: Dict[int, float], cat: str):
+        for r in sorted(per_rank):
+            self.compute(r, per_rank[r], cat)
+
+    def _allgather(self, q, rings, backward: bool, local):
+        ops = [o for o in self.ops.get((q, 0), ()) if self.ring_of[o.ring].comm == "allgather"]
+        ex = self._exchange(ops)  # gather K/V (again in the backward: nothing is kept)
+        if not backward:  # own block while the gather is in flight
+            self._computes(self._members(rings, lambda c, i: c[0][i, 0]), f"attn_{q}")
+        local = self._run_local(local, backward)
+        self._wait(ex)
+        if not backward:
+            self._computes(self._members(rings, lambda c, i: c[0][i, 1:].sum()), f"attn_{q}")
+            return local
+        self._computes(self._members(rings, lambda c, i: c[1][i, :].sum()), f"attn_{q}")
+        self._wait(self._exchange(ops, reverse=True))  # partial dK/dV home (reduce-scatter)
+        return local
+
+    def _p2p(self, q, rings, backward: bool, local):
+        size = {r.id: r.size for r in rings}
+        steps = max(size.values()) - (0 if backward else 1)
+        for s in range(steps + (0 if backward else 1)):
+            ops = [o for o in self.ops.get((q, s), ()) if o.ring in size]
+            kv = [o for o in ops if s < size[o.ring] - 1]
+            ex_kv = self._exchange(kv) if kv else {}  # started before the compute: overlapped
+            active = [r for r in rings if s < r.size]
+            self._computes(self._members(active, lambda c, i: c[1 if backward else 0][i, s]), f"attn_{q}")
+            local = self._run_local(local, backward)
+            ex_d = self._exchange(ops) if backward and ops else {}  # this step's dK/dV: after the compute
+            self._wait(ex_kv)
+            self._wait(ex_d)
+        return local
+
+    def _run_local(self, pending: bool, backward: bool) -> bool:
+        """The local documents, once per pass: the engine runs them inside the first exchange."""
+        if pending:
+            f = self.k.block_bwd_s if backward else self.k.block_fwd_s
+            for r in range(self.world):
+                if self.local_tokens[r]:
+                    self.compute(r, sum(f(L, L, True) for L in self.local_tokens[r]), "attn_local")
+        return False
+
+    def _attention(self, backward: bool):
+        local = True
+        for q in RING_QUEUES:  # inter, then intra; in a queue all-gather rings, then zigzag rings
+            rings = [r for r in self.plan.rings if r.cls == q]
+            ag = [r for r in rings if r.comm == "allgather"]
+            p2p = [r for r in rings if r.comm == "p2p"]
+            if ag:
+                local = self._allgather(q, ag, backward, local)
+            if p2p:
+                local = self._p2p(q, p2p, backward, local)
+        self._run_local(local, backward)
+
+    def attention(self, backward: bool = False):
+        """Only the core attention (the engine alone), for validation against measured engine runs."""
+        self._attention(backward)
+
+    # --- the layer ---------------------------------------------------------------------------
+    def forward(self, remap_back: bool = True):
+        if self.remap_point == "core_attention":
+            return self._forward_core()
+        k = self.k
+        for r in range(self.world):
+            self.compute(r, k.qkv_s(self.t_att[r]), "linear")
+        self._attention(False)
+        for r in range(self.world):
+            self.compute(r, k.out_s(self.t_att[r]), "linear")
+        self._tp(self.t_att)
+        self._remap(reverse=False)
+        for r in range(self.world):
+            self.compute(r, k.mlp_s(self.t_lin[r]), "linear")
+        self._tp(self.t_lin)
+        if remap_back:
+            self._remap(reverse=True)
+
+    def backward(self, remap_back: bool = True):
+        if self.remap_point == "core_attention":
+            return self._backward_core()
+        k = self.k
+        if remap_back:
+            self._remap(reverse=False)  # gradient of "remap back": attention layout -> linear layout
+        for r in range(self.world):
+            self.compute(r, 2 * k.mlp_s(self.t_lin[r]), "linear")
+        self._tp(self.t_lin)
+        self._remap(reverse=True)
+        for r in range(self.world):
+            self.compute(r, 2 * k.out_s(self.t_att[r]), "linear")
+        self._attention(True)
+        for r in range(self.world):
+            self.compute(r, 2 * k.qkv_s(self.t_att[r]), "linear")
+        self._tp(self.t_att)
+
+    # What-if: remap around the core attention only (every projection on the linear layout; q, k, v
+    # move to the attention layout, the attention output moves back).
+    def _forward_core(self):
+        k = self.k
+        for r in range(self.world):
+            self.compute(r, k.qkv_s(self.t_lin[r]), "linear")
+        self._remap(reverse=True, what="qkv")
+        self._attention(False)
+        self._remap(reverse=False, what="ctx")
+        for r in range(self.world):
+            self.compute(r, k.out_s(self.t_lin[r]) + k.mlp_s(self.t_lin[r]), "linear")
+        self._tp(self.t_lin)
+        self._tp(self.t_lin)
+
+    def _backward_core(self):
+        k = self.k
+        for r in range(self.world):
+            self.compute(r, 2 * (k.out_s(self.t_lin[r]) + k.mlp_s(self.t_lin[r])), "linear")
+        self._tp(self.t_lin)
+        self._remap(reverse=True, what="ctx")
+        self._attention(True)
+        self._remap(reverse=False, what="qkv")
+        for r in range(self.world):
+            self.compute(r, 2 * k.qkv_s(self.t_lin[r]), "linear")
+        self._tp(self.t_lin)

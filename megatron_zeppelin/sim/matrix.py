@@ -1,0 +1,136 @@
+"""The benchmark matrix: expand a run YAML into configurations, simulate them, summarise.
+
+A matrix (configs/runs/paper.yaml) has ``studies``; each crosses its ``clusters``, ``models`` (a
+name or ``{name, tp}``), ``datasets``, ``context`` lengths and ``nodes``, with the matrix's (or the
+study's own) ``strategies``. The summary compares Zeppelin with every other variant on the same
+batches: speedup = the variant's simulated iteration / Zeppelin's.
+
+>>> parse_tokens("64K"), parse_tokens(4096)
+(65536, 4096)
+>>> recs = [{"key": "a", "study": "main", "variant": "zeppelin", "iteration_s": 1.0, "lower_bound_s": 0.9, "error": ""},
+...         {"key": "a", "study": "main", "variant": "static_cp", "iteration_s": 3.0, "lower_bound_s": 0.9, "error": ""},
+...         {"key": "b", "study": "main", "variant": "zeppelin", "iteration_s": 2.0, "lower_bound_s": 1.0, "error": ""},
+...         {"key": "b", "study": "main", "variant": "static_cp", "iteration_s": 1.0, "lower_bound_s": 1.0, "error": ""}]
+>>> s = summarize(recs)["summary"]["static_cp"]
+>>> s["mean_speedup"], s["max_speedup"], s["losses"]
+(1.75, 3.0, ['b'])
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from typing import Dict, List, Sequence, Tuple
+
+import yaml
+
+from ..errors import ZeppelinError
+from .iteration import SimOptions
+from .runs import VARIANTS, RunSpec, run_config
+
+_SUFFIX = {"k": 1 << 10, "m": 1 << 20}
+
+
+class MatrixError(ZeppelinError):
+    pass
+
+
+def parse_tokens(x) -> int:
+    s = str(x).strip().lower()
+    mult = _SUFFIX.get(s[-1:], 1)
+    try:
+        return int(float(s[:-1] if s[-1:] in _SUFFIX else s) * mult)
+    except ValueError:
+        raise MatrixError(f"'{x}' is not a token count (e.g. 4096, 64K)") from None
+
+
+def load_matrix(path: str) -> Tuple[List[Tuple[RunSpec, Tuple[str, ...]]], dict]:
+    """[(spec, variants, cp_sizes)] and the YAML document. ``cp_sizes`` (matrix-wide, or a study's own):
+    the CP sizes fixed-CP baselines try (runs.run_config)."""
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise MatrixError(f"matrix file {path} not found (set --matrix, e.g. configs/runs/paper.yaml)") from None
+    except yaml.YAMLError as e:
+        raise MatrixError(f"malformed matrix {path}: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("studies"), dict):
+        raise MatrixError(f"matrix {path} needs a 'studies' mapping (see configs/runs/paper.yaml)")
+    seed = int(doc.get("seed", 0))
+    default_vars = tuple(doc.get("strategies", ("zeppelin",)))
+    default_cp = tuple(int(x) for x in doc.get("cp_sizes", ()))
+    items = []
+    for study, st in doc["studies"].items():
+        variants = tuple(st.get("strategies", default_vars))
+        cps = tuple(int(x) for x in st.get("cp_sizes", default_cp))
+        bad = [v for v in variants if v not in VARIANTS]
+        if bad:
+            raise MatrixError(f"{path}: study {study} names unknown strategies {bad} (known: {', '.join(VARIANTS)})")
+        models = [(m, 1) if isinstance(m, str) else (m["name"], int(m.get("tp", 1))) for m in st.get("models", [])]
+        try:
+            for cl, (model, tp), ds, ctx, nodes in itertools.product(
+                    st["clusters"], models, st["datasets"], st["context"], st["nodes"]):
+                ctx = parse_tokens(ctx)
+                per_gpu = parse_tokens(st.get("tokens_per_gpu", doc.get("tokens_per_gpu", ctx)))
+                items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_gpu, seed), variants, cps))
+        except KeyError as e:
+            raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None
+    return items, doc
+
+
+def run_matrix(items, options: SimOptions = None, progress: bool = True) -> List[Dict]:
+    records: List[Dict] = []
+    if not progress:
+        for spec, variants, cp_sizes in items:
+            records += run_config(spec, variants, options, cp_sizes)
+        return records
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task("simulating", total=len(items))
+        for spec, variants, cp_sizes in items:
+            bar.update(task, description=f"{spec.key()[:60]:<60}")
+            records += run_config(spec, variants, options, cp_sizes)
+            bar.advance(task)
+    return records
+
+
+def _stats(xs: Sequence[float]) -> Dict[str, float]:
+    return {"mean_speedup": sum(xs) / len(xs), "max_speedup": max(xs), "min_speedup": min(xs),
+            "geomean_speedup": math.exp(sum(math.log(x) for x in xs) / len(xs)), "configs": len(xs)}
+
+
+def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
+    """``summary``: per other variant, Zeppelin's speedup over it on the same batches (mean, max,
+    min, geometric mean, and the configurations where Zeppelin is slower: ``losses``).
+    ``lower_bound``: Zeppelin's simulated iteration / the lower bound (mean, max)."""
+    by_key: Dict[str, Dict[str, Dict]] = defaultdict(dict)
+    for r in records:
+        if not r.get("error"):
+            by_key[r["key"]][r["variant"]] = r
+    speed: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
+    lb = []
+    for key, vs in by_key.items():
+        z = vs.get(reference)
+        if not z:
+            continue
+        lb.append(z["iteration_s"] / z["lower_bound_s"])
+        for v, r in vs.items():
+            if v != reference:
+                speed[v].append((key, r["iteration_s"] / z["iteration_s"]))
+    summary = {}
+    for v, pairs in sorted(speed.items()):
+        s = _stats([x for _, x in pairs])
+        s["losses"] = [k for k, x in pairs if x < 1.0]
+        s["loss_speedups"] = [x for k, x in pairs if x < 1.0]
+        summary[v] = s
+    out = {"summary": summary}
+    if lb:
+        out["lower_bound"] = {"mean_ratio": sum(lb) / len(lb), "max_ratio": max(lb), "configs": len(lb)}
+    out["errors"] = [f"{r['key']} {r['variant']}: {r['error']}" for r in records if r.get("error")]
+    return out
+
+
+def summarize_by_study(records: Sequence[Dict]) -> Dict[str, Dict]:
+    studies = sorted({r["study"] for r in records})
+    return {s: summarize([r for r in records if r["study"] == s]) for s in studies}

@@ -1,0 +1,97 @@
+"""Figures of the simulator: per-rank Gantt chart of one layer, speedup bars, scaling lines.
+matplotlib is imported inside each function (slow to import, and only needed when plotting)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Sequence
+
+COLORS = {"linear": "#4c72b0", "attn_local": "#55a868", "attn_intra": "#c44e52", "attn_inter": "#8172b2",
+          "tp_comm": "#937860", "head": "#64b5cd", "ring_intra": "#dd8452", "ring_inter": "#da8bc3",
+          "remap": "#8c8c8c"}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def gantt(result, path: str, title: str = "", max_ranks: int = 32) -> None:
+    """One layer's forward then backward: per rank a compute row and a row of the messages it sends."""
+    plt = _plt()
+    ranks = sorted({e[0] for e in result.timeline})[:max_ranks]
+    fig, ax = plt.subplots(figsize=(14, 0.5 * len(ranks) + 1.5))
+    seen = set()
+    for rank, cat, label, s, e in result.timeline:
+        if rank not in ranks:
+            continue
+        comm = cat.startswith("ring") or cat == "remap"
+        y = ranks.index(rank) + (0.42 if comm else 0.0)
+        ax.barh(y, (e - s) * 1e3, left=s * 1e3, height=0.38, color=COLORS.get(cat, "#333333"),
+                label=None if cat in seen else cat, alpha=0.6 if comm else 1.0)
+        seen.add(cat)
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms (one layer: forward, then backward); upper bar: compute, lower: messages sent")
+    ax.set_title(title or f"iteration {result.iteration_s:.3f} s ({result.layers} layers)")
+    ax.legend(loc="upper right", fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def speedup_bars(records: Sequence[Dict], path: str, study: str = "main") -> None:
+    """Zeppelin's speedup over each baseline, per configuration (cluster/model/dataset)."""
+    plt = _plt()
+    by_key: Dict[str, Dict[str, float]] = defaultdict(dict)
+    for r in records:
+        if r["study"] == study and not r.get("error"):
+            by_key[r["key"]][r["variant"]] = r["iteration_s"]
+    keys = [k for k in sorted(by_key) if "zeppelin" in by_key[k]]
+    if not keys:
+        return
+    bases = sorted({v for k in keys for v in by_key[k] if v != "zeppelin"})
+    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(keys) * len(bases) / 3), 4.5))
+    w = 0.8 / max(1, len(bases))
+    for j, b in enumerate(bases):
+        xs = [i + j * w for i, k in enumerate(keys) if b in by_key[k]]
+        ys = [by_key[k][b] / by_key[k]["zeppelin"] for k in keys if b in by_key[k]]
+        ax.bar(xs, ys, width=w, label=b)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
+    ax.set_xticklabels(["/".join(k.split("/")[1:4]) for k in keys], rotation=70, fontsize=7, ha="right")
+    ax.set_ylabel("speedup of Zeppelin (baseline time / Zeppelin time)")
+    ax.set_title(f"study '{study}': simulated iteration time")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def scaling_lines(records: Sequence[Dict], path: str, study: str = "scaling") -> None:
+    """Throughput (tokens/s) against GPUs, one panel per dataset, one line per variant."""
+    plt = _plt()
+    recs = [r for r in records if r["study"] == study and not r.get("error")]
+    if not recs:
+        return
+    datasets = sorted({r["dataset"] for r in recs})
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.8), squeeze=False)
+    for ax, ds in zip(axes[0], datasets):
+        lines: Dict[str, List] = defaultdict(list)
+        for r in recs:
+            if r["dataset"] == ds:
+                lines[r["variant"]].append((r["ranks"] * r["tp"], r["tokens"] / r["iteration_s"]))
+        for v, pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("tokens / s")
+        ax.set_title(ds)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

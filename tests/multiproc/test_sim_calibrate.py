@@ -1,0 +1,33 @@
+"""CPU calibration and the simulator-vs-engine validation: real gloo ranks (structure only; timings
+are measured, never asserted)."""
+
+from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.sim.calibrate_cpu import SEQLENS, calibrate
+from megatron_zeppelin.sim.validate import validate
+
+
+def test_calibrate_and_validate_world_2(tmp_path):
+    prof = calibrate(2, repeat=1)
+    assert len(prof.attn_fwd_tflops) == len(SEQLENS) and min(prof.attn_fwd_tflops) > 0
+    assert prof.nvlink_GBps > 0 and prof.gemm_tflops > 0 and prof.assumed
+    path = tmp_path / "cpu.yaml"
+    prof.save(str(path))
+    assert load_profile(str(path)) == prof  # `zeppelin plan/simulate --cluster FILE` accept it
+    vprof, rows = validate(2, strategies=("zeppelin", "static_cp"), repeat=1, calib_repeat=1, tokens_per_rank=256)
+    assert vprof.name == "cpu-w2" and vprof.attn_seqlen == SEQLENS
+    assert [r["strategy"] for r in rows] == ["zeppelin", "static_cp"]
+    for r in rows:
+        assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["tokens"] >= 512
+
+
+def test_bench_validate_cpu_command(tmp_path, capsys):
+    import json
+
+    from megatron_zeppelin.cli import main
+    out = tmp_path / "v.json"
+    assert main(["bench", "--validate-cpu", "--world", "1", "--repeat", "1", "--json", str(out),
+                 "--profiles", str(tmp_path)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == 6 and doc["command"].startswith("zeppelin bench --validate-cpu")
+    assert (tmp_path / "cpu-w1.yaml").exists()
+    assert "mean |error|" in capsys.readouterr().out

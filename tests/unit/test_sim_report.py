@@ -1,0 +1,32 @@
+"""`zeppelin report` from bench results: tables, figures, the commands that made them."""
+
+import json
+
+from megatron_zeppelin.cli import main
+
+from test_sim_cli import MATRIX
+
+
+def test_report_from_results(tmp_path, capsys):
+    m = tmp_path / "m.yaml"
+    m.write_text(MATRIX)
+    res = tmp_path / "r.json"
+    assert main(["bench", "--matrix", str(m), "--json", str(res), "--no-progress"]) == 0
+    val = tmp_path / "v.json"
+    val.write_text(json.dumps({"note": "n", "rows": [
+        {"world": 2, "strategy": "zeppelin", "measured_s": 0.2, "predicted_s": 0.22}]}))
+    out, figs = tmp_path / "results.md", tmp_path / "figs"
+    assert main(["report", "--results", str(res), "--validation", str(val), "--out", str(out),
+                 "--figures", str(figs)]) == 0
+    text = out.read_text()
+    assert "zeppelin bench --matrix" in text and "zeppelin report" in text
+    assert "| static_cp |" in text and "Where Zeppelin loses" in text
+    assert "## Study `ablation`" in text and "+10.0%" in text
+    assert (figs / "speedup_main.png").stat().st_size > 0
+    assert (figs / "gantt_zeppelin.png").stat().st_size > 0 and (figs / "gantt_static_cp.png").stat().st_size > 0
+    assert "figs/speedup_main.png" in text
+
+
+def test_report_rejects_missing_results(tmp_path, capsys):
+    assert main(["report", "--results", str(tmp_path / "nope.json"), "--out", str(tmp_path / "r.md")]) == 2
+    assert "cannot read --results" in capsys.readouterr().err
