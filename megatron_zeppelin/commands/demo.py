@@ -28,14 +28,17 @@ STRATEGIES = ("zeppelin", "packed_dp", "static_cp")
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="train a tiny GPT with zeppelin, packed_dp and static_cp and compare",
                               description=__doc__.split("\n\n>>>")[0])
-    p.add_argument("--steps", type=int, default=30, help="training steps per strategy (default 30)")
+    p.add_argument("--steps", type=int, default=20, help="training steps per strategy (default 20)")
     p.add_argument("--global-batch-tokens", type=int, default=8192, help="trained tokens per step (default 8192)")
-    p.add_argument("--max-doc-tokens", type=int, default=2048, help="longest document kept whole (default 2048)")
+    p.add_argument("--max-doc-tokens", type=int, default=4096, help="longest document kept whole (default 4096)")
     p.add_argument("--ranks", type=int, default=4, help="domain ranks (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=2, help="ranks per simulated node (default 2)")
-    p.add_argument("--static-cp-size", type=int, default=2, help="CP group size of the static_cp baseline")
-    p.add_argument("--cluster", default="h200",
-                   help="hardware profile the planner's cost model uses (preset or YAML, e.g. a calibrated CPU one)")
+    p.add_argument("--static-cp-size", type=int, default=0,
+                   help="CP group size of the static_cp baseline (default 0: the best for each batch)")
+    p.add_argument("--cluster", default="auto",
+                   help="hardware profile the planner's cost model uses: a preset, a YAML, or auto (default: on "
+                        "CPU, measure this machine first, about 15 s, so the plan fits the machine it runs on; "
+                        "on GPU, h200)")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies to run")
     p.add_argument("--out", default="zeppelin_demo", help="directory for metrics and plots (default ./zeppelin_demo)")
     p.add_argument("--data-path", default="", help="Megatron indexed dataset prefix (default: embedded corpus)")
@@ -116,11 +119,23 @@ def run(args) -> int:
         print("  data: embedded corpus (Python standard library sources, byte tokens) ...", end=" ", flush=True)
         prefix = default_corpus()
         print(f"{prefix} ({time.time() - t:.1f}s)", flush=True)
+    cluster = args.cluster
+    if cluster == "auto" and torch.cuda.is_available():
+        cluster = "h200"
+    elif cluster == "auto":
+        from ..calibrate.measure import measure_profile
+        from ..model_spec import load_model
+        print("  cost model: measuring this machine (attention by length, GEMM, gloo) ...", flush=True)
+        prof, _ = measure_profile(load_model("tiny"), "cpu", repeats=3, gpus_per_node=args.gpus_per_node,
+                                  name="demo-cpu", log=lambda m: print("    " + m, flush=True))
+        cluster = os.path.join(args.out, "cpu_profile.yaml")
+        prof.save(cluster)
+        print(f"  cost model: {cluster}", flush=True)
     histories, rows = {}, {}
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] training with {name} (starting {args.ranks} ranks) ...", flush=True)
         t = time.time()
-        z = {"strategy": name, "gpus_per_node": args.gpus_per_node, "cluster": args.cluster, "cp_size": args.static_cp_size
+        z = {"strategy": name, "gpus_per_node": args.gpus_per_node, "cluster": cluster, "cp_size": args.static_cp_size
              if name in ("static_cp", "allgather_cp") else 0}
         opts = TrainOptions(steps=args.steps, tokens_per_batch=args.global_batch_tokens,
                             max_doc_tokens=args.max_doc_tokens, data_path=args.data_path, label=name,
@@ -132,6 +147,10 @@ def run(args) -> int:
         print(f"    done in {time.time() - t:.0f}s", flush=True)
     print()
     print(table(rows))
+    if not torch.cuda.is_available():
+        print("\nOn a CPU with fewer cores than ranks, tokens/s follows the total work of all ranks, not the slowest "
+              "one;\n'compute max/mean' (CPU seconds of the busiest rank over the mean) is the balance that "
+              "sets step time on GPUs.")
     paths = plots(histories, rows, args.out)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -19,6 +19,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch.multiprocessing as mp
 
+from ..errors import ZeppelinError
+
 
 class DistributedFailure(RuntimeError):
     pass
@@ -44,6 +46,11 @@ def _worker(fn, rank, world_size, port, backend, q, args, timeout, env):
                                 timeout=datetime.timedelta(seconds=timeout))
         out = fn(rank, world_size, *args)
         q.put((rank, "ok", out))
+    except ZeppelinError as e:  # a user error (bad flag or input): re-raised as itself in the parent
+        try:
+            q.put((rank, "user", (e, traceback.format_exc())))
+        except Exception:  # an exception that does not pickle: report it as a failure
+            q.put((rank, "err", traceback.format_exc()))
     except BaseException:  # noqa: BLE001 - report everything, including SystemExit from the body
         q.put((rank, "err", traceback.format_exc()))
     finally:
@@ -66,6 +73,7 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
         p.start()
     results: Dict[int, Any] = {}
     error: Optional[str] = None
+    user_error: Optional[BaseException] = None
     deadline = time.monotonic() + timeout + 60  # process start-up and imports on top of the collectives
     try:
         while len(results) < world_size and error is None:
@@ -88,6 +96,9 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
                     continue
             if status == "ok":
                 results[rank] = payload
+            elif status == "user":
+                user_error, tb = payload
+                error = f"rank {rank} failed:\n{tb}"
             else:
                 error = f"rank {rank} failed:\n{payload}"
     finally:
@@ -100,6 +111,8 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
                 p.kill()
                 p.join()
         q.close()
+    if user_error is not None:
+        raise user_error  # the CLI prints it as one line; the child's traceback is in error
     if error is not None:
         raise DistributedFailure(error)
     return [results[r] for r in range(world_size)]

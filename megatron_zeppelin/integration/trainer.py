@@ -87,11 +87,6 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     rt = init_parallel(tp=o.tp, seed=o.seed)
     topo = Topology.from_world(rt.domain_size, zcfg.gpus_per_node, zcfg.nics_per_node, zcfg.gpu_nic_map)
     profile = load_profile(zcfg.cluster)
-    if o.max_doc_tokens * rt.domain_size > o.tokens_per_batch:
-        from .data import DataError
-        raise DataError(f"--max-doc-tokens {o.max_doc_tokens} x {rt.domain_size} ranks exceeds --global-batch-tokens "
-                        f"{o.tokens_per_batch}: a rank could be left without documents; lower --max-doc-tokens to "
-                        f"{o.tokens_per_batch // rt.domain_size} or raise --global-batch-tokens")
     if not o.data_path and dist.get_rank() == 0:
         default_corpus()  # built once, by one rank
     dist.barrier()

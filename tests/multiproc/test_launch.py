@@ -27,3 +27,16 @@ def test_results_in_rank_order():
 def test_failing_rank_raises_with_traceback():
     with pytest.raises(DistributedFailure, match="boom on rank one"):
         run_distributed(_fail_on_one, 2, timeout=30)
+
+
+def _user_error(rank, world):
+    from megatron_zeppelin.errors import ZeppelinError
+    if rank == 0:
+        raise ZeppelinError("--some-flag is wrong: set it to 3")
+    dist.barrier()
+
+
+def test_user_error_comes_back_as_itself():
+    from megatron_zeppelin.errors import ZeppelinError
+    with pytest.raises(ZeppelinError, match="--some-flag is wrong"):
+        run_distributed(_user_error, 2, timeout=30)
