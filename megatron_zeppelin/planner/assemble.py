@@ -41,10 +41,12 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
     if placement.remap:
         caps = None
         if placement.balance_linear:
-            # Ranks busier with attention + exposed communication get fewer linear tokens.
-            busy = [a + e for a, e in zip(*parts)]
+            # Ranks busier with attention + exposed communication + their projections (which run on
+            # the attention layout and so cannot move) get fewer linear tokens: only the MLP-side
+            # work (MLP and vocab head) is movable by the remap.
             tokens = [sum([s.stop - s.start for s in r]) for r in att]
-            caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.linear_s(1), ctx.capacity)
+            busy = [a + e + cost.proj_s(t) for a, e, t in zip(parts[0], parts[1], tokens)]
+            caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), ctx.capacity)
         lin, moves = plan_remap(att, topo, cost=cost, capacities=caps)
     else:
         lin, moves = att, ()

@@ -70,6 +70,31 @@ class CostModel:
         flops = tokens * (m.layers * m.linear_flops_per_token(self.tp) + m.head_flops_per_token(self.tp))
         return LINEAR_PASSES * flops / (self.profile.gemm_tflops * 1e12)
 
+    def proj_flops_per_token(self) -> float:
+        """Forward FLOPs per token per layer of the QKV and output projections (one TP rank)."""
+        m = self.model
+        return 2.0 * (m.hidden * m.heads * m.head_dim + 2 * m.hidden * m.kv_heads * m.head_dim
+                      + m.heads * m.head_dim * m.hidden) / self.tp
+
+    def proj_s(self, tokens: int) -> float:
+        """Iteration seconds of the QKV and output projections (all layers) for ``tokens``: the
+        attention-side linear work, run on the ATTENTION layout (design.md "Where Zeppelin sits").
+
+        The two sides add up to ``linear_s`` (toy model: 24576 + 49152 FLOPs per token and layer,
+        plus the vocab head on the MLP side):
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> c = toy_context().cost
+        >>> abs(c.proj_s(1000) + c.mlp_s(1000) - c.linear_s(1000)) < 1e-18
+        True
+        """
+        return LINEAR_PASSES * tokens * self.model.layers * self.proj_flops_per_token() / (self.profile.gemm_tflops * 1e12)
+
+    def mlp_s(self, tokens: int) -> float:
+        """Iteration seconds of the MLP (all layers) and the vocab head for ``tokens``: the linear
+        work on the LINEAR layout, the only part the remap can move."""
+        return self.linear_s(tokens) - self.proj_s(tokens)
+
     # --- communication ------------------------------------------------------------------------
     @property
     def kv_bytes_per_token(self) -> int:

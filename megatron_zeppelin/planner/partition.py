@@ -177,15 +177,48 @@ TARGETS = (1.0, 0.97, 0.94, 0.9, 0.85, 0.8)
 GOOD = 1.01
 
 
+# Variants planned and assembled; the one with the least honest prediction (predict.py: ring
+# partners, routing proxies and remap partners wait for each other) is kept. (rate, inter, remap):
+# ``rate``: linear work per token in a rank's load ("all": projections + MLP + head; "proj": only the
+# projections, which stay on the attention layout, the MLP being spread by a token-balanced remap);
+# ``inter``: documents may span nodes by the crossover ("hide") or only when they fit no node
+# ("forced": a routed inter ring couples every proxy of its nodes to its steps, and the local
+# documents run inside the first exchange); ``remap``: the remap time-balances each node
+# (node_time_targets), balances tokens, or is left out ("off": it is a synchronisation point every
+# layer, so moving nothing can be faster).
+VARIANTS = (("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off"),
+            ("all", "hide", "tokens"), ("proj", "forced", "tokens"))
+
+
 def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
+    from .assemble import assemble  # late: assemble consumes Placements
+
+    best, seen = None, set()
+    for k, (rate_kind, inter, remap) in enumerate(VARIANTS):
+        if not ctx.config.remap and remap != "off":
+            continue  # --no-remap: the linear layout is the attention layout
+        pl = _plan_variant(lengths, ctx, rate_kind, inter, remap)
+        key = (tuple((d.cls, d.ring, d.owner) for d in pl.docs), tuple(r.ranks for r in pl.rings), remap)
+        if key in seen:  # the same placement as an earlier variant (no document near a threshold)
+            continue
+        seen.add(key)
+        t = assemble("zeppelin", lengths, ctx, pl).predicted_iteration_s
+        if best is None or t < best[0]:
+            best = (t, k, pl)
+    t, k, pl = best
+    pl.meta["variant"] = "/".join(map(str, VARIANTS[k]))
+    return pl
+
+
+def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str) -> Placement:
     cost = ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
     order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
-    rate = cost.linear_s(1)
+    rate = cost.linear_s(1) if rate_kind == "all" else cost.proj_s(1)
     whole = cost.doc_attention_np(L) + rate * L
     budget = float(whole.sum()) / ctx.topology.world_size
     th = zeppelin_thresholds(ctx)
-    args = (ctx, L.tolist(), whole.tolist(), order.tolist(), th, rate, {})
+    args = (ctx, L.tolist(), whole.tolist(), order.tolist(), th, rate, {}, inter == "forced")
     best = None
     for f in TARGETS:
         ring_of, owner, est = _greedy(*args, budget * f)
@@ -195,7 +228,10 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
             break
     est, f, ring_of, owner = best
     meta = {"budget_s": f"{budget:.6g}", "target": f"{f:g}", "estimate_s": f"{est:.6g}"}
-    return _placement(lengths, ctx, order, ring_of, owner, th, meta)
+    pl = _placement(lengths, ctx, order, ring_of, owner, th, meta)
+    pl.remap = remap != "off"
+    pl.balance_linear = remap == "time"
+    return pl
 
 
 def _estimate(ranks: _Ranks, g: int) -> float:
@@ -206,7 +242,8 @@ def _estimate(ranks: _Ranks, g: int) -> float:
     return float(np.maximum(load.mean(axis=1), att.max(axis=1)).max())
 
 
-def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables: dict, budget: float):
+def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables: dict, forced_only: bool,
+            budget: float):
     """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate)."""
     topo, cost = ctx.topology, ctx.cost
     world, g, nodes = topo.world_size, topo.gpus_per_node, topo.nodes
@@ -248,7 +285,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
             cand = _intra(ranks, g, intra_sizes, member, need, ok, budget)
             if cand[0] < best[0]:
                 best, cls = cand, "intra"
-        if best[0] > budget and len(inter_sizes) and (Li > th.intra_max or best[0] == _INF):
+        if best[0] > budget and len(inter_sizes) and ((Li > th.intra_max and not forced_only) or best[0] == _INF):
             if ("inter", Li) not in tables:
                 tables[("inter", Li)] = _ring_table(ctx, Li, inter_sizes, rate)
             member, need, _, hide_nic = tables[("inter", Li)]

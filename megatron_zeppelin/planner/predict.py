@@ -1,10 +1,21 @@
 """The planner's prediction of one iteration per rank, from the parts of a Plan.
 
-Per queue and global ring step a rank computes its blocks while its messages move; what the compute
-does not hide is exposed. Message time follows the schedule's ops: each stage of a step runs after
-the previous one, and every op shares its link (a GPU's NVLink port, or a NIC) with the other ops of
-the same stage on that link. Forward steps move K/V; backward steps move K/V and dK/dV (twice the
-bytes) against 2.5x the compute. The simulator (sim/) refines this with an event model of the same ops.
+It follows one layer as the runtime runs it (design.md "Where Zeppelin sits"; the engine's
+attention/ring.py and allgather.py; sim/layer.py times the same structure with an event model):
+QKV projection on the attention layout -> queues inter, intra (all-gather rings, then zigzag rings,
+every ring of a queue stepping together) with the local documents inside the first exchange ->
+output projection -> remap -> MLP on the linear layout -> remap back; the backward mirrors it.
+
+Each rank has a clock (its compute stream). An exchange (a ring step's CommOps, a remap's moves) runs
+stage by stage; an op starts when both its ends have posted it, so a rank waits for its ring
+partners, the proxies of its routed messages and its remap partners: that waiting is charged as
+exposed communication (or remap time), as the runtime pays it. Message time: latency + the busiest
+link (NVLink port or NIC) of the op's stage / bandwidth. Zigzag forward: step s's K/V exchange is
+posted before the compute of step s (overlapped). Zigzag backward: the K/V exchange is posted before
+the compute, the dK/dV exchange of the block just computed after it (exposed; it shares the links
+with what is left of the K/V exchange); step G-1 brings dK/dV home. All-gather: gather, compute the
+own block meanwhile (forward), the rest after; backward: gather, compute, reduce-scatter dK/dV.
+Every layer starts with all ranks together (the simulator's ``scale`` mode).
 """
 
 from __future__ import annotations
@@ -64,20 +75,63 @@ def _arrivals(msgs: Dict[Tuple, float]) -> Dict[int, float]:
     return out
 
 
-def _ring_compute(qrings, dmap, cost: CostModel, steps: int, world: int, attn: List[float]):
-    """Per-step, per-rank forward and backward compute seconds (one layer) of the p2p rings of one
-    queue, as [steps, world] arrays; all-gather rings' attention is added to ``attn`` directly."""
-    layers = cost.model.layers
+
+_MIRROR = {"direct": "direct", "dispatch": "combine", "transfer": "transfer", "combine": "dispatch"}
+
+
+def _hop(stage, src, dst, nbytes, link, nic, cost):
+    """(stage, src, dst, bytes, out-link key, in-link key, link) as the simulator's LinkTable keys it."""
+    topo = cost.topology
+    if link == "nic":
+        keys = (("nic_out", nic if nic >= 0 else topo.nic_of(src)), ("nic_in", topo.nic_of(dst)))
+    else:
+        keys = (("nv_out", src), ("nv_in", dst))
+    return (stage, src, dst, nbytes, keys, link)
+
+
+def _op_hops(ops, cost, reverse=False):
+    topo = cost.topology
+    if not reverse:
+        return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost) for o in ops]
+    return [_hop(_MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link == "nic" else -1, cost)
+            for o in ops]
+
+
+def _exchange(hops, clock, cost, busy_until=None) -> Dict[int, float]:
+    """When each involved rank's part of one exchange is done: stage by stage, an op starts when both
+    ends have posted (their ``clock``) and finished the previous stage. ``busy_until``: per rank, when
+    an earlier exchange on the same links ends (ops queue behind it: dK/dV behind K/V)."""
+    gate: Dict[int, float] = {}
+    for h in hops:
+        gate.setdefault(h[1], clock[h[1]])
+        gate.setdefault(h[2], clock[h[2]])
+    for stage in STAGES:
+        sh = [h for h in hops if h[0] == stage]
+        if not sh:
+            continue
+        load: Dict[Tuple, float] = defaultdict(float)
+        for h in sh:
+            load[h[4][0]] += h[3]
+            load[h[4][1]] += h[3]
+        new = dict(gate)
+        for h in sh:
+            t0 = max(gate[h[1]], gate[h[2]])
+            if busy_until is not None:
+                t0 += max(0.0, max(busy_until.get(h[1], 0.0), busy_until.get(h[2], 0.0)) - t0)
+            t = t0 + cost.latency(h[5]) + max(load[h[4][0]], load[h[4][1]]) / cost.bandwidth(h[5])
+            if t > new[h[1]]:
+                new[h[1]] = t
+            if t > new[h[2]]:
+                new[h[2]] = t
+        gate = new
+    return gate
+
+
+def _ring_compute(qrings, dmap, cost: CostModel, steps: int, world: int):
+    """Per global step and rank, forward and backward compute seconds (one layer) of ``qrings``, as
+    [steps, world] arrays: member i at step s attends its chunks to those of member (i - s) mod G."""
     qs, ks, cs, at = [], [], [], []
     for r in qrings:
-        if r.comm == "allgather":
-            # Llama-3 CP: gather all K/V once, then every q chunk attends its whole prefix.
-            for i, rank in enumerate(r.ranks):
-                for d in r.docs:
-                    for seg in dmap[d].member_segments(i):
-                        f = cost.block_s(len(seg), seg.start, False, 1) + cost.block_s(len(seg), len(seg), True, 1)
-                        attn[rank] += f * layers
-            continue
         for s in range(r.size):
             for i, rank in enumerate(r.ranks):
                 for q, k, c in ring_step_blocks(r, dmap, i, s):
@@ -91,84 +145,207 @@ def _ring_compute(qrings, dmap, cost: CostModel, steps: int, world: int, attn: L
         q, k, c = np.array(qs, dtype=np.float64), np.array(ks, dtype=np.float64), np.array(cs, dtype=bool)
         hd = max(1, cost.model.heads // cost.tp) * cost.model.head_dim
         flops = np.where(c, 2.0 * q * (q + 1) * hd, 4.0 * q * k * hd)
-        fwd = flops / (cost.attn_tflops_np(q) * 1e12)
-        bwd = BWD_FLOPS * flops / (cost.attn_tflops_np(q, True) * 1e12)
+        p = cost.profile
+        fwd = flops / (cost.attn_tflops_np(q) * 1e12) + p.attn_call_fwd_us * 1e-6  # one kernel call per block
+        bwd = BWD_FLOPS * flops / (cost.attn_tflops_np(q, True) * 1e12) + p.attn_call_bwd_us * 1e-6
         idx = np.array(at, dtype=np.int64)
         np.add.at(comp_f, idx, fwd)
         np.add.at(comp_b, idx, bwd)
     return comp_f.reshape(steps, world), comp_b.reshape(steps, world)
 
 
+class _Attention:
+    """The core attention of one layer on every rank (forward or backward), advancing per-rank clocks."""
+
+    def __init__(self, docs, rings, schedule, cost: CostModel):
+        self.cost, self.world = cost, cost.topology.world_size
+        dmap = {d.doc: d for d in docs}
+        ring_of = {r.id: r for r in rings}
+        by_step: Dict[Tuple[str, int, str], List[CommOp]] = defaultdict(list)
+        for o in schedule:
+            by_step[(o.queue, o.step, ring_of[o.ring].comm)].append(o)
+        self.queues = []  # (comm, steps, ring sizes, comp_f, comp_b, ops per step)
+        for queue in ("inter", "intra"):
+            for comm in ("allgather", "p2p"):
+                qr = [r for r in rings if r.cls == queue and r.comm == comm]
+                if not qr:
+                    continue
+                steps = max(r.size for r in qr)
+                cf, cb = _ring_compute(qr, dmap, cost, steps, self.world)
+                size = {r.id: r.size for r in qr}
+                ops = [by_step.get((queue, s, comm), []) for s in range(steps)]
+                self.queues.append((comm, steps, size, cf, cb, ops))
+        p = cost.profile
+        self.local_f, self.local_b = np.zeros(self.world), np.zeros(self.world)
+        loc = [d for d in docs if d.cls == "local"]
+        if loc:
+            L = np.array([d.length for d in loc], dtype=np.float64)
+            tot = cost.block_s_np(L, L, True) / cost.model.layers
+            hd = max(1, cost.model.heads // cost.tp) * cost.model.head_dim
+            f = 2.0 * L * (L + 1) * hd / (cost.attn_tflops_np(L) * 1e12)
+            own = np.array([d.owner for d in loc], dtype=np.int64)
+            np.add.at(self.local_f, own, f + p.attn_call_fwd_us * 1e-6)
+            np.add.at(self.local_b, own, tot - f + p.attn_call_bwd_us * 1e-6)
+
+    def run(self, clock: np.ndarray, backward: bool, busy: np.ndarray) -> None:
+        """Advance ``clock`` through the layer's attention; add compute seconds to ``busy``."""
+        cost = self.cost
+        local = self.local_b if backward else self.local_f
+        pending = [True]
+
+        def compute(t):
+            clock[:] += t
+            busy[:] += t
+
+        def run_local():
+            if pending[0]:
+                compute(local)
+                pending[0] = False
+
+        def wait(done):
+            for r, t in done.items():
+                if t > clock[r]:
+                    clock[r] = t
+
+        for comm, steps, size, cf, cb, ops in self.queues:
+            comp = cb if backward else cf
+            if comm == "allgather":
+                hops = _op_hops(ops[0], cost)
+                ex = _exchange(hops, clock, cost)
+                if not backward:
+                    compute(comp[0])
+                run_local()
+                wait(ex)
+                if not backward:
+                    compute(comp[1:].sum(axis=0))
+                else:
+                    compute(comp.sum(axis=0))
+                    wait(_exchange(_op_hops(ops[0], cost, reverse=True), clock, cost))
+                continue
+            for s in range(steps if backward else steps):
+                kv = [o for o in ops[s] if s < size[o.ring] - 1]
+                ex_kv = _exchange(_op_hops(kv, cost), clock, cost) if kv else {}
+                compute(comp[s])
+                run_local()
+                ex_d = {}
+                if backward and ops[s]:  # this step's dK/dV, posted after the compute
+                    ex_d = _exchange(_op_hops(ops[s], cost), clock, cost, busy_until=ex_kv)
+                wait(ex_kv)
+                wait(ex_d)
+        run_local()
+
+
+class RingParts(tuple):
+    """``ring_costs``'s (attention, exposed) lists, carrying the per-layer attention model for predict."""
+    attention: "_Attention"
+
+
 def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequence[CommOp], cost: CostModel
                ) -> Tuple[List[float], List[float]]:
-    """Per rank (attention seconds, exposed communication seconds) of one iteration: what the
+    """Per rank (attention seconds, exposed communication seconds) of one iteration of the core
+    attention alone (every rank starting each layer's forward and backward together): what the
     attention layout and the routed schedule cost, before the linear modules and the remap."""
-    world = cost.topology.world_size
-    layers = cost.model.layers
+    att = _Attention(docs, rings, schedule, cost)
+    L, world = cost.model.layers, cost.topology.world_size
+    busy, total = np.zeros(world), np.zeros(world)
+    for backward in (False, True):
+        clock = np.zeros(world)
+        att.run(clock, backward, busy)
+        total += clock
+    out = RingParts(((busy * L).tolist(), ((total - busy) * L).tolist()))
+    out.attention = att
+    return out
+
+
+def _attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int) -> np.ndarray:
+    tok = np.zeros(world)
     dmap = {d.doc: d for d in docs}
-    attn = [0.0] * world
-    exposed = [0.0] * world
-    # Local documents: one vectorised cost call (same numbers as block_s per document).
-    loc = [d for d in docs if d.cls == "local"]
-    if loc:
-        t_loc = cost.block_s_np([d.length for d in loc], [d.length for d in loc], True)
-        for d, t in zip(loc, t_loc.tolist()):
-            attn[d.owner] += t
-    by_step: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
-    for o in schedule:
-        by_step[(o.queue, o.step)].append(o)
-    for queue in ("inter", "intra"):
-        qrings = [r for r in rings if r.cls == queue]
-        steps = max((r.size for r in qrings), default=0)
-        if not steps:
-            continue
-        # Per rank: the largest p2p ring it is in (its last forward step) and all-gather membership.
-        p2p_size: Dict[int, int] = defaultdict(int)
-        allg = set()
-        for r in qrings:
-            for rank in r.ranks:
-                if r.comm == "allgather":
-                    allg.add(rank)
-                else:
-                    p2p_size[rank] = max(p2p_size[rank], r.size)
-        comp_f, comp_b = _ring_compute(qrings, dmap, cost, steps, world, attn)
-        for s in range(steps):
-            step_ops = by_step.get((queue, s), ())
-            arrive_f = _arrivals(step_message_times(step_ops, cost, 1.0))
-            arrive_b = _arrivals(step_message_times(step_ops, cost, 2.0))
-            ranks = set(np.nonzero(comp_f[s])[0].tolist()) | set(arrive_f)
-            for rank in ranks:
-                af, ab = arrive_f.get(rank, 0.0), arrive_b.get(rank, 0.0)
-                if rank in allg:  # not overlapped (TE/Megatron all-gather CP): fully exposed, fwd and bwd
-                    exposed[rank] += layers * (af + ab)
-                    continue
-                cf, cb = float(comp_f[s, rank]), float(comp_b[s, rank])
-                attn[rank] += layers * (cf + cb)
-                if s < p2p_size[rank] - 1:  # the last forward step moves nothing
-                    exposed[rank] += layers * max(0.0, af - cf)
-                exposed[rank] += layers * max(0.0, ab - cb)
-    return attn, exposed
+    for d in docs:
+        if d.cls == "local":
+            tok[d.owner] += d.length
+    for r in rings:
+        g2 = 2 * r.size
+        for d in r.docs:
+            b = dmap[d].bounds
+            for i, rank in enumerate(r.ranks):
+                tok[rank] += b[i + 1] - b[i] + b[g2 - i] - b[g2 - 1 - i]
+    return tok
 
 
 def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Sequence[Sequence[Segment]],
             schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel, parts=None
             ) -> Tuple[RankCost, ...]:
-    """Per-rank predicted costs. ``parts``: ``ring_costs``'s result when the caller already has it."""
+    """Per-rank predicted costs: RankCost(attention, linear (projections on the attention layout, MLP
+    and vocab head on the linear layout), exposed ring communication and waiting for partners, remap
+    (its transfers and the wait for its partners)); ``total_s`` is when the rank finishes.
+    ``parts``: ``ring_costs``'s result when the caller already has it (its attention model is reused)."""
     world = cost.topology.world_size
-    layers = cost.model.layers
-    attn, exposed = parts if parts is not None else ring_costs(docs, rings, schedule, cost)
-    # Remap: to linear and back per layer in the forward (none back after the last layer), mirrored
-    # in the backward; one exchange is paced by each rank's busiest NVLink port or NIC (planner/remap.py).
-    remap = [0.0] * world
-    if moves:
-        n_ex = remap_exchanges(layers)
-        remap = [n_ex * t for t in remap_exchange_s(moves, cost)]
-    lin = [cost.linear_s(sum([x.stop - x.start for x in linear_layout[r]])) for r in range(world)]
-    return tuple(RankCost(attn[r], lin[r], exposed[r], remap[r]) for r in range(world))
+    m, L, tp = cost.model, cost.model.layers, cost.tp
+    att = parts.attention if isinstance(parts, RingParts) else _Attention(docs, rings, schedule, cost)
+    t_att = _attention_tokens(docs, rings, world)
+    t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
+    rate = cost.profile.gemm_tflops * 1e12
+    h, d = m.hidden, m.head_dim
+    qkv = t_att * 2.0 * (h * m.heads * d + 2 * h * m.kv_heads * d) / tp / rate  # forward, one layer
+    out = t_att * 2.0 * m.heads * d * h / tp / rate
+    mlp = t_lin * 2.0 * 3 * h * m.ffn / tp / rate
+    head = 3.0 * t_lin * m.head_flops_per_token(tp) / rate
+
+    def tp_ar(tokens):  # Megatron TP (no sequence parallelism): 2 activation all-reduces per layer and pass
+        if tp <= 1:
+            return np.zeros(world)
+        nb = tokens * cost.hidden_bytes_per_token
+        return 2 * (tp - 1) * (cost.latency("nvlink") + nb / tp / cost.bandwidth("nvlink")) * (tokens > 0)
+
+    remap_f = [_hop("direct", mv.src, mv.dst, mv.tokens * cost.hidden_bytes_per_token,
+                    cost.link_of(mv.src, mv.dst), cost.topology.nic_of(mv.src), cost) for mv in moves if mv.tokens]
+    topo = cost.topology
+    remap_b = [_hop("direct", x[2], x[1], x[3], x[5], topo.nic_of(x[2]) if x[5] == "nic" else -1, cost) for x in remap_f]
+    attn_busy, lin_busy, remap_t = np.zeros(world), np.zeros(world), np.zeros(world)
+    total = np.zeros(world)
+
+    def lin(clock, t):
+        clock += t
+        lin_busy[:] += t
+
+    def remap(clock, hops):
+        if hops:
+            before = clock.copy()
+            for r, t in _exchange(hops, clock, cost).items():
+                clock[r] = max(clock[r], t)
+            remap_t[:] += clock - before
+
+    c = np.zeros(world)  # forward of one layer
+    lin(c, qkv)
+    att.run(c, False, attn_busy)
+    lin(c, out + tp_ar(t_att))
+    remap(c, remap_f)
+    lin(c, mlp + tp_ar(t_lin))
+    remap(c, remap_b)
+    total += c
+    c = np.zeros(world)  # backward of one layer
+    remap(c, remap_f)
+    lin(c, 2 * mlp + tp_ar(t_lin))
+    remap(c, remap_b)
+    lin(c, 2 * out)
+    att.run(c, True, attn_busy)
+    lin(c, 2 * qkv + tp_ar(t_att))
+    total += c
+    total = total * L + head
+    a, li, rm = attn_busy * L, lin_busy * L + head, remap_t * L
+    exp = np.maximum(0.0, total - a - li - rm)
+    return tuple(RankCost(float(a[r]), float(li[r]), float(exp[r]), float(rm[r])) for r in range(world))
 
 
 def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
-    """Perfect balance, every document at its own (most efficient) length, all communication hidden."""
+    """Perfect balance, every document at its own (most efficient) length, all communication hidden.
+
+    Still a lower bound with the split linear work: a rank's iteration time is at least its busy
+    time, so the slowest rank takes at least the mean busy time over the ranks. The total busy time
+    is at least the sum of each document's attention run whole (splitting only makes blocks smaller
+    and the profile's rate grows with length) plus the projections of every token (on the attention
+    layout, wherever the token is) plus the MLP and head of every token (on the linear layout):
+    proj_s(N) + mlp_s(N) = linear_s(N) whatever the layouts; waiting and exposed transfers only add."""
     world = cost.topology.world_size
     att = float(cost.doc_attention_np(np.asarray(lengths, dtype=np.float64)).sum())
     return (att + cost.linear_s(sum(int(x) for x in lengths))) / world

@@ -15,7 +15,13 @@ LENGTHS = [90000, 12000, 5000, 4000, 700, 300, 200, 100, 64, 9]
 
 @pytest.fixture(scope="module")
 def plan():
-    p = plan_batch(LENGTHS, Topology(2, 4), TOY_PROFILE, TOY_MODEL)
+    # One fixed Zeppelin variant (crossover classes, time-balanced remap), so that the plan exercises
+    # every part the checks cover whichever variant plan_zeppelin would pick for this toy batch.
+    from megatron_zeppelin.planner import make_context
+    from megatron_zeppelin.planner.assemble import assemble
+    from megatron_zeppelin.planner.partition import _plan_variant
+    ctx = make_context(Topology(2, 4), TOY_PROFILE, TOY_MODEL, total_tokens=sum(LENGTHS))
+    p = assemble("zeppelin", LENGTHS, ctx, _plan_variant(LENGTHS, ctx, "all", "hide", "time"))
     check_plan(p)
     c = p.class_counts()
     assert c["inter"] and c["intra"] and c["local"] and p.remap
