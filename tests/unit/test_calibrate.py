@@ -27,3 +27,8 @@ def test_cpu_calibration_feeds_plan(tmp_path, capsys):
     assert main(["plan", "--dataset", "github", "--cluster", str(out), "--model", "tiny", "--nodes", "1",
                  "--gpus-per-node", "2", "--global-batch-tokens", "8K", "--context-length", "2K"]) == 0
     assert "lower bound" in capsys.readouterr().out.lower()
+    capsys.readouterr()
+    assert main(["simulate", "--dataset", "github", "--cluster", str(out), "--model", "tiny", "--nodes", "1",
+                 "--global-batch-tokens", "8K", "--context-length", "2K", "--json", str(tmp_path / "sim.json")]) == 0
+    sim = json.loads((tmp_path / "sim.json").read_text())
+    assert sim and "iteration" in json.dumps(sim)

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from megatron_zeppelin.planner import PlanError, plan_batch
+from megatron_zeppelin.planner import PlanError
 from megatron_zeppelin.planner.checks import check_plan
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.planner.types import CommOp, Move, RankCost, Ring, Segment
