@@ -13,7 +13,7 @@ import torch
 
 from ..attention.kernels import block_backward, block_forward
 from ..planner.cost_model import BWD_FLOPS
-from .timing import median_seconds
+from .timing import best_seconds
 
 
 def attention_rates(lengths: Sequence[int], heads: int, kv_heads: int, head_dim: int, device: str,
@@ -28,8 +28,8 @@ def attention_rates(lengths: Sequence[int], heads: int, kv_heads: int, head_dim:
         v = torch.randn(L, kv_heads, head_dim, generator=g).to(device, dtype)
         o, lse = block_forward(q, k, v, scale, causal_offset=0)
         do = torch.randn_like(o)
-        fwd = median_seconds(lambda: block_forward(q, k, v, scale, causal_offset=0), device, repeats)
-        bwd = median_seconds(lambda: block_backward(do, q, k, v, o, lse, scale, causal_offset=0), device, repeats)
+        fwd = best_seconds(lambda: block_forward(q, k, v, scale, causal_offset=0), device, repeats)
+        bwd = best_seconds(lambda: block_backward(do, q, k, v, o, lse, scale, causal_offset=0), device, repeats)
         flops = 2.0 * L * (L + 1) * heads * head_dim
         out.append({"seqlen": int(L), "fwd_s": fwd, "bwd_s": bwd, "fwd_tflops": flops / fwd / 1e12,
                     "bwd_tflops": BWD_FLOPS * flops / bwd / 1e12})
@@ -42,7 +42,7 @@ def gemm_rate(shapes: Sequence[Sequence[int]], device: str, dtype: torch.dtype, 
     for m, n, k in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        t = median_seconds(lambda: a @ b, device, repeats)
+        t = best_seconds(lambda: a @ b, device, repeats)
         r = 2.0 * m * n * k / t / 1e12
         if r > best["tflops"]:
             best = {"tflops": r, "shape": [m, n, k], "seconds": t}

@@ -30,7 +30,7 @@ def measure_profile(model: ModelSpec, device: str = "cpu", tp: int = 1, lengths:
     att = attention_rates(lengths, heads, kvh, model.head_dim, device, dtype, repeats)
     for a in att:
         log(f"  L={a['seqlen']:>6}: fwd {a['fwd_tflops'] * 1e3:9.3f} GFLOP/s  bwd {a['bwd_tflops'] * 1e3:9.3f} GFLOP/s")
-    toks = 4096 if cuda else 1024
+    toks = 4096  # large enough that one GEMM is not lost in timer noise
     shapes = [(toks, model.ffn // tp, model.hidden), (toks, model.hidden, model.ffn // tp),
               (toks, (model.heads + 2 * model.kv_heads) * model.head_dim // tp, model.hidden)]
     gemm = gemm_rate(shapes, device, dtype, repeats)

@@ -1,15 +1,17 @@
-"""Timing of a callable on CPU or CUDA: warm-up, then the median of repeats (CUDA events on GPUs)."""
+"""Timing of a callable on CPU or CUDA: warm-up, then the fastest of repeats (CUDA events on GPUs).
+
+The minimum, not the median: on a shared machine other processes only ever add time, and a rate
+that a busy moment halved would mislead the planner for the whole run."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable
 
 import torch
 
 
-def median_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup: int = 1) -> float:
+def best_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()
     times = []
@@ -25,4 +27,4 @@ def median_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warm
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times)
