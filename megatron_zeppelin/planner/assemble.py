@@ -8,9 +8,9 @@ token counts (node_time_targets).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -22,7 +22,19 @@ from .schedule import ring_ops
 from .types import CLASSES, Plan
 
 
-def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement) -> Plan:
+@dataclass(frozen=True)
+class Prepared:
+    """What a placement fixes whatever the remap does: rings and documents in queue order, the
+    attention layout, the (routed) schedule and the ring costs. Shared by variants that differ only
+    in their remap (planner/partition.py), so those are assembled once."""
+    rings: tuple
+    docs: tuple
+    attention_layout: tuple
+    ops: list
+    parts: tuple
+
+
+def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     topo, cost = ctx.topology, ctx.cost
     # Queue order: inter rings first, then intra; stable within a class; ids renumbered.
     order = sorted(range(len(placement.rings)),
@@ -37,7 +49,16 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
-    parts = ring_costs(docs, rings, ops, cost)
+    return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost))
+
+
+def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
+             prepared: Optional[Prepared] = None) -> Plan:
+    if placement.assembled is not None and placement.assembled.strategy == strategy:
+        return placement.assembled  # the strategy already assembled this exact placement
+    topo, cost = ctx.topology, ctx.cost
+    pre = prepared or prepare(ctx, placement)
+    docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
     if placement.remap:
         caps = None
         if placement.balance_linear:

@@ -186,27 +186,38 @@ GOOD = 1.01
 # documents run inside the first exchange); ``remap``: the remap time-balances each node
 # (node_time_targets), balances tokens, or is left out ("off": it is a synchronisation point every
 # layer, so moving nothing can be faster).
-VARIANTS = (("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off"),
-            ("all", "hide", "tokens"), ("proj", "forced", "tokens"))
+VARIANTS = (("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off"))
 
 
 def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    from .assemble import assemble  # late: assemble consumes Placements
+    """The variant with the lowest predicted iteration. A placement is computed once per (rate, inter)
+    and prepared (layout, routed schedule, ring costs) once; its remap variants share that."""
+    from dataclasses import replace as dc_replace
 
-    best, seen = None, set()
+    from .assemble import assemble, prepare  # late: assemble consumes Placements
+
+    best, seen, placed = None, {}, {}
     for k, (rate_kind, inter, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
-        pl = _plan_variant(lengths, ctx, rate_kind, inter, remap)
-        key = (tuple((d.cls, d.ring, d.owner) for d in pl.docs), tuple(r.ranks for r in pl.rings), remap)
-        if key in seen:  # the same placement as an earlier variant (no document near a threshold)
+        if (rate_kind, inter) not in placed:
+            pl0 = _plan_variant(lengths, ctx, rate_kind, inter, "off")
+            key = (tuple((d.cls, d.ring, d.owner) for d in pl0.docs), tuple(r.ranks for r in pl0.rings))
+            if key in seen:  # the same placement as an earlier variant (no document near a threshold)
+                placed[(rate_kind, inter)] = None
+            else:
+                seen[key] = (rate_kind, inter)
+                placed[(rate_kind, inter)] = (pl0, prepare(ctx, pl0))
+        if placed[(rate_kind, inter)] is None:
             continue
-        seen.add(key)
-        t = assemble("zeppelin", lengths, ctx, pl).predicted_iteration_s
-        if best is None or t < best[0]:
-            best = (t, k, pl)
-    t, k, pl = best
+        pl0, pre = placed[(rate_kind, inter)]
+        pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
+        plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
+        if best is None or plan.predicted_iteration_s < best[0]:
+            best = (plan.predicted_iteration_s, k, pl, plan)
+    t, k, pl, plan = best
     pl.meta["variant"] = "/".join(map(str, VARIANTS[k]))
+    pl.assembled = dc_replace(plan, meta=tuple(sorted((str(a), str(b)) for a, b in pl.meta.items())))
     return pl
 
 
