@@ -3,7 +3,8 @@
 One exchange (the Plan's step-0 ops of the ring: every member's K/V block to every other member);
 each member then attends its queries to all blocks. The backward gathers K/V again with the same
 ops (nothing gathered is kept between forward and backward) and sends each block's partial dK/dV
-home over the mirrored ops, where the owner sums them (a reduce-scatter through the schedule).
+home over the mirrored ops, where the owner sums them (a reduce-scatter through the schedule); the
+own block is computed while those partials travel, and their wait is deferred to the next compute.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def allgather_forward(eng, queue: str, q, k, v, out, lse, overlap: Optional[Call
 
 
 def allgather_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap: Optional[Callable] = None):
+    """Gather K/V (``overlap`` runs meanwhile); compute the other members' blocks first and send
+    their partial dK/dV home, then compute the own block while that reduce-scatter is in flight.
+    Its wait (and the sum) is returned as the new ``overlap``: it runs after the first compute of
+    the next queue or ring kind (or at the end of the backward)."""
     rings = _rings(eng, queue)
     if not rings:
         return overlap
@@ -69,27 +74,38 @@ def allgather_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, ove
     pay, ex = _gather(eng, queue, rings, mine, k, v, "bwd", 2)
     if overlap is not None:
         overlap()
-        overlap = None
     got = ex.wait()
     partial = {}
+
+    def part(r, b, kv):
+        g = torch.zeros_like(kv)
+        attend_backward(eng.view, r, b, kv, g, q, out, lse, dout, dq, eng.scale, eng.backend)
+        partial[(r.id, b)] = g
+
     with eng.counters.timer(queue):
         for r in mine:
             for b, kv in _blocks(eng, r, pay, got, k, width):
-                g = torch.zeros_like(kv)
-                attend_backward(eng.view, r, b, kv, g, q, out, lse, dout, dq, eng.scale, eng.backend)
-                partial[(r.id, b)] = g
+                if b != eng.view.member[r.id]:
+                    part(r, b, kv)
     # partial dK/dV of block b go home to member b over the mirrored step-0 ops
     ex = StepExchange(eng.step_ops(queue, 0, {r.id for r in rings}), eng.rank, eng.group, partial, width,
-                      dtype=k.dtype, device=k.device, reverse=True, counters=eng.counters, phase="bwd", tag=3)
-    got = ex.start().wait()
-    c = width // 2
-    for r in mine:
-        i = eng.view.member[r.id]
-        own = eng.view.own_rows(r)
-        tot = partial[(r.id, i)]
-        for j in range(r.size):
-            if j != i and (r.id, i, r.ranks[j]) in got:
-                tot = tot + got[(r.id, i, r.ranks[j])]
-        dk[own] += tot[:, :c].view(-1, k.shape[1], k.shape[2])
-        dv[own] += tot[:, c:].view(-1, k.shape[1], k.shape[2])
-    return overlap
+                      dtype=k.dtype, device=k.device, reverse=True, counters=eng.counters, phase="bwd",
+                      tag=3).start()
+    with eng.counters.timer(queue):  # the own block while the partials travel
+        for r in mine:
+            i = eng.view.member[r.id]
+            part(r, i, pay[(r.id, i)])
+
+    def finish():
+        got = ex.wait()
+        c = width // 2
+        for r in mine:
+            i = eng.view.member[r.id]
+            own = eng.view.own_rows(r)
+            tot = partial[(r.id, i)]
+            for j in range(r.size):
+                if j != i and (r.id, i, r.ranks[j]) in got:
+                    tot = tot + got[(r.id, i, r.ranks[j])]
+            dk[own] += tot[:, :c].view(-1, k.shape[1], k.shape[2])  # [rows, 2*kvh*d] -> [rows, kvh, d]
+            dv[own] += tot[:, c:].view(-1, k.shape[1], k.shape[2])
+    return finish

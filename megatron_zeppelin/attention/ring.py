@@ -4,8 +4,10 @@ Member i starts with its own K/V block i; ring step s moves block (i - s) mod G 
 member i+1 (the Plan's CommOps of (queue, s), executed by distributed.executor, so routed schedules
 run unchanged). The forward computes G blocks with G-1 transfers, starting step s's transfer before
 computing the block it holds (overlap). The backward carries each block's dK/dV accumulator with its
-K/V: the K/V exchange of step s is started before computing, the dK/dV exchange after; step G-1
-brings every block's finished dK/dV home. No autograd runs through communication.
+K/V, pipelined: step s starts the K/V exchange, computes this member's share of the block it holds
+while the K/V and the dK/dV partial sent at step s-1 are in flight, then adds that partial and
+sends the sum on (step s's ops); step G-1's dK/dV comes home during the next queue's first compute.
+No autograd runs through communication.
 
 All rings of a queue step together (global step s = step s of each ring; a ring of G members is
 active in steps < G-1 forward, <= G-1 backward). Every rank runs every step of the queue, member or
@@ -70,6 +72,14 @@ def ring_forward(eng, queue: str, q, k, v, out, lse, overlap: Optional[Callable]
 
 
 def ring_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap: Optional[Callable] = None):
+    """Pipelined as ring-flash-attention: at step s a member computes its share of the block it now
+    holds into a fresh buffer while the dK/dV partial it will add (sent by its predecessor at step
+    s-1) is in flight; then it waits, adds, and starts sending the sum (step s's ops). Step G-1's
+    dK/dV comes home at "step G": that last wait is returned as the new ``overlap`` callable, so it
+    runs after the first compute of the next queue (or at the end of the engine's backward).
+    Exchanges in flight together: K/V of step s (tag 0) and dK/dV of step s-1 (tag 1), then K/V of
+    s and dK/dV of s; two dK/dV exchanges never overlap on a rank (one is waited before the next
+    starts), and every rank posts and waits them in the same order, so they cannot deadlock."""
     rings = _rings(eng, queue)
     if not rings:
         return overlap
@@ -78,7 +88,21 @@ def ring_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap:
     width = 2 * k.shape[1] * k.shape[2]
     own = {r.id: eng.view.own_rows(r) for r in mine}
     cur = {r.id: pack_kv(k[own[r.id]], v[own[r.id]]) for r in mine}
-    dcur = {r.id: torch.zeros_like(cur[r.id]) for r in mine}
+    c = width // 2
+
+    def home(r, fin):  # this member's own block's finished dK/dV
+        dk[own[r.id]] += fin[:, :c].view(-1, k.shape[1], k.shape[2])  # [rows, 2*kvh*d] -> [rows, kvh, d]
+        dv[own[r.id]] += fin[:, c:].view(-1, k.shape[1], k.shape[2])
+
+    def arrived(ex_d, s):
+        """Wait for the dK/dV exchange of step s-1: per ring id, the partial of the block held at s."""
+        if ex_d is None:
+            return {}
+        got = ex_d.wait()
+        return {r.id: _take(eng, got, r, (eng.view.member[r.id] - s) % r.size, width, k)
+                for r in mine if 1 < r.size and s <= r.size}
+
+    ex_d = None
     for s in range(n):
         kv_active = {r.id for r in rings if s < r.size - 1}
         d_active = {r.id for r in rings if s < r.size}
@@ -88,27 +112,35 @@ def ring_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap:
             pay = {(rid, blk[rid]): cur[rid] for rid in blk if rid in kv_active}
             ex_kv = StepExchange(eng.step_ops(queue, s, kv_active), eng.rank, eng.group, pay, width,
                                  dtype=k.dtype, device=k.device, counters=eng.counters, phase="bwd", tag=0).start()
-        with eng.counters.timer(queue):
+        fresh = {}
+        with eng.counters.timer(queue):  # overlaps K/V of step s and dK/dV of step s-1
             for r in mine:
                 if s < r.size:
-                    attend_backward(eng.view, r, blk[r.id], cur[r.id], dcur[r.id], q, out, lse, dout, dq,
+                    fresh[r.id] = torch.zeros_like(cur[r.id])
+                    attend_backward(eng.view, r, blk[r.id], cur[r.id], fresh[r.id], q, out, lse, dout, dq,
                                     eng.scale, eng.backend)
         if overlap is not None:
             overlap()
             overlap = None
-        pay = {(rid, blk[rid]): dcur[rid] for rid in blk if rid in d_active}
+        part = arrived(ex_d, s)
+        for r in mine:
+            if s == r.size and r.id in part:  # a shorter ring's own block came home last step
+                home(r, part[r.id])
+            elif r.id in fresh and r.id in part and s > 0:
+                fresh[r.id] += part[r.id]  # the sum travels on (fresh is not read by any send yet)
+            if r.size == 1 and s == 0:
+                home(r, fresh[r.id])  # a one-member ring: nothing travels
+        pay = {(rid, blk[rid]): fresh[rid] for rid in blk if rid in d_active and rid in fresh}
         ex_d = StepExchange(eng.step_ops(queue, s, d_active), eng.rank, eng.group, pay, width, dtype=k.dtype,
                             device=k.device, counters=eng.counters, phase="bwd", tag=1).start()
         got = ex_kv.wait() if ex_kv is not None else {}
-        got_d = ex_d.wait()
         for r in mine:
-            nb = (eng.view.member[r.id] - 1 - s) % r.size
             if s < r.size - 1:
-                cur[r.id] = _take(eng, got, r, nb, width, k)
-                dcur[r.id] = _take(eng, got_d, r, nb, width, k).clone()
-            elif s == r.size - 1:  # nb is this member's own block: its finished dK/dV came home
-                fin = dcur[r.id] if r.size == 1 else _take(eng, got_d, r, nb, width, k)
-                c = width // 2
-                dk[own[r.id]] += fin[:, :c].view(-1, k.shape[1], k.shape[2])
-                dv[own[r.id]] += fin[:, c:].view(-1, k.shape[1], k.shape[2])
-    return overlap
+                cur[r.id] = _take(eng, got, r, (eng.view.member[r.id] - 1 - s) % r.size, width, k)
+
+    def finish(ex_d=ex_d):  # step G-1's dK/dV of the longest rings comes home
+        part = arrived(ex_d, n)
+        for r in mine:
+            if r.size == n and r.id in part:
+                home(r, part[r.id])
+    return finish

@@ -10,13 +10,34 @@ Attention follows the engine (attention/engine.py, ring.py, allgather.py) step b
 runs every step of a queue and waits for the step's exchanges before the next (its stream is
 synchronous with its communication). Queues inter, then intra; in a queue the all-gather rings,
 then the zigzag (p2p) rings, all rings of a queue stepping together (global step s = step s of
-each ring). The local documents run once, inside the first exchange of the layer.
+each ring). The engine's *overlap point* is right after the first compute of each queue (ring
+kind): the first one runs the local documents (inside the first exchange of the layer); in the
+backward the later ones wait for the previous queue's last dK/dV exchange.
 - zigzag forward: step s starts the K/V exchange of step s (rings with s < G-1), computes the block
-  received in step s-1, waits. Backward: the K/V exchange starts before the compute, the dK/dV
-  exchange of the block just computed after it (rings with s < G; step G-1 brings dK/dV home).
+  received in step s-1, waits. Backward (pipelined, as ring-flash-attention): step s starts its K/V
+  exchange, computes, waits for the dK/dV exchange of step s-1 (in flight during that compute),
+  starts step s's dK/dV exchange (rings with s < G), waits for the K/V; step G-1's dK/dV is waited
+  at the next overlap point (or at the end of the attention).
 - all-gather (Llama-3): gather K/V; forward computes its own block meanwhile, the rest after;
-  backward gathers again, computes, then sends partial dK/dV home over the reversed ops.
+  backward gathers again, computes the other members' blocks, sends their partial dK/dV home over
+  the reversed ops while it computes its own block, and waits at the next overlap point.
 Every exchange moves the Plan's CommOps (executor.run_step), so routed schedules are timed as run.
+
+Worked example: a 2-member intra ring backward whose compute hides its transfers. Step 0's dK/dV
+flies during step 1's compute, so only the last dK/dV exchange (T) is exposed: time = c0 + c1 + T
+(not c0 + T + c1 + T as with the dK/dV exchange waited at once).
+
+>>> from megatron_zeppelin.attention.testing import hand_plan
+>>> from megatron_zeppelin.planner.testing import toy_context
+>>> from megatron_zeppelin.topology import Topology
+>>> topo, cost = Topology(1, 2), toy_context(1, 2).cost
+>>> plan = hand_plan([8192], topo, [(0, 1)])
+>>> k, links, g = LayerCosts(cost), LinkTable(topo, cost.bandwidth("nvlink"), cost.bandwidth("nic")), TaskGraph()
+>>> LayerBuilder(plan, k, links, g).attention(backward=True)
+>>> c = k.ring_step_s(plan.rings[0], {0: plan.docs[0]})[1]    # [member, step] backward seconds
+>>> T = cost.latency("nvlink") + plan.schedule[0].nbytes / cost.bandwidth("nvlink")
+>>> bool(c.min() > 2 * T), round(float(g.run(links.capacity).makespan / (c.sum(axis=1).max() + T)), 9)
+(True, 1.0)
 
 ``remap_point``: ``attention_output`` (design.md: the remap moves the hidden states after the output
 projection, so the QKV and output projections run on the attention layout) or ``core_attention``
@@ -127,55 +148,64 @@ class LayerBuilder:
         for r in sorted(per_rank):
             self.compute(r, per_rank[r], cat)
 
-    def _allgather(self, q, rings, backward: bool, local):
+    def _allgather(self, q, rings, backward: bool, pending):
         ops = [o for o in self.ops.get((q, 0), ()) if self.ring_of[o.ring].comm == "allgather"]
         ex = self._exchange(ops)  # gather K/V (again in the backward: nothing is kept)
         if not backward:  # own block while the gather is in flight
             self._computes(self._members(rings, lambda c, i: c[0][i, 0]), f"attn_{q}")
-        local = self._run_local(local, backward)
+        pending = self._run_pending(pending, backward)
         self._wait(ex)
         if not backward:
             self._computes(self._members(rings, lambda c, i: c[0][i, 1:].sum()), f"attn_{q}")
-            return local
-        self._computes(self._members(rings, lambda c, i: c[1][i, :].sum()), f"attn_{q}")
-        self._wait(self._exchange(ops, reverse=True))  # partial dK/dV home (reduce-scatter)
-        return local
+            return pending
+        # the other members' blocks, their partial dK/dV home (reduce-scatter) while the own block
+        # is computed; that exchange is waited at the next overlap point (engine: the returned finish)
+        self._computes(self._members(rings, lambda c, i: c[1][i, 1:].sum()), f"attn_{q}")
+        ex = self._exchange(ops, reverse=True)
+        self._computes(self._members(rings, lambda c, i: c[1][i, 0]), f"attn_{q}")
+        return ex
 
-    def _p2p(self, q, rings, backward: bool, local):
+    def _p2p(self, q, rings, backward: bool, pending):
         size = {r.id: r.size for r in rings}
         steps = max(size.values()) - (0 if backward else 1)
+        ex_d = {}
         for s in range(steps + (0 if backward else 1)):
             ops = [o for o in self.ops.get((q, s), ()) if o.ring in size]
             kv = [o for o in ops if s < size[o.ring] - 1]
             ex_kv = self._exchange(kv) if kv else {}  # started before the compute: overlapped
             active = [r for r in rings if s < r.size]
             self._computes(self._members(active, lambda c, i: c[1 if backward else 0][i, s]), f"attn_{q}")
-            local = self._run_local(local, backward)
-            ex_d = self._exchange(ops) if backward and ops else {}  # this step's dK/dV: after the compute
+            pending = self._run_pending(pending, backward)
+            if backward:  # pipelined: step s-1's dK/dV flew during this compute; add, send the sum on
+                self._wait(ex_d)
+                ex_d = self._exchange(ops) if ops else {}
             self._wait(ex_kv)
-            self._wait(ex_d)
-        return local
+        return ex_d if backward else pending  # the last dK/dV comes home at the next overlap point
 
-    def _run_local(self, pending: bool, backward: bool) -> bool:
-        """The local documents, once per pass: the engine runs them inside the first exchange."""
-        if pending:
+    def _run_pending(self, pending, backward: bool):
+        """What the engine runs at its overlap point (after the first compute of a queue): the local
+        documents (``True``, once per pass) or the wait of the previous queue's last dK/dV exchange
+        (a ``{rank: end}`` dict, backward only). Returns what is still pending (nothing)."""
+        if isinstance(pending, dict):
+            self._wait(pending)
+        elif pending:
             f = self.k.block_bwd_s if backward else self.k.block_fwd_s
             for r in range(self.world):
                 if self.local_tokens[r]:
                     self.compute(r, sum(f(L, L, True) for L in self.local_tokens[r]), "attn_local")
-        return False
+        return None
 
     def _attention(self, backward: bool):
-        local = True
+        pending = True  # the local documents
         for q in RING_QUEUES:  # inter, then intra; in a queue all-gather rings, then zigzag rings
             rings = [r for r in self.plan.rings if r.cls == q]
             ag = [r for r in rings if r.comm == "allgather"]
             p2p = [r for r in rings if r.comm == "p2p"]
             if ag:
-                local = self._allgather(q, ag, backward, local)
+                pending = self._allgather(q, ag, backward, pending)
             if p2p:
-                local = self._p2p(q, p2p, backward, local)
-        self._run_local(local, backward)
+                pending = self._p2p(q, p2p, backward, pending)
+        self._run_pending(pending, backward)
 
     def attention(self, backward: bool = False):
         """Only the core attention (the engine alone), for validation against measured engine runs."""

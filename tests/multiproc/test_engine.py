@@ -133,3 +133,26 @@ def test_engine_every_strategy_matrix(topo, world):
     if topo.nodes > 1:
         cases.append(("routed", toy_route(strategy_plan("hybrid_dp", batch(4, world), topo)), torch.float64, 2))
     _check_results(run_distributed(_run_cases, world, cases, timeout=600), cases)
+
+
+# --- pipelined backward (dK/dV of step s in flight during step s+1's compute) ---------------------
+def pipelined_cases():
+    """World 6 as 2 nodes x 3: a 3- and a 4-member inter ring in one queue (the shorter one's dK/dV
+    comes home while the longer still computes), routed through proxies (ranks 2 and 5 are only
+    proxies in the inter queue), then an intra ring and local documents (the inter queue's last
+    dK/dV wait is deferred into them); the same placement as all-gather rings. float64."""
+    t = Topology(2, 3)
+    where = [(0, 3, 4), (0, 1, 3, 4), (0, 1, 3, 4), (1, 2), 5, 2, (4, 3, 1)]
+    lengths = [61, 90, 33, 20, 9, 14, 23]
+    p2p = toy_route(hand_plan(lengths, t, where))
+    ag = toy_route(hand_plan(lengths, t, where, comm="allgather"))
+    assert {r.size for r in p2p.rings if r.cls == "inter"} == {3, 4}
+    inter = {x for r in p2p.rings if r.cls == "inter" for x in r.ranks}
+    assert {o.src for o in p2p.schedule if o.queue == "inter"} - inter == {2, 5}  # pure proxies
+    return [("pipelined_p2p_routed", p2p, torch.float64, 2), ("pipelined_p2p_routed_gqa1", p2p, torch.float64, 1),
+            ("pipelined_allgather_routed", ag, torch.float64, 2)]
+
+
+def test_engine_pipelined_backward_mixed_rings_routed():
+    cases = pipelined_cases()
+    _check_results(run_distributed(_run_cases, 6, cases, timeout=240), cases)
