@@ -14,14 +14,26 @@ compute measure when ranks outnumber CPU cores). These feed the simulator's vali
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from typing import Dict, Tuple
 
 
 class CommCounters:
+    """Thread-safe: routed exchanges progress on background threads (distributed/executor.py) and
+    count their bytes there while the caller's thread times its compute."""
+
     def __init__(self):
+        self._lock = threading.Lock()
         self.reset()
+
+    def __getstate__(self):  # picklable (ranks send their counters home): the lock stays behind
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def reset(self) -> None:
         self.bytes_by_link: Dict[str, int] = {"nvlink": 0, "nic": 0}
@@ -33,6 +45,10 @@ class CommCounters:
         self.messages = 0
 
     def add_bytes(self, link: str, nic: int, nbytes: int, step_key: Tuple[str, str, int], rows: int = 0) -> None:
+        with self._lock:
+            self._add_bytes(link, nic, nbytes, step_key, rows)
+
+    def _add_bytes(self, link, nic, nbytes, step_key, rows) -> None:
         self.bytes_by_link[link] = self.bytes_by_link.get(link, 0) + nbytes
         if link == "nic" and nic >= 0:
             self.bytes_by_nic[nic] = self.bytes_by_nic.get(nic, 0) + nbytes
@@ -46,14 +62,20 @@ class CommCounters:
         try:
             yield
         finally:
-            self.compute_s[queue] = self.compute_s.get(queue, 0.0) + time.perf_counter() - t0
-            self.compute_cpu_s[queue] = self.compute_cpu_s.get(queue, 0.0) + time.thread_time() - c0
+            with self._lock:
+                self._add_compute(queue, time.perf_counter() - t0, time.thread_time() - c0)
+
+    def _add_compute(self, queue: str, wall: float, cpu: float) -> None:
+        self.compute_s[queue] = self.compute_s.get(queue, 0.0) + wall
+        self.compute_cpu_s[queue] = self.compute_cpu_s.get(queue, 0.0) + cpu
 
     def total_bytes(self) -> int:
-        return sum(self.bytes_by_link.values())
+        with self._lock:
+            return sum(self.bytes_by_link.values())
 
     def as_dict(self) -> dict:
-        return {"bytes_by_link": dict(self.bytes_by_link),
-                "bytes_by_nic": {str(k): v for k, v in sorted(self.bytes_by_nic.items())},
-                "bytes_by_step": {f"{p}/{q}/{s}": v for (p, q, s), v in sorted(self.bytes_by_step.items())},
-                "compute_s": dict(self.compute_s), "compute_cpu_s": dict(self.compute_cpu_s), "messages": self.messages}
+        with self._lock:
+            return {"bytes_by_link": dict(self.bytes_by_link),
+                    "bytes_by_nic": {str(k): v for k, v in sorted(self.bytes_by_nic.items())},
+                    "bytes_by_step": {f"{p}/{q}/{s}": v for (p, q, s), v in sorted(self.bytes_by_step.items())},
+                    "compute_s": dict(self.compute_s), "compute_cpu_s": dict(self.compute_cpu_s), "messages": self.messages}

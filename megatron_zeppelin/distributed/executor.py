@@ -1,15 +1,29 @@
 """The schedule executor: runs the CommOps of one (queue, step) of a Plan on this rank.
 
 A message is the block of token rows that ring member ``block`` owns, travelling from ``msg_src`` to
-``msg_dst``; each op moves its rows [start, stop) from ``src`` to ``dst``. Stages run in STAGES order
-(direct; dispatch -> transfer -> combine), one ``batch_isend_irecv`` per stage on the domain group. A
-rank that is neither source nor destination (a proxy of a routed message) keeps the rows it
-received in one stage and forwards them in a later one; ``msg_dst`` reassembles the whole message.
-The same ops run ``reverse=True`` carry a message back (dst -> src, stages in reverse order): the
-transpose of the forward map, used for gradients going home.
+``msg_dst``; each op moves its rows [start, stop) from ``src`` to ``dst``. A routed message's piece
+goes dispatch -> transfer -> combine through proxies (ranks that are neither source nor destination):
+a proxy keeps the rows it received and forwards them in the next stage; ``msg_dst`` reassembles the
+whole message. The same ops run ``reverse=True`` carry a message back (dst -> src, stages in reverse
+order): the transpose of the forward map, used for gradients going home.
 
+Progress (each piece as soon as its data is there, independent of the caller's compute, as NCCL's
+communication stream does on GPUs; planner/predict.py times exactly this): start() posts, on the
+caller's thread, every receive of this rank and every send of the messages it originates. A relay
+thread (one per exchange that has any) then forwards each piece the moment it has arrived, in
+stage order (STAGES, reversed for ``reverse``). wait() returns once this rank's own messages are
+done (its sends left, the messages ending here assembled): a pure proxy does not wait for the pieces
+it relays. On CUDA the relay runs on a side stream and wait() joins it (its copies are then ordered
+before the caller's stream).
+
+Tags: ``(tag * SLOTS + slot) << OP_BITS`` + op index (unique per op: matching is by tag, so posting
+order does not matter on gloo). ``tag`` (0 <= tag < MAX_TAG) separates the exchanges a caller keeps
+in flight together; ``slot`` rotates over SLOTS consecutive exchanges of the same (group, tag) so a
+relay still running cannot meet the next step's messages; start() first joins the relay SLOTS
+exchanges back in its slot (bounded by the group's timeout, re-raising its error) and
+``drain_relays()`` joins them all (the engine calls it at the end of each forward and backward).
 Every rank of the domain must build its StepExchanges from the same op lists in the same order (the
-ops come from the Plan, which all ranks share): stages are then matched and cannot deadlock.
+ops come from the Plan, which all ranks share): tags and slots then agree and nothing deadlocks.
 
 Worked example (no communication needed): one direct op of 2 rows from rank 0 to itself.
 
@@ -23,16 +37,37 @@ Worked example (no communication needed): one direct op of 2 rows from rank 0 to
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.distributed as dist
 
 from ..planner.types import STAGES, CommOp
 from .counters import CommCounters
-from .p2p import CommError, P2PExchange
+from .p2p import CommError, P2PExchange, group_timeout_s
 
 Key = Tuple[int, int, int, int]  # (ring, block, msg_src, msg_dst)
+SLOTS, OP_BITS = 8, 18  # gloo tags are int32: (tag * SLOTS + slot) < 2**(31 - OP_BITS)
+MAX_TAG = 2 ** (31 - OP_BITS) // SLOTS
+
+_REG_LOCK = threading.Lock()
+_SEQ: Dict[tuple, int] = {}  # (group, tag) -> exchanges created so far on this rank
+_LIVE: Dict[tuple, "StepExchange"] = {}  # (group, tag, slot) -> the last exchange with a relay thread
+
+
+def _group_key(group):
+    return "world" if group is None or group is dist.group.WORLD else group
+
+
+def drain_relays() -> None:
+    """Join every relay still running on this rank (bounded), re-raising the first error."""
+    with _REG_LOCK:
+        live = list(_LIVE.values())
+        _LIVE.clear()
+    for ex in live:
+        ex._join()
 
 
 def mirror(op: CommOp) -> CommOp:
@@ -44,10 +79,8 @@ class StepExchange:
     """Executes ``ops`` (all ops of one (queue, step) that are active, identical on every rank).
 
     payload: messages this rank originates, keyed (ring, block, msg_dst) or (ring, block), each a
-    ``[rows, width]`` tensor. ``width``: channels per row, an int or ``f(ring) -> int``.
-    wait() returns the messages that end here, keyed (ring, block, msg_src).
-    start() posts the first stage, so compute can overlap it; wait() finishes that stage and runs
-    the later (routed) stages, which depend on it.
+    ``[rows, width]`` tensor, unchanged until wait(). ``width``: channels per row, an int or
+    ``f(ring) -> int``. wait() returns the messages that end here, keyed (ring, block, msg_src).
     """
 
     def __init__(self, ops: Sequence[CommOp], rank: int, group, payload: Dict[tuple, torch.Tensor],
@@ -62,21 +95,36 @@ class StepExchange:
         self.dtype = dtype or (ref.dtype if ref is not None else torch.get_default_dtype())
         self.device = device or (ref.device if ref is not None else torch.device("cpu"))
         self.counters, self.phase = counters, phase
-        stages = tuple(reversed(STAGES)) if reverse else STAGES
-        # (index, op) per stage, over all ops (the index is the op's tag: the same on both sides)
-        self._stages: List[List[Tuple[int, CommOp]]] = [
-            [(i, o) for i, o in enumerate(ops) if o.stage == st] for st in stages]
-        self._stages = [s for s in self._stages if s]
-        self._tag = tag << 20
-        self._pieces: Dict[Key, List[Tuple[int, int, torch.Tensor]]] = {}
-        self._done: Dict[Tuple[int, int, int], torch.Tensor] = {}
+        if not 0 <= tag < MAX_TAG or len(ops) >= 2 ** OP_BITS:
+            raise CommError(f"StepExchange tag {tag} must be in [0, {MAX_TAG}) and hold < {2 ** OP_BITS} "
+                            f"ops (got {len(ops)})")
+        with _REG_LOCK:
+            k = (_group_key(group), tag)
+            seq = _SEQ.get(k, 0)
+            _SEQ[k] = seq + 1
+        self._slot_key = k + (seq % SLOTS,)
+        self._tag = (tag * SLOTS + seq % SLOTS) << OP_BITS
+        order = {st: j for j, st in enumerate(tuple(reversed(STAGES)) if reverse else STAGES)}
+        # this rank's ops as (index, op) (the index is the op's tag: the same on both sides)
+        mine = sorted(((i, o) for i, o in enumerate(ops) if rank in (o.src, o.dst)),
+                      key=lambda x: (order[x[1].stage], x[0]))
+        self._recvs = [(i, o) for i, o in mine if o.dst == rank and o.src != rank]
+        self._first = [(i, o) for i, o in mine if o.src == rank and o.msg_src == rank]  # data at hand
+        self._relayed = [(i, o) for i, o in mine if o.src == rank and o.msg_src != rank]  # wait for a piece
         self._rows: Dict[Key, int] = {}
         for o in ops:
             k = (o.ring, o.block, o.msg_src, o.msg_dst)
             self._rows[k] = max(self._rows.get(k, 0), o.stop)
-        self._next = 0
-        self._inflight: Optional[Tuple[P2PExchange, list]] = None
+        self._pieces: Dict[Key, List[Tuple[int, int, torch.Tensor]]] = {}
+        self._done: Dict[Tuple[int, int, int], torch.Tensor] = {}
+        self._landed = set()  # recv indices already delivered
+        self._bufs: Dict[int, torch.Tensor] = {}
+        self._ex: Optional[P2PExchange] = None
+        self._req: Dict[int, object] = {}  # op index -> its request (this rank's sends and recvs)
         self._state = "new"
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._stream = self._event = None  # CUDA: the relay's side stream and its end event
 
     # --- data lookup ----------------------------------------------------------------------
     def _rows_of(self, o: CommOp) -> torch.Tensor:
@@ -107,51 +155,142 @@ class StepExchange:
         else:
             self._pieces.setdefault(k, []).append((o.start, o.stop, rows))
 
-    # --- stages ---------------------------------------------------------------------------
-    def _post(self, stage: List[Tuple[int, CommOp]]) -> None:
-        sends, recvs, landing = [], [], []
-        for i, o in stage:
-            if o.src == self.rank and o.dst == self.rank:
-                landing.append((o, self._rows_of(o).clone()))  # self-hop: no message
-            elif o.src == self.rank:
-                data = self._rows_of(o)
-                sends.append((o.dst, data, self._tag + i))
-                if self.counters is not None:
-                    nb = data.numel() * data.element_size()
-                    self.counters.add_bytes(o.link, o.nic, nb, (self.phase, o.queue, o.step), rows=o.stop - o.start)
-            elif o.dst == self.rank:
-                buf = torch.empty((o.stop - o.start, self.width(o.ring)), dtype=self.dtype, device=self.device)
-                recvs.append((o.src, buf, self._tag + i))
-                landing.append((o, buf))
-        ex = P2PExchange(sends, recvs, self.group).start()
-        self._inflight = (ex, landing)
+    # --- posting and progress ---------------------------------------------------------------
+    def _send(self, sends, i: int, o: CommOp) -> None:
+        """Queue op i's rows for sending, or copy them here (self-hop)."""
+        data = self._rows_of(o)
+        if o.dst == self.rank:
+            self._deliver(o, data.clone())  # self-hop: no message
+            return
+        sends.append((o.dst, data, self._tag + i))
 
-    def _finish(self) -> None:
-        ex, landing = self._inflight
-        ex.wait()
-        for o, rows in landing:
-            self._deliver(o, rows)
-        self._inflight = None
+    def _count(self) -> None:
+        """Count every send of this rank at start(): relays may end after the caller's wait()."""
+        if self.counters is None:
+            return
+        size = torch.empty((), dtype=self.dtype).element_size()
+        for _, o in self._first + self._relayed:
+            if o.dst != self.rank:
+                nb = (o.stop - o.start) * self.width(o.ring) * size
+                self.counters.add_bytes(o.link, o.nic, nb, (self.phase, o.queue, o.step), rows=o.stop - o.start)
+
+    def _land(self, i: int, o: CommOp) -> None:
+        """Wait for receive i and deliver its rows (each receive is landed by one thread only)."""
+        if i in self._landed:
+            return
+        self._wait_req(i)
+        self._deliver(o, self._bufs[i])
+        self._landed.add(i)
+
+    def _source_of(self, o: CommOp):
+        """The receive that brings the rows ``o`` forwards (None: a self-hop brought them earlier)."""
+        for i, r in self._recvs:
+            if (r.ring, r.block, r.msg_src, r.msg_dst) == (o.ring, o.block, o.msg_src, o.msg_dst) \
+                    and r.start <= o.start and o.stop <= r.stop and r.dst != r.msg_dst:
+                return i, r
+        return None
+
+    def _post(self, sends, recvs) -> None:
+        ex = P2PExchange(sends, recvs, self.group).start()
+        for j, (_, _, t) in enumerate(sends + recvs):
+            self._req[t - self._tag] = (ex, j)
+        self._exs.append(ex)
+
+    def _wait_req(self, i: int) -> None:
+        ex, j = self._req[i]
+        ex.wait_one(j)
 
     def start(self) -> "StepExchange":
         if self._state != "new":
             raise CommError(f"StepExchange.start() called twice (state {self._state})")
         self._state = "started"
-        if self._stages:
-            self._post(self._stages[0])
-            self._next = 1
+        with _REG_LOCK:
+            prev = _LIVE.pop(self._slot_key, None)
+        if prev is not None:  # its messages used this slot's tags: they must all have matched
+            prev._join()
+        self._exs: List[P2PExchange] = []
+        self._count()
+        sends, recvs = [], []
+        for i, o in self._first:
+            self._send(sends, i, o)
+        for i, o in self._recvs:
+            self._bufs[i] = torch.empty((o.stop - o.start, self.width(o.ring)), dtype=self.dtype, device=self.device)
+            recvs.append((o.src, self._bufs[i], self._tag + i))
+        self._post(sends, recvs)
+        if self._relayed:  # proxies: forward each piece as it arrives, concurrently with the caller
+            if self.device.type == "cuda":
+                self._stream = torch.cuda.Stream(self.device)
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))  # buffers are allocated
+            self._thread = threading.Thread(target=self._relay, daemon=True,
+                                            name=f"zeppelin-relay-r{self.rank}-t{self._tag >> OP_BITS}")
+            with _REG_LOCK:
+                _LIVE[self._slot_key] = self
+            self._thread.start()
         return self
+
+    def _relay(self) -> None:
+        """Background: per relayed op (stage order), wait for its piece, then send it on."""
+        try:
+            with torch.no_grad():  # no autograd runs through communication
+                if self._stream is not None:
+                    torch.cuda.set_device(self.device)
+                    with torch.cuda.stream(self._stream):
+                        self._forward_all()
+                        self._event = torch.cuda.Event()
+                        self._event.record(self._stream)
+                else:
+                    self._forward_all()
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread by wait() or a join
+            self._error = e
+
+    def _forward_all(self) -> None:
+        for i, o in self._relayed:
+            src = self._source_of(o)
+            if src is not None:
+                self._land(*src)
+            sends = []
+            self._send(sends, i, o)
+            if sends:
+                self._post(sends, [])
+        for i, o in self._relayed:
+            if o.dst != self.rank:
+                self._wait_req(i)  # sent: the buffers may go
+
+    def _limit(self) -> float:
+        return group_timeout_s(self.group) + 30.0  # the requests themselves time out first
+
+    def _join(self) -> None:
+        """Wait for the whole relay (bounded); re-raise its error."""
+        self._thread.join(self._limit())
+        if self._thread.is_alive():
+            raise CommError(f"rank {self.rank}: routed exchange (tag {self._tag >> OP_BITS}) did not finish "
+                            f"within {self._limit():.0f}s: a peer did not post its matching stage")
+        err, self._error = self._error, None  # reported once (by wait() or by a later join)
+        if err is not None:
+            raise err
 
     def wait(self) -> Dict[Tuple[int, int, int], torch.Tensor]:
         if self._state == "new":
             raise CommError("StepExchange.wait() called before start()")
         if self._state == "done":
             raise CommError("StepExchange.wait() called twice")
-        if self._inflight is not None:
-            self._finish()
-        while self._next < len(self._stages):
-            self._post(self._stages[self._next])
-            self._next += 1
-            self._finish()
         self._state = "done"
+        # own part: sends of messages originating here, pieces of messages ending here
+        for i, o in self._first:
+            if o.dst != self.rank:
+                self._wait_req(i)
+        for i, o in self._recvs:
+            if o.dst == o.msg_dst:
+                self._land(i, o)
+        if self._thread is not None and (self._stream is not None or any(
+                o.dst == o.msg_dst for _, o in self._relayed)):  # CUDA, or a relayed self-hop ends here
+            self._join()
+        if self._thread is None:
+            for ex in self._exs:  # everything was waited above: this only marks the handles done
+                ex.wait()
+        if self._event is not None:  # the caller's stream uses the results after the relay's copies
+            cur = torch.cuda.current_stream(self.device)
+            cur.wait_event(self._event)
+            for t in self._done.values():
+                t.record_stream(cur)
         return self._done

@@ -4,6 +4,12 @@
 are group ranks) and is guarded against misuse: wait() before start(), start() twice and wait()
 twice raise CommError instead of hanging or silently returning garbage.
 
+Posting is serialised by one process-wide lock (``_POST_LOCK``): routed exchanges post their later
+stages from background threads (distributed/executor.py), and NCCL's batch_isend_irecv coalesces
+through per-group state that two threads must not interleave. Gloo's send/recv run on the calling
+thread with explicit tags (ProcessGroupGloo.hpp: "completed by the device thread", no per-call
+sequence to match), so waiting outside the lock is safe; tags keep concurrent exchanges apart.
+
 ``send_recv`` is the autograd Function: sends tensors to peers and returns the tensors received;
 its backward is the mirror (gradients of what was received go back to the senders, and the
 gradients of what was sent come back). ``ring_shift`` is its ring special case. Every rank of the
@@ -12,6 +18,7 @@ exchange must call it with matching sends/recvs (same tags), otherwise the wait 
 
 from __future__ import annotations
 
+import threading
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -22,6 +29,22 @@ from ..errors import ZeppelinError
 
 class CommError(ZeppelinError):
     """Misuse of a communication handle or primitive."""
+
+
+_POST_LOCK = threading.Lock()
+DEFAULT_TIMEOUT_S = 1800.0  # torch's default for non-NCCL groups
+
+
+def group_timeout_s(group) -> float:
+    """The group's collective timeout in seconds (its backend's option), else torch's default."""
+    if group is None and not dist.is_initialized():
+        return DEFAULT_TIMEOUT_S
+    try:
+        g = group if group is not None else dist.group.WORLD
+        dev = torch.device("cuda") if torch.device("cuda") in g._device_types else torch.device("cpu")
+        return float(g._get_backend(dev).options._timeout.total_seconds())
+    except (AttributeError, RuntimeError, ValueError):
+        return DEFAULT_TIMEOUT_S
 
 
 def global_rank(group, group_rank: int) -> int:
@@ -41,6 +64,7 @@ class P2PExchange:
                  recvs: Sequence[Tuple[int, torch.Tensor, int]], group=None):
         self.sends, self.recvs, self.group = list(sends), list(recvs), group
         self._reqs: Optional[list] = None
+        self._waited: set = set()
         self._state = "new"
 
     def start(self) -> "P2PExchange":
@@ -51,7 +75,8 @@ class P2PExchange:
         ops += [dist.P2POp(dist.irecv, b, global_rank(self.group, p), self.group, tag)
                 for p, b, tag in self.recvs]
         self._keep = ops  # contiguous send copies must outlive the requests
-        self._reqs = dist.batch_isend_irecv(ops) if ops else []
+        with _POST_LOCK:  # one batch at a time per process (NCCL coalescing state is per group)
+            self._reqs = dist.batch_isend_irecv(ops) if ops else []
         self._state = "started"
         return self
 
@@ -60,10 +85,18 @@ class P2PExchange:
             raise CommError("P2PExchange.wait() called before start()")
         if self._state == "done":
             raise CommError("P2PExchange.wait() called twice")
-        for r in self._reqs:
-            r.wait()
+        for j in range(len(self._reqs)):
+            self.wait_one(j)
         self._state, self._keep = "done", None
         return [b for _, b, _ in self.recvs]
+
+    def wait_one(self, j: int) -> None:
+        """Wait for request j (sends first, then recvs) once: a gloo request waited twice blocks."""
+        if self._state == "new":
+            raise CommError("P2PExchange.wait_one() called before start()")
+        if j not in self._waited:
+            self._reqs[j].wait()
+            self._waited.add(j)
 
 
 def _tags(peers: Sequence[int], base: int) -> List[int]:

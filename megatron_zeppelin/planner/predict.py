@@ -79,52 +79,84 @@ def _arrivals(msgs: Dict[Tuple, float]) -> Dict[int, float]:
 _MIRROR = {"direct": "direct", "dispatch": "combine", "transfer": "transfer", "combine": "dispatch"}
 
 
-def _hop(stage, src, dst, nbytes, link, nic, cost):
-    """(stage, src, dst, bytes, out-link key, in-link key, link) as the simulator's LinkTable keys it."""
+def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None):
+    """(stage, src, dst, bytes, (out-link key, in-link key), link, own, piece) as the simulator's
+    LinkTable keys it; ``own``: (the sender originates the message, the receiver is its
+    destination); ``piece``: (message key, start, stop), or None for a one-hop message."""
     topo = cost.topology
     if link == "nic":
         keys = (("nic_out", nic if nic >= 0 else topo.nic_of(src)), ("nic_in", topo.nic_of(dst)))
     else:
         keys = (("nv_out", src), ("nv_in", dst))
-    return (stage, src, dst, nbytes, keys, link)
+    return (stage, src, dst, nbytes, keys, link, own, piece)
 
 
 def _op_hops(ops, cost, reverse=False):
     topo = cost.topology
     if not reverse:
-        return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost) for o in ops]
-    return [_hop(_MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link == "nic" else -1, cost)
+        return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost, (o.src == o.msg_src, o.dst == o.msg_dst),
+                     ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)) for o in ops]
+    return [_hop(_MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link == "nic" else -1, cost,
+                 (o.dst == o.msg_dst, o.src == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop))
             for o in ops]
 
 
-def _exchange(hops, clock, cost, busy_until=None) -> Dict[int, float]:
-    """When each involved rank's part of one exchange is done: stage by stage, an op starts when both
-    ends have posted (their ``clock``) and finished the previous stage. ``busy_until``: per rank, when
-    an earlier exchange on the same links ends (ops queue behind it: dK/dV behind K/V)."""
-    gate: Dict[int, float] = {}
+def _exchange(hops, clock, cost, busy_until=None, relay_end=None) -> Dict[int, float]:
+    """When each involved rank's wait() on one exchange returns, as distributed/executor.py runs it:
+    every rank posts its receives and the sends of the messages it originates at its ``clock``; a
+    proxy's relay forwards each piece as soon as it has arrived (in stage order, one after the
+    other), independent of the proxy's compute. An op starts when its sender has the rows and its
+    receiver has posted, and takes latency + the busiest link (NVLink port or NIC) of its stage /
+    bandwidth. A rank's wait() returns when its own ops are done (sends of messages it originates,
+    pieces of messages ending at it): a proxy does not wait for the pieces it relays (they end by
+    ``relay_end``, per rank, updated in place when given).
+    ``busy_until``: per rank, when an earlier exchange on the same links ends (dK/dV behind K/V).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> cost = toy_context(nodes=2, gpus=2, nics=2).cost
+    >>> piece = ((0, 0, 0, 3), 0, 100)  # rows [0, 100) of the message 0 -> 3
+    >>> hops = [_hop("dispatch", 0, 1, 10**6, "nvlink", -1, cost, (True, False), piece),  # 0 -> proxy 1
+    ...         _hop("transfer", 1, 3, 10**6, "nic", 1, cost, (False, True), piece)]     # proxy 1 -> 3
+    >>> done = _exchange(hops, np.array([0.0, 5.0, 0.0, 0.0]), cost)  # the proxy posts at t = 5 s
+    >>> bool(done[1] == 5.0 and done[0] > 5.0 and done[3] > done[0])  # the proxy itself waits for nothing
+    True
+    """
+    load: Dict[Tuple, float] = defaultdict(float)
     for h in hops:
-        gate.setdefault(h[1], clock[h[1]])
-        gate.setdefault(h[2], clock[h[2]])
+        load[(h[0],) + h[4][0]] += h[3]
+        load[(h[0],) + h[4][1]] += h[3]
+    own: Dict[int, float] = {}
+    for h in hops:
+        own.setdefault(h[1], clock[h[1]])
+        own.setdefault(h[2], clock[h[2]])
+    arrived: Dict[Tuple, List[Tuple[int, int, float]]] = defaultdict(list)  # (message, rank) -> pieces
+    relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
     for stage in STAGES:
-        sh = [h for h in hops if h[0] == stage]
-        if not sh:
-            continue
-        load: Dict[Tuple, float] = defaultdict(float)
-        for h in sh:
-            load[h[4][0]] += h[3]
-            load[h[4][1]] += h[3]
-        new = dict(gate)
-        for h in sh:
-            t0 = max(gate[h[1]], gate[h[2]])
+        for h in hops:
+            if h[0] != stage:
+                continue
+            _, src, dst, _, keys, link, (src_own, dst_own), piece = h
+            ready = clock[src]
+            if not src_own:  # a relayed piece: when it arrived here, after the relay's previous forward
+                key, a, b = piece
+                ready = max([t for a0, b0, t in arrived[(key, src)] if a0 <= a and b <= b0] + [ready])
+                ready = max(ready, relay_post.get(src, ready))
+                relay_post[src] = ready
+            t0 = max(ready, clock[dst])
             if busy_until is not None:
-                t0 += max(0.0, max(busy_until.get(h[1], 0.0), busy_until.get(h[2], 0.0)) - t0)
-            t = t0 + cost.latency(h[5]) + max(load[h[4][0]], load[h[4][1]]) / cost.bandwidth(h[5])
-            if t > new[h[1]]:
-                new[h[1]] = t
-            if t > new[h[2]]:
-                new[h[2]] = t
-        gate = new
-    return gate
+                t0 = max(t0, busy_until.get(src, 0.0), busy_until.get(dst, 0.0))
+            t = t0 if src == dst else t0 + cost.latency(link) + max(
+                load[(stage,) + keys[0]], load[(stage,) + keys[1]]) / cost.bandwidth(link)
+            if piece is not None:
+                arrived[(piece[0], dst)].append((piece[1], piece[2], t))
+            if src_own and t > own[src]:
+                own[src] = t
+            if dst_own and t > own[dst]:
+                own[dst] = t
+            if relay_end is not None:
+                relay_end[src] = max(relay_end[src], t)
+                relay_end[dst] = max(relay_end[dst], t)
+    return own
 
 
 def _ring_compute(qrings, dmap, cost: CostModel, steps: int, world: int):
@@ -202,6 +234,9 @@ class _Attention:
                 compute(local)
                 pending[0] = False
 
+        def exchange(hops, busy_until=None):
+            return _exchange(hops, clock, cost, busy_until)
+
         def wait(done):
             for r, t in done.items():
                 if t > clock[r]:
@@ -210,8 +245,7 @@ class _Attention:
         for comm, steps, size, cf, cb, ops in self.queues:
             comp = cb if backward else cf
             if comm == "allgather":
-                hops = _op_hops(ops[0], cost)
-                ex = _exchange(hops, clock, cost)
+                ex = exchange(_op_hops(ops[0], cost))
                 if not backward:
                     compute(comp[0])
                 run_local()
@@ -220,16 +254,16 @@ class _Attention:
                     compute(comp[1:].sum(axis=0))
                 else:
                     compute(comp.sum(axis=0))
-                    wait(_exchange(_op_hops(ops[0], cost, reverse=True), clock, cost))
+                    wait(exchange(_op_hops(ops[0], cost, reverse=True)))
                 continue
             for s in range(steps if backward else steps):
                 kv = [o for o in ops[s] if s < size[o.ring] - 1]
-                ex_kv = _exchange(_op_hops(kv, cost), clock, cost) if kv else {}
+                ex_kv = exchange(_op_hops(kv, cost)) if kv else {}
                 compute(comp[s])
                 run_local()
                 ex_d = {}
                 if backward and ops[s]:  # this step's dK/dV, posted after the compute
-                    ex_d = _exchange(_op_hops(ops[s], cost), clock, cost, busy_until=ex_kv)
+                    ex_d = exchange(_op_hops(ops[s], cost), busy_until=ex_kv)
                 wait(ex_kv)
                 wait(ex_d)
         run_local()

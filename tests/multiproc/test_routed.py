@@ -20,6 +20,7 @@ from megatron_zeppelin.planner.checks import check_plan
 from megatron_zeppelin.planner.context import Placement
 from megatron_zeppelin.planner.routing import nic_bytes
 from megatron_zeppelin.planner.testing import toy_context
+from megatron_zeppelin.planner.types import CommOp
 from megatron_zeppelin.topology import Topology
 
 
@@ -144,3 +145,121 @@ def test_routed_equals_direct_2x2():
                          ids=["2x4_2nics_cluster_a_wiring", "4x2", "2x4"])
 def test_routed_equals_direct(topo):
     check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=300))
+
+
+# --- relays progress without the proxies' compute (issue 4) -------------------------------------
+
+def _one_routed_message(topo: Topology):
+    """One message 0 -> first rank of the last node, routed: proxies are pure relays (neither end)."""
+    from megatron_zeppelin.planner.routing import route_schedule
+    ctx = toy_context(topo.nodes, topo.gpus_per_node, topo.nics_per_node,
+                      config=ZeppelinConfig(gpus_per_node=topo.gpus_per_node, min_route_bytes=1))
+    dst = (topo.nodes - 1) * topo.gpus_per_node
+    rows = 64
+    op = CommOp("inter", 0, 0, 0, 0, dst, 0, dst, 0, rows, rows * 16, "nic", topo.nic_of(0), "direct")
+    ops = route_schedule([op], topo, ctx.cost, ctx.config)
+    proxies = sorted({r for o in ops for r in (o.src, o.dst)} - {0, dst})
+    return ops, dst, rows, proxies
+
+
+def _proxy_blocked_body(rank, world, topo):
+    """Each proxy 'computes' until the destination holds the message (a barrier the ends enter only
+    after wait()): completes only if relays progress during the proxies' compute; a relay run inside
+    wait() deadlocks here (the group's timeout turns that into an error, never a hang)."""
+    ops, dst, rows, proxies = _one_routed_message(topo)
+    side = dist.new_group(list(range(world)), timeout=__import__("datetime").timedelta(seconds=60))
+    pay = {(0, 0): message_data("blocked", rows, 2)} if rank == 0 else {}
+    ex = StepExchange(ops, rank, dist.group.WORLD, pay, 2, dtype=torch.float64).start()
+    got = None
+    if rank in proxies:
+        dist.barrier(group=side)  # the "compute" that only ends after the destination got its rows
+        ex.wait()
+    else:
+        got = ex.wait().get((0, 0, 0))
+        dist.barrier(group=side)
+    return proxies, (got.numpy() if got is not None else None)
+
+
+def test_proxies_relay_while_computing():
+    topo = Topology(2, 2)
+    ops, dst, rows, proxies = _one_routed_message(topo)
+    assert proxies and any(o.stage == "transfer" for o in ops)
+    res = run_distributed(_proxy_blocked_body, topo.world_size, topo, timeout=90)
+    assert torch.equal(torch.from_numpy(res[dst][1]), message_data("blocked", rows, 2))
+
+
+def _concurrent_body(rank, world, topo, rounds):
+    """Every (queue, step) exchange of the routed plan in flight at once (distinct tags), waited in
+    reverse order, and the same again from two threads at once (disjoint tag ranges); repeated."""
+    import threading
+    _, routed = plans(topo)
+    width = routed.kv_bytes_per_token // 8
+    steps = sorted({(o.queue, o.step) for o in routed.schedule})
+    counters = CommCounters()
+
+    def exchanges(tag0):
+        out = []
+        for i, (queue, step) in enumerate(steps):
+            ops = routed.ops(queue, step)
+            rows = defaultdict(int)
+            for o in ops:
+                rows[(o.ring, o.block, o.msg_src, o.msg_dst)] = max(rows[(o.ring, o.block, o.msg_src, o.msg_dst)], o.stop)
+            pay = {(r, b, md): message_data((queue, step, r, b, ms, md), n, width)
+                   for (r, b, ms, md), n in rows.items() if ms == rank}
+            out.append(((queue, step), StepExchange(ops, rank, dist.group.WORLD, pay, width, dtype=torch.float64,
+                                                    counters=counters, tag=tag0 + i).start()))
+        return {(qs, r, b, ms): t for qs, ex in reversed(out) for (r, b, ms), t in ex.wait().items()}
+
+    results, errors = [], []
+
+    def worker(tag0):
+        try:
+            results.append(exchanges(tag0))
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    for _ in range(rounds):
+        results.append(exchanges(0))
+        th = [threading.Thread(target=worker, args=(t,)) for t in (100, 200)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(120)
+        assert not errors, errors
+    first = results[0]
+    for r in results[1:]:
+        assert r.keys() == first.keys() and all(torch.equal(r[k], first[k]) for k in first)
+    return {k: t.numpy() for k, t in first.items()}, counters.as_dict()["bytes_by_link"], len(results)
+
+
+def _check_concurrent(topo, res, rounds):
+    _, routed = plans(topo)
+    width = routed.kv_bytes_per_token // 8
+    want = defaultdict(int)
+    for o in routed.schedule:
+        want[((o.queue, o.step), o.ring, o.block, o.msg_src, o.msg_dst)] = max(
+            want[((o.queue, o.step), o.ring, o.block, o.msg_src, o.msg_dst)], o.stop)
+    got = {}
+    for rank, (g, _, n) in enumerate(res):
+        assert n == 3 * rounds
+        for k, t in g.items():
+            got[(k, rank)] = t
+    assert len(got) == len(want)
+    for (qs, r, b, ms, md), rows in want.items():
+        t = torch.from_numpy(got[((qs, r, b, ms), md)])
+        assert torch.equal(t, message_data((qs[0], qs[1], r, b, ms, md), rows, width))
+    # counters from several threads add up exactly: 3 * rounds runs of the whole schedule
+    sent = sum(sum(bl.values()) for _, bl, _ in res)
+    per_row = routed.kv_bytes_per_token
+    assert sent == 3 * rounds * sum((o.stop - o.start) * per_row for o in routed.schedule if o.src != o.dst)
+
+
+def test_concurrent_routed_exchanges_world4():
+    topo = Topology(2, 2)
+    _check_concurrent(topo, run_distributed(_concurrent_body, topo.world_size, topo, 3, timeout=180), 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("topo", [Topology(2, 4), Topology(4, 2), Topology(2, 4, 2)], ids=["2x4", "4x2", "2x4_2nics"])
+def test_concurrent_routed_exchanges_world8(topo):
+    _check_concurrent(topo, run_distributed(_concurrent_body, topo.world_size, topo, 5, timeout=300), 5)

@@ -160,7 +160,8 @@ def toy_inter_placement(lengths, ring_ranks, topo):
 def test_assembled_plan_with_routing_passes_checks_and_predicts_faster(ring):
     cfg = ZeppelinConfig(gpus_per_node=4, min_route_bytes=1)
     ctx = toy_context(nodes=2, gpus=4, nics=4, config=cfg)
-    lengths = [4000, 1000]
+    # Messages well above the toy profile's break-even (~150 KB): below it routing rightly loses.
+    lengths = [16000, 4000]
     routed = assemble("test", lengths, ctx, toy_inter_placement(lengths, ring, ctx.topology))
     check_plan(routed)
     direct_plan = assemble("test", lengths, ctx, Placement(**{**toy_inter_placement(lengths, ring, ctx.topology)
