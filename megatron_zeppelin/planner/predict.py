@@ -11,10 +11,12 @@ stage by stage; an op starts when both its ends have posted it, so a rank waits 
 partners, the proxies of its routed messages and its remap partners: that waiting is charged as
 exposed communication (or remap time), as the runtime pays it. Message time: latency + the busiest
 link (NVLink port or NIC) of the op's stage / bandwidth. Zigzag forward: step s's K/V exchange is
-posted before the compute of step s (overlapped). Zigzag backward: the K/V exchange is posted before
-the compute, the dK/dV exchange of the block just computed after it (exposed; it shares the links
-with what is left of the K/V exchange); step G-1 brings dK/dV home. All-gather: gather, compute the
-own block meanwhile (forward), the rest after; backward: gather, compute, reduce-scatter dK/dV.
+posted before the compute of step s (overlapped). Zigzag backward (ring-flash-attention order,
+as the engine runs it): step s's K/V and step s-1's dK/dV fly together (sharing the links) during
+step s's compute; the last dK/dV goes home during the next queue's first compute (or is exposed).
+All-gather: gather, compute the own block meanwhile (forward), the rest after; backward: gather,
+compute the other blocks, reduce-scatter their dK/dV during the own block and the next queue's
+first compute.
 Every layer starts with all ranks together (the simulator's ``scale`` mode).
 """
 
@@ -101,7 +103,7 @@ def _op_hops(ops, cost, reverse=False):
             for o in ops]
 
 
-def _exchange(hops, clock, cost, busy_until=None, relay_end=None) -> Dict[int, float]:
+def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=()) -> Dict[int, float]:
     """When each involved rank's wait() on one exchange returns, as distributed/executor.py runs it:
     every rank posts its receives and the sends of the messages it originates at its ``clock``; a
     proxy's relay forwards each piece as soon as it has arrived (in stage order, one after the
@@ -110,7 +112,8 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None) -> Dict[int, f
     bandwidth. A rank's wait() returns when its own ops are done (sends of messages it originates,
     pieces of messages ending at it): a proxy does not wait for the pieces it relays (they end by
     ``relay_end``, per rank, updated in place when given).
-    ``busy_until``: per rank, when an earlier exchange on the same links ends (dK/dV behind K/V).
+    ``busy_until``: per rank, when an earlier exchange on the same links ends.
+    ``also``: hops of another exchange in flight meanwhile: they load the links, are not timed.
 
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> cost = toy_context(nodes=2, gpus=2, nics=2).cost
@@ -122,7 +125,7 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None) -> Dict[int, f
     True
     """
     load: Dict[Tuple, float] = defaultdict(float)
-    for h in hops:
+    for h in list(hops) + list(also):
         load[(h[0],) + h[4][0]] += h[3]
         load[(h[0],) + h[4][1]] += h[3]
     own: Dict[int, float] = {}
@@ -220,53 +223,67 @@ class _Attention:
             np.add.at(self.local_b, own, tot - f + p.attn_call_bwd_us * 1e-6)
 
     def run(self, clock: np.ndarray, backward: bool, busy: np.ndarray) -> None:
-        """Advance ``clock`` through the layer's attention; add compute seconds to ``busy``."""
+        """Advance ``clock`` through the layer's attention; add compute seconds to ``busy``.
+
+        Backward zigzag ring (the engine's ring-flash-attention order): step s's K/V is posted
+        before step s's compute and loads the links with step s-1's dK/dV, still in flight; after
+        the compute the rank waits for that dK/dV and sends step s's on (it loads the links with
+        step s+1's K/V). Compute-bound, per member: max(c_0, T) + sum_{s=1}^{G-2} max(c_s, 2T) +
+        max(c_{G-1}, T), then step G-1's dK/dV (T), waited at the next queue's overlap point (after
+        its first compute) or at the end (tests/unit/test_predict_backward.py checks this rule).
+        """
         cost = self.cost
         local = self.local_b if backward else self.local_f
-        pending = [True]
+        pending = [True]  # True: the local documents; {rank: end}: the previous queue's last dK/dV
 
         def compute(t):
             clock[:] += t
             busy[:] += t
 
-        def run_local():
-            if pending[0]:
-                compute(local)
-                pending[0] = False
-
-        def exchange(hops, busy_until=None):
-            return _exchange(hops, clock, cost, busy_until)
+        def exchange(hops, also=()):
+            return _exchange(hops, clock, cost, also=also) if hops else {}
 
         def wait(done):
             for r, t in done.items():
                 if t > clock[r]:
                     clock[r] = t
 
+        def overlap_point():  # the engine's: right after the first compute of each queue
+            p = pending[0]
+            if isinstance(p, dict):
+                wait(p)
+            elif p:
+                compute(local)
+            pending[0] = None
+
         for comm, steps, size, cf, cb, ops in self.queues:
             comp = cb if backward else cf
             if comm == "allgather":
-                ex = exchange(_op_hops(ops[0], cost))
+                ex = exchange(_op_hops(ops[0], cost))  # gather K/V (again in the backward)
                 if not backward:
-                    compute(comp[0])
-                run_local()
+                    compute(comp[0])  # own block while the gather flies
+                overlap_point()
                 wait(ex)
-                if not backward:
-                    compute(comp[1:].sum(axis=0))
-                else:
-                    compute(comp.sum(axis=0))
-                    wait(exchange(_op_hops(ops[0], cost, reverse=True)))
+                compute(comp[1:].sum(axis=0))  # the other members' blocks
+                if backward:  # their partial dK/dV home while the own block computes; waited later
+                    pending[0] = exchange(_op_hops(ops[0], cost, reverse=True))
+                    compute(comp[0])
                 continue
-            for s in range(steps if backward else steps):
-                kv = [o for o in ops[s] if s < size[o.ring] - 1]
-                ex_kv = exchange(_op_hops(kv, cost)) if kv else {}
+            kv = [_op_hops([o for o in ops[s] if s < size[o.ring] - 1], cost) for s in range(steps)] + [[]]
+            dkv = [_op_hops(o, cost) for o in ops] if backward else []
+            ex_d = {}  # backward: the dK/dV exchange of the previous step, in flight
+            for s in range(steps):
+                # step s's K/V, posted before the compute (overlapped), shares the links with ex_d
+                ex = exchange(kv[s], also=dkv[s - 1] if backward and s else ())
                 compute(comp[s])
-                run_local()
-                ex_d = {}
-                if backward and ops[s]:  # this step's dK/dV, posted after the compute
-                    ex_d = exchange(_op_hops(ops[s], cost), busy_until=ex_kv)
-                wait(ex_kv)
-                wait(ex_d)
-        run_local()
+                overlap_point()
+                if backward:  # add to the dK/dV received, send it on (flies with step s+1's K/V)
+                    wait(ex_d)
+                    ex_d = exchange(dkv[s], also=kv[s + 1])
+                wait(ex)
+            if backward:
+                pending[0] = ex_d  # the last dK/dV comes home, waited at the next overlap point
+        overlap_point()
 
 
 class RingParts(tuple):

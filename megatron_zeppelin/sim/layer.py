@@ -120,7 +120,8 @@ class LayerBuilder:
 
     # --- attention ---------------------------------------------------------------------------
     def _hops(self, ops, scale: float) -> List[Hop]:
-        return [Hop(o.stage, o.src, o.dst, o.nbytes * scale, o.link, o.nic, f"ring_{o.queue}") for o in ops]
+        return [Hop(o.stage, o.src, o.dst, o.nbytes * scale, o.link, o.nic, f"ring_{o.queue}",
+                    o.msg_src, o.msg_dst, o.start, o.stop, (o.ring, o.block)) for o in ops]
 
     def _step_costs(self, ring):
         if ring.id not in self._ring_cache:

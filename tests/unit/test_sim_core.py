@@ -66,9 +66,10 @@ def test_routed_message_vs_direct():
     e = run_step(direct, links, topo, [Hop("direct", 0, 4, n, "nic", topo.nic_of(0), "x")], {}, LAT)
     t_direct = direct.run(links.capacity).end[e[4]]
     assert t_direct == pytest.approx(n / NIC)
-    hops = [Hop("dispatch", 0, p, n / 4, "nvlink", -1, "x") for p in (1, 2, 3)]
-    hops += [Hop("transfer", p, 4 + p, n / 4, "nic", topo.nic_of(p), "x") for p in range(4)]
-    hops += [Hop("combine", 4 + p, 4, n / 4, "nvlink", -1, "x") for p in (1, 2, 3)]
+    piece = lambda p: (0, 4, p, p + 1)  # noqa: E731 -- message 0 -> 4, row p
+    hops = [Hop("dispatch", 0, p, n / 4, "nvlink", -1, "x", *piece(p)) for p in (1, 2, 3)]
+    hops += [Hop("transfer", p, 4 + p, n / 4, "nic", topo.nic_of(p), "x", *piece(p)) for p in range(4)]
+    hops += [Hop("combine", 4 + p, 4, n / 4, "nvlink", -1, "x", *piece(p)) for p in (1, 2, 3)]
     routed = TaskGraph()
     e = run_step(routed, links, topo, hops, {}, LAT)
     t_routed = routed.run(links.capacity).end[e[4]]
