@@ -201,12 +201,14 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
         if (rate_kind, inter) not in placed:
-            pl0 = _plan_variant(lengths, ctx, rate_kind, inter, "off")
-            key = (tuple((d.cls, d.ring, d.owner) for d in pl0.docs), tuple(r.ranks for r in pl0.rings))
+            chosen = _choose(lengths, ctx, rate_kind, inter)
+            key = (tuple(sorted(chosen[1].items())), tuple(sorted(chosen[2].items())))
             if key in seen:  # the same placement as an earlier variant (no document near a threshold)
                 placed[(rate_kind, inter)] = None
             else:
                 seen[key] = (rate_kind, inter)
+                pl0 = _placement(lengths, ctx, *chosen)
+                pl0.remap = False
                 placed[(rate_kind, inter)] = (pl0, prepare(ctx, pl0))
         if placed[(rate_kind, inter)] is None:
             continue
@@ -222,6 +224,14 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str) -> Placement:
+    pl = _placement(lengths, ctx, *_choose(lengths, ctx, rate_kind, inter))
+    pl.remap = remap != "off"
+    pl.balance_linear = remap == "time"
+    return pl
+
+
+def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str):
+    """The greedy's best pass: (order, ring_of, owner, thresholds, meta), the arguments of _placement."""
     cost = ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
     order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
@@ -239,10 +249,7 @@ def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: 
             break
     est, f, ring_of, owner = best
     meta = {"budget_s": f"{budget:.6g}", "target": f"{f:g}", "estimate_s": f"{est:.6g}"}
-    pl = _placement(lengths, ctx, order, ring_of, owner, th, meta)
-    pl.remap = remap != "off"
-    pl.balance_linear = remap == "time"
-    return pl
+    return order, ring_of, owner, th, meta
 
 
 def _estimate(ranks: _Ranks, g: int) -> float:
