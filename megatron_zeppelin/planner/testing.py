@@ -21,3 +21,16 @@ def toy_context(nodes: int = 1, gpus: int = 4, nics: int = 0, config: ZeppelinCo
     topo = Topology(nodes, gpus, nics)
     cfg = config or ZeppelinConfig(gpus_per_node=gpus)
     return PlanContext(topo, TOY_MODEL, TOY_PROFILE, cfg, CostModel(TOY_MODEL, TOY_PROFILE, topo), capacity)
+
+
+def rank_signature(plan):
+    """Per rank: multiset of (class, ring ranks, length) of what it holds (order-free), to compare plans
+    of the same batch given in different orders."""
+    from collections import Counter
+    out = []
+    for r in range(plan.world_size):
+        items = [("local", (), d.length) for d in plan.local_docs(r)]
+        for ring in plan.rings_of(r):
+            items += [(ring.cls, ring.ranks, plan.docs[d].length) for d in ring.docs]
+        out.append(Counter(items))
+    return out

@@ -22,15 +22,7 @@ from megatron_zeppelin.profile import load_profile
 from megatron_zeppelin.topology import Topology
 
 
-def rank_signature(plan: Plan):
-    """Per rank: multiset of (class, ring ranks, length) of what it holds (order-free)."""
-    out = []
-    for r in range(plan.world_size):
-        items = [("local", (), d.length) for d in plan.local_docs(r)]
-        for ring in plan.rings_of(r):
-            items += [(ring.cls, ring.ranks, plan.docs[d].length) for d in ring.docs]
-        out.append(Counter(items))
-    return out
+from megatron_zeppelin.planner.testing import rank_signature  # noqa: E402
 
 
 def test_thresholds_follow_the_crossovers_not_constants():
