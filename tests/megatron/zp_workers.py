@@ -67,7 +67,7 @@ def gather_full(named, tp_group, tp: int, grads: bool = False):
                 t = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
             else:
                 t = torch.cat(parts, dim=dim)
-        out[name.replace("module.", "", 1) if name.startswith("module.") else name] = t.numpy()
+        out[name.replace("module.", "", 1) if name.startswith("module.") else name] = t.cpu().numpy()
     return out
 
 
@@ -97,19 +97,19 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
     factory = local_engine_factory if engine == "local" else default_engine_factory
     out = {}
     for strategy in strategies:
-        model = build_model(m, tp=tp)
+        model = build_model(m, tp=tp, device=rt.device)
         load_full(model, init_state, rt.tp_rank, tp)
         ddp = wrap_ddp(model)
         opt = make_optimizer([p for p in ddp.parameters()], lr=LR)
         # Small capacity forces zeppelin to split the long documents (intra and inter rings);
         # static_cp runs every document over fixed CP groups of 2.
         cfg = ZeppelinConfig(strategy=strategy, gpus_per_node=gpus_per_node, tp=tp,
-                             capacity_tokens=CAPACITY[rt.domain_size] if strategy == "zeppelin" else 0, cp_size=2)
+                             capacity_tokens=CAPACITY.get(rt.domain_size, 0) if strategy == "zeppelin" else 0, cp_size=2)
         losses, grads, classes = [], [], {}
         for s in range(steps):
             docs = step_docs(s, m.vocab)
             plan = plan_batch([d.numel() - 1 for d in docs], topo, profile, m, cfg)
-            batch = build_rank_batch(docs, plan, rt.domain_rank, rt.domain_group,
+            batch = build_rank_batch(docs, plan, rt.domain_rank, rt.domain_group, device=rt.device,
                                      softmax_scale=m.head_dim ** -0.5, engine_factory=factory)
             r = train_step(ddp, opt, batch, domain_group=rt.domain_group, tp_group=rt.tp_group,
                            tp_rank=rt.tp_rank, clip_grad=1.0)
