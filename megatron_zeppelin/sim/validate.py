@@ -17,7 +17,7 @@ from typing import List, Sequence
 from ..config import STRATEGIES, ZeppelinConfig
 from ..profile import HardwareProfile
 from ..topology import Topology
-from .calibrate_cpu import CPU_MODEL
+from ..calibrate.concurrent import CPU_MODEL
 from .iteration import simulate_attention
 
 
@@ -41,7 +41,7 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
 
     from ..attention.engine import AttentionEngine
     from ..planner import plan_batch
-    from .calibrate_cpu import measure, profile_from
+    from ..calibrate.concurrent import measure, profile_from
     mine = measure(rank, world, calib_repeat)
     every = [None] * world
     dist.all_gather_object(every, mine)

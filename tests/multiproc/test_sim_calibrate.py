@@ -2,7 +2,7 @@
 are measured, never asserted)."""
 
 from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.sim.calibrate_cpu import SEQLENS, calibrate
+from megatron_zeppelin.calibrate.concurrent import SEQLENS, calibrate
 from megatron_zeppelin.sim.validate import validate
 
 

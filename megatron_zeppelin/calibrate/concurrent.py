@@ -1,5 +1,6 @@
-"""Calibrate a HardwareProfile on this CPU with gloo, as the simulator's validation needs it: attention rate by length, GEMM rate, and the
-point-to-point bandwidth and latency between ranks.
+"""Calibrate a HardwareProfile on this CPU with gloo, every rank measuring at once, as the
+simulator's validation needs it (``zeppelin calibrate`` measures one process, on any device):
+attention rate by length, GEMM rate, and the point-to-point bandwidth and latency between ranks.
 
 Every measurement runs on all ``world`` ranks at once (spawned, one thread each), so the profile
 carries the contention of that many ranks sharing the machine's cores and memory: a profile is
@@ -18,11 +19,11 @@ sizes are reported, not fitted: least squares let one noisy point swing the late
 
 from __future__ import annotations
 
-import time
 from typing import Dict, Sequence, Tuple
 
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
+from .timing import best_seconds
 
 # The model the CPU validation runs (float32, head_dim 32, GQA 8/4).
 CPU_MODEL = ModelSpec(name="cpu-validation", layers=1, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=256,
@@ -42,13 +43,7 @@ def fit_link(nbytes: Sequence[float], seconds: Sequence[float]) -> Tuple[float, 
 
 
 def _time(fn, repeat: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
+    return best_seconds(fn, "cpu", repeat)  # fastest of repeats after a warm-up, as calibrate.timing
 
 
 def measure(rank: int, world: int, repeat: int) -> Dict:
