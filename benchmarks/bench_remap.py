@@ -96,6 +96,11 @@ def traffic(prof, model, seeds, tokens_per_rank, strategy):
             naive = transfer_matrix(att_counts, _largest_first_targets(att_counts), topo)
             naive_cost = sum(n * (costs[0] if topo.same_node(s, d) else costs[1]) for (s, d), n in naive.items())
             naive_cross = sum(n for (s, d), n in naive.items() if not topo.same_node(s, d))
+            # What the layer moves when on: the token-balanced remap of this plan's attention layout
+            # (the chosen Zeppelin variant may leave the remap off: then the plan itself moves nothing).
+            _, bal = plan_remap(plan.attention_layout, topo, cost=_cost(prof, model, topo))
+            bal_moved = sum(m.tokens for m in bal)
+            bal_cross = sum(m.tokens for m in bal if not topo.same_node(m.src, m.dst))
             it = plan.predicted_iteration_s
             remap_share = max(c.remap_s for c in plan.cost) / it if it > 0 else 0.0
             row = {"dataset": ds, "seed": seed, "docs": int(len(lengths)), "total_tokens": total,
@@ -105,12 +110,15 @@ def traffic(prof, model, seeds, tokens_per_rank, strategy):
                    "linear_tokens_max_minus_min": max(lin_counts) - min(lin_counts),
                    "moves": len(plan.remap), "max_remap_s_over_iteration": remap_share,
                    "cost": remap_cost(plan.remap, topo, costs), "largest_first_cost": naive_cost,
-                   "largest_first_cross_node_tokens": naive_cross}
+                   "largest_first_cross_node_tokens": naive_cross, "variant": dict(plan.meta).get("variant"),
+                   "balanced_moved_fraction": bal_moved / total, "balanced_cross_node_fraction": bal_cross / total}
             rows.append(row)
             print(f"{ds:10s} seed {seed}: moved {row['moved_fraction']:.4f} of {total} tokens "
                   f"(cross-node {row['cross_node_fraction']:.4f}; largest-first would cross "
                   f"{naive_cross / total:.4f}), {len(plan.remap)} moves, remap/iteration "
-                  f"{remap_share:.4f}, attention max/mean {row['attention_tokens_max_over_mean']:.2f}")
+                  f"{remap_share:.4f}, attention max/mean {row['attention_tokens_max_over_mean']:.2f}; "
+                  f"variant {row['variant']}; token-balanced remap would move {bal_moved / total:.4f} "
+                  f"(cross-node {bal_cross / total:.4f})")
     return rows
 
 
@@ -139,7 +147,9 @@ def main(argv=None) -> int:
         rs = [r for r in out["traffic_4x8"] if r["dataset"] == ds]
         out.setdefault("summary", {})[ds] = {
             "moved_fraction_mean": float(np.mean([r["moved_fraction"] for r in rs])),
-            "cross_node_fraction_mean": float(np.mean([r["cross_node_fraction"] for r in rs]))}
+            "cross_node_fraction_mean": float(np.mean([r["cross_node_fraction"] for r in rs])),
+            "balanced_moved_fraction_mean": float(np.mean([r["balanced_moved_fraction"] for r in rs])),
+            "balanced_cross_node_fraction_mean": float(np.mean([r["balanced_cross_node_fraction"] for r in rs]))}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
