@@ -17,13 +17,12 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from .config import ZeppelinConfig
-from .dp.memory import MemoryPrediction, plan_capacity_tokens, predict_memory
+from .dp.memory import HEADROOM, MemoryPrediction, plan_capacity_tokens, predict_memory
 from .errors import ZeppelinError
 from .model_spec import ModelSpec
 from .profile import HardwareProfile
 from .topology import Topology
 
-HEADROOM = 0.90  # fraction of GPU memory the prediction may use (allocator, workspaces, NCCL buffers)
 RECOMPUTE_COST = 4 / 3  # full activation recompute: one extra forward per fwd+bwd (~3 forwards)
 NEAR = 1.03  # candidates within 3% of the fastest count as equally fast
 STRATEGY_ORDER = ("packed_dp", "zeppelin", "hybrid_dp", "static_cp", "dynamic_cp", "allgather_cp")

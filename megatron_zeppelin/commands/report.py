@@ -59,8 +59,29 @@ def _gantts(figdir: str, rel: str) -> dict:
     return out
 
 
+REGIMES = (("memory-bound batches (studies memory*: every GPU holds what its memory allows)",
+            lambda st: st.startswith("memory")),
+           ("one context per GPU (studies main, context, scaling: 64K tokens on every GPU)",
+            lambda st: not st.startswith("memory")))
+
+
+def _doc(matrix: str, records) -> dict:
+    """The report's results document: the runs, the overall summary (every study but the ablations,
+    whose baselines are not at their best setting), one summary per regime, and per study."""
+    from ..sim.matrix import summarize, summarize_by_study
+    best = [r for r in records if not r["study"].startswith("ablation")]
+    overall = summarize(best)
+    regimes = {}
+    for title, member in REGIMES:
+        part = [r for r in best if member(r["study"])]
+        if part:
+            regimes[title] = summarize(part)
+    return {"matrix": matrix, "summary": overall["summary"], "lower_bound": overall.get("lower_bound", {}),
+            "regimes": regimes, "studies": summarize_by_study(records), "runs": records}
+
+
 def run(args) -> int:
-    from ..sim.matrix import load_matrix, run_matrix, summarize, summarize_by_study
+    from ..sim.matrix import load_matrix, run_matrix
     from ..sim.plots import scaling_lines, speedup_bars
     from ..sim.report import render
 
@@ -78,16 +99,12 @@ def run(args) -> int:
                 raise ZeppelinError(f"cannot read --results {path}: {e}") from None
             records += part["runs"]
             commands.append(part.get("command") or f"zeppelin bench --matrix {part.get('matrix', args.matrix)} --json {path}")
-        overall = summarize([r for r in records if not r["study"].startswith("ablation")])
-        doc = {"matrix": args.matrix, "summary": overall["summary"], "lower_bound": overall.get("lower_bound", {}),
-               "studies": summarize_by_study(records), "runs": records}
+        doc = _doc(args.matrix, records)
         commands.append(me)
     else:
         items, _ = load_matrix(args.matrix)
         records = run_matrix(items, None, progress=not args.no_progress and sys.stderr.isatty())
-        overall = summarize([r for r in records if not r["study"].startswith("ablation")])
-        doc = {"matrix": args.matrix, "summary": overall["summary"], "lower_bound": overall.get("lower_bound", {}),
-               "studies": summarize_by_study(records), "runs": records}
+        doc = _doc(args.matrix, records)
         commands = [me]
     os.makedirs(args.figures, exist_ok=True)
     out_dir = os.path.dirname(os.path.abspath(args.out))
@@ -96,9 +113,9 @@ def run(args) -> int:
     for study in sorted({r["study"] for r in doc["runs"]}):
         speedup_bars(doc["runs"], os.path.join(args.figures, f"speedup_{study}.png"), study)
         figs[f"speedup bars: {study}"] = f"{rel}/speedup_{study}.png"
-        if study == "scaling":
-            scaling_lines(doc["runs"], os.path.join(args.figures, "scaling.png"), study)
-            figs["scaling lines: scaling"] = f"{rel}/scaling.png"
+        if "scaling" in study:
+            scaling_lines(doc["runs"], os.path.join(args.figures, f"{study}.png"), study)
+            figs[f"scaling lines: {study}"] = f"{rel}/{study}.png"
     figs.update(_gantts(args.figures, rel))
     validation = None
     if args.validation:
@@ -127,4 +144,13 @@ exchange); QKV/output projections on the attention layout, MLP on the linear lay
 all-to-alls around the MLP; TP all-reduces for 13B/30B; the vocab head; and Megatron DDP's gradient
 all-reduce after the backward (not overlapped: Megatron's default). One layer is simulated with all
 ranks starting together and multiplied by the layer count. Hardware figures: configs/clusters/*.yaml
-(their `assumed` fields are assumptions, not published numbers); workloads: configs/datasets/*.yaml."""
+(their `assumed` fields are assumptions, not published numbers); workloads: configs/datasets/*.yaml.
+
+Two batch regimes (configs/runs/paper.yaml). *Memory-bound* (studies `memory*`): each GPU holds
+what its memory allows for the model (dp/memory.py: weights, gradients, ZeRO-1 optimizer states and
+activations, no activation recompute, 90% of memory_GB) and the batch fills 0.8 of that; every
+strategy must fit that capacity on every rank, so long documents must be split over many GPUs and a
+plan over the capacity counts as out of memory. *One context per GPU* (`main`, `context`,
+`scaling`): 64K tokens on every GPU, compute-bound, more than 80 GB holds for 7B and up without
+recompute. The lower bound: every document's attention whole, all linear work and (with TP) the TP
+all-reduces' bandwidth, perfectly balanced, all other communication hidden."""

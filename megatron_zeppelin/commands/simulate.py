@@ -17,6 +17,15 @@ def _tokens(x):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _tokens_or_memory(x):
+    if str(x).strip().lower() == "memory":
+        return "memory"
+    try:
+        return parse_tokens(x)
+    except ZeppelinError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_parser(subparsers):
     from ..sim.runs import VARIANTS
     p = subparsers.add_parser(
@@ -28,7 +37,10 @@ def add_parser(subparsers):
     p.add_argument("--model", default="llama-7b", help="model preset (llama-3b/7b/13b/30b, tiny) or YAML")
     p.add_argument("--nodes", type=int, default=1, help="nodes in the domain (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: the domain is one TP slice")
-    p.add_argument("--global-batch-tokens", type=_tokens, default=parse_tokens("1M"),
+    p.add_argument("--capacity-tokens", "--zeppelin-capacity-tokens", type=_tokens_or_memory, default=0,
+                   help="per-rank token capacity every strategy must fit: a count, or 'memory' (what one GPU "
+                        "holds: ZeRO-1, no recompute, 90%% of the profile's memory_GB); 0 = the planner's default")
+    p.add_argument("--global-batch-tokens", type=_tokens_or_memory, default=parse_tokens("1M"),
                    help="tokens in the global batch (1M, 512K, ...)")
     p.add_argument("--context-length", type=_tokens, default=parse_tokens("64K"),
                    help="longer documents are cut into pieces of this length (default 64K)")
@@ -60,10 +72,17 @@ def run(args) -> int:
 
     profile, model = load_profile(args.cluster), load_model(args.model)
     topo = domain_topology(profile, args.nodes, args.tp)
+    cap, tokens = args.capacity_tokens, args.global_batch_tokens
+    if "memory" in (cap, tokens):
+        from ..sim.matrix import memory_tokens
+        per_gpu, mem_cap = memory_tokens(args.cluster, args.model, args.tp, args.nodes)
+        cap = mem_cap if cap == "memory" else cap
+        tokens = per_gpu * topo.world_size if tokens == "memory" else tokens
+        print(f"memory: {mem_cap} tokens fit one rank; batch {tokens} tokens, capacity {cap or 'default'}")
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=args.cluster, routing=args.routing,
-                            remap=args.remap, cp_size=args.cp_size, tp=args.tp)
-    lengths = sample_batch(args.dataset, args.global_batch_tokens, args.seed, max_len=args.context_length or None)
+                            remap=args.remap, cp_size=args.cp_size, tp=args.tp, capacity_tokens=cap)
+    lengths = sample_batch(args.dataset, tokens, args.seed, max_len=args.context_length or None)
     plan = make_plan(args.strategy, [int(x) for x in lengths], topo, profile, model, config)
     opts = SimOptions(layers=args.sim_layers, overlap_grad_reduce=args.overlap_grad_reduce,
                       remap_point=args.remap_point)

@@ -35,6 +35,9 @@ class MemoryModelError(ZeppelinError):
     pass
 
 
+HEADROOM = 0.90  # fraction of GPU memory the prediction may use (allocator, workspaces, NCCL buffers)
+
+
 def activation_bytes_per_token(m: ModelSpec, tp: int = 1, recompute: bool = False) -> int:
     """With ``recompute`` (Megatron full activation recompute) only each layer's input is kept,
     plus one layer's saved tensors while that layer is recomputed."""
@@ -90,3 +93,20 @@ def plan_capacity_tokens(plan) -> int:
     att = max(plan.tokens(r) for r in range(world))
     lin = max(sum(s.stop - s.start for s in plan.linear_layout[r]) for r in range(world))
     return int(max(att, lin))
+
+
+def capacity_tokens(m: ModelSpec, gpu_memory_bytes: float, dp: int = 1, tp: int = 1, zero_stage: int = 1,
+                    recompute: bool = False, headroom: float = HEADROOM) -> int:
+    """The most tokens one rank can hold at once: what ``headroom`` of the GPU's memory leaves for
+    activations after weights, gradients and optimizer states (Megatron's distributed optimizer is
+    ZeRO-1). 0 when even the states do not fit.
+
+    >>> from megatron_zeppelin.model_spec import ModelSpec
+    >>> tiny = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, dtype_bytes=4)
+    >>> states = predict_memory(tiny, tokens=0).total
+    >>> capacity_tokens(tiny, (states + 13088 * 1000) / 0.9)   # room for 1000 tokens of 13088 bytes
+    1000
+    """
+    states = predict_memory(m, 0, dp=dp, tp=tp, zero_stage=zero_stage, recompute=recompute).total
+    room = headroom * gpu_memory_bytes - states
+    return max(0, int(room // activation_bytes_per_token(m, tp, recompute)))

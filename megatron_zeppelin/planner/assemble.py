@@ -18,6 +18,7 @@ from .context import Placement, PlanContext
 from .layout import attention_layout
 from .predict import lower_bound, predict, ring_costs
 from .remap import plan_remap
+from .types import PlanError
 from .schedule import ring_ops
 from .types import CLASSES, Plan
 
@@ -72,6 +73,8 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
     else:
         lin, moves = att, ()
     rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts)
+    if ctx.config.capacity_tokens:  # a set capacity is memory: every strategy must fit it
+        _check_fits(strategy, att, lin, ctx.config.capacity_tokens)
     return Plan(strategy=strategy, topology=topo, lengths=tuple(map(int, lengths)), docs=docs,
                 rings=rings, attention_layout=att, linear_layout=lin, remap=tuple(moves),
                 schedule=tuple(ops), cost=rank_cost, lower_bound_s=lower_bound(lengths, cost),
@@ -114,3 +117,20 @@ def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_nod
         elif k < 0:
             out[v, np.lexsort((np.arange(gpus_per_node), frac[v]))[:-k]] -= 1
     return out.reshape(-1).tolist()
+
+
+def _check_fits(strategy: str, att, lin, capacity: int) -> None:
+    """PlanError when a rank holds more than ``capacity`` tokens in either layout (out of memory).
+
+    >>> from megatron_zeppelin.planner.types import Segment
+    >>> _check_fits("packed_dp", [[Segment(0, 0, 6)], []], [[Segment(0, 0, 6)], []], 4)
+    Traceback (most recent call last):
+    ...
+    megatron_zeppelin.planner.types.PlanError: packed_dp runs out of memory: rank 0 holds 6 tokens in its attention layout > capacity 4 (--zeppelin-capacity-tokens)
+    """
+    for name, layout in (("attention", att), ("linear", lin)):
+        for r, segs in enumerate(layout):
+            n = sum(s.stop - s.start for s in segs)
+            if n > capacity:
+                raise PlanError(f"{strategy} runs out of memory: rank {r} holds {n} tokens in its {name} layout "
+                                f"> capacity {capacity} (--zeppelin-capacity-tokens)")

@@ -14,7 +14,8 @@ balance). The remap layer then evens out what the greedy leaves inside each node
    - local, on the least-loaded rank with room, if that rank stays within B (or the document is
      too short to split);
    - else an intra ring: the smallest size G whose G least-loaded ranks of some node (with room
-     for their zigzag share) stay within B; members cost ring_member_attention(L, G) + their
+     for their zigzag share) stay within B (the aligned variants: the power-of-two block of one
+     node whose busiest member stays lowest); members cost ring_member_attention(L, G) + their
      tokens' linear time (equal for every member: zigzag);
    - else, if the document may span nodes, an inter ring of the smallest G (among sizes whose ring
      steps hide the routed NIC transfer) whose G least-loaded ranks of the domain stay within B,
@@ -71,9 +72,16 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     fwd_full = full / cost.model.layers / (1.0 + BWD_FLOPS * cost.attn_tflops_np(c) / cost.attn_tflops_np(c, True))
     step_c = 2 * fwd_full  # forward compute of one ring step (2 full blocks, one layer)
     nbytes = cost.kv_bytes_per_token * length / G
-    hide_nv = step_c >= cost.latency("nvlink") + nbytes / cost.bandwidth("nvlink")
-    hide_nic = step_c >= cost.latency("nic") + nbytes * inter_share(ctx) / cost.bandwidth("nic")
-    return member_att + rate * need, need, hide_nv, hide_nic
+    x_nv = cost.latency("nvlink") + nbytes / cost.bandwidth("nvlink")
+    x_nic = cost.latency("nic") + nbytes * inter_share(ctx) / cost.bandwidth("nic")
+    hide_nv, hide_nic = step_c >= x_nv, step_c >= x_nic
+    # What a member waits for the ring's transfers, all layers: per step, the forward K/V transfer
+    # beyond the forward compute and the backward K/V + dK/dV beyond the backward compute.
+    step_b = 2 * full / cost.model.layers - step_c
+    steps = cost.model.layers * (G - 1)
+    wait_nv = steps * (np.maximum(0, x_nv - step_c) + np.maximum(0, 2 * x_nv - step_b))
+    wait_nic = steps * (np.maximum(0, x_nic - step_c) + np.maximum(0, 2 * x_nic - step_b))
+    return member_att + rate * need, need, hide_nv, hide_nic, wait_nv, wait_nic
 
 
 class _Ranks:
@@ -143,6 +151,48 @@ def _intra(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
     return best
 
 
+def _intra_aligned(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
+    """Best intra ring among aligned blocks (G a power of two: ranks [kG, (k+1)G) of one node), the
+    block whose busiest member ends least loaded. Aligned rings nest or are disjoint, so documents
+    share few rings and a rank waits on few partners (free rings of overlapping members chain)."""
+    best = (_INF, 0, ())
+    masked = ranks.masker()
+    for j in np.nonzero(ok)[0].tolist():
+        G = int(sizes[j])
+        if G & (G - 1) or g % G:
+            continue
+        top = masked(int(need[j])).reshape(-1, G).max(axis=1)  # [blocks]: the busiest member
+        k = int(np.argmin(top))
+        res = float(top[k]) + float(member[j])
+        if res == _INF or res >= best[0]:
+            continue
+        best = (res, G, tuple(range(k * G, (k + 1) * G)))
+        if res <= budget:
+            break
+    return best
+
+
+def _inter_aligned(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
+    """Best inter ring among aligned blocks of whole nodes (G a power of two above g: ranks
+    [kG, (k+1)G)), as _intra_aligned."""
+    best = (_INF, 0, ())
+    masked = ranks.masker()
+    world = len(ranks.load)
+    for j in np.nonzero(ok)[0].tolist():
+        G = int(sizes[j])
+        if G & (G - 1) or G <= g or world % G:
+            continue
+        top = masked(int(need[j])).reshape(-1, G).max(axis=1)
+        k = int(np.argmin(top))
+        res = float(top[k]) + float(member[j])
+        if res == _INF or res >= best[0]:
+            continue
+        best = (res, G, tuple(range(k * G, (k + 1) * G)))
+        if res <= budget:
+            break
+    return best
+
+
 def _inter(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
     """Best inter ring: the G least-loaded ranks of the domain, from the fewest nodes, node by node."""
     best = (_INF, 0, ())
@@ -175,18 +225,27 @@ def _inter(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
 # target makes long documents take larger rings, which can leave fewer stranded ranks.
 TARGETS = (1.0, 0.97, 0.94, 0.9, 0.85, 0.8)
 GOOD = 1.01
+# The aligned variant's loads count ring waiting, which the budget (whole work) does not, and a
+# larger budget keeps documents on smaller rings, so it also tries scales above 1, up to no budget
+# at all (each document whole on one rank if it fits, else on the smallest aligned ring that fits).
+TARGETS_ALIGNED = (1.0, 1.3, 2.0, _INF)
 
 
 # Variants planned and assembled; the one with the least honest prediction (predict.py: ring
-# partners, routing proxies and remap partners wait for each other) is kept. (rate, inter, remap):
+# partners, routing proxies and remap partners wait for each other) is kept. (rate, inter, rings, remap):
 # ``rate``: linear work per token in a rank's load ("all": projections + MLP + head; "proj": only the
 # projections, which stay on the attention layout, the MLP being spread by a token-balanced remap);
 # ``inter``: documents may span nodes by the crossover ("hide") or only when they fit no node
 # ("forced": a routed inter ring couples every proxy of its nodes to its steps, and the local
-# documents run inside the first exchange); ``remap``: the remap time-balances each node
-# (node_time_targets), balances tokens, or is left out ("off": it is a synchronisation point every
-# layer, so moving nothing can be faster).
-VARIANTS = (("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off"))
+# documents run inside the first exchange); ``rings``: a ring takes the least-loaded ranks ("free")
+# or an aligned power-of-two block of consecutive ranks ("aligned", _intra_aligned and
+# _inter_aligned: fewer rings that nest, so fewer partners to wait for when many documents are
+# split, as under a tight capacity);
+# ``remap``: the remap time-balances each node (node_time_targets), balances tokens, or is left out
+# ("off": it is a synchronisation point every layer, so moving nothing can be faster).
+NEAR_BOUND = 1.02  # a plan predicted within this of the lower bound ends the search (planning time)
+VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m in (
+    ("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off")))
 
 
 def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
@@ -196,41 +255,50 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
 
     from .assemble import assemble, prepare  # late: assemble consumes Placements
 
-    best, seen, placed = None, {}, {}
-    for k, (rate_kind, inter, remap) in enumerate(VARIANTS):
+    best, seen, placed, err = None, {}, {}, None
+    for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
-        if (rate_kind, inter) not in placed:
-            chosen = _choose(lengths, ctx, rate_kind, inter)
+        if rings == "aligned" and best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
+            break  # the free rings are already near the lower bound: aligned ones cannot gain much
+        pk = (rate_kind, inter, rings)
+        if pk not in placed:
+            chosen = _choose(lengths, ctx, rate_kind, inter, rings)
             key = (tuple(sorted(chosen[1].items())), tuple(sorted(chosen[2].items())))
             if key in seen:  # the same placement as an earlier variant (no document near a threshold)
-                placed[(rate_kind, inter)] = None
+                placed[pk] = None
             else:
-                seen[key] = (rate_kind, inter)
+                seen[key] = pk
                 pl0 = _placement(lengths, ctx, *chosen)
                 pl0.remap = False
-                placed[(rate_kind, inter)] = (pl0, prepare(ctx, pl0))
-        if placed[(rate_kind, inter)] is None:
+                placed[pk] = (pl0, prepare(ctx, pl0))
+        if placed[pk] is None:
             continue
-        pl0, pre = placed[(rate_kind, inter)]
+        pl0, pre = placed[pk]
         pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-        plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
+        try:
+            plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
+        except PlanError as e:  # this variant's linear layout is over a set capacity: try the others
+            err = e
+            continue
         if best is None or plan.predicted_iteration_s < best[0]:
             best = (plan.predicted_iteration_s, k, pl, plan)
+    if best is None:
+        raise err
     t, k, pl, plan = best
     pl.meta["variant"] = "/".join(map(str, VARIANTS[k]))
     pl.assembled = dc_replace(plan, meta=tuple(sorted((str(a), str(b)) for a, b in pl.meta.items())))
     return pl
 
 
-def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str) -> Placement:
-    pl = _placement(lengths, ctx, *_choose(lengths, ctx, rate_kind, inter))
+def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:
+    pl = _placement(lengths, ctx, *_choose(lengths, ctx, rate_kind, inter, rings))
     pl.remap = remap != "off"
     pl.balance_linear = remap == "time"
     return pl
 
 
-def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str):
+def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = "free"):
     """The greedy's best pass: (order, ring_of, owner, thresholds, meta), the arguments of _placement."""
     cost = ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
@@ -239,9 +307,9 @@ def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str):
     whole = cost.doc_attention_np(L) + rate * L
     budget = float(whole.sum()) / ctx.topology.world_size
     th = zeppelin_thresholds(ctx)
-    args = (ctx, L.tolist(), whole.tolist(), order.tolist(), th, rate, {}, inter == "forced")
+    args = (ctx, L.tolist(), whole.tolist(), order.tolist(), th, rate, {}, inter == "forced", rings == "aligned")
     best = None
-    for f in TARGETS:
+    for f in (TARGETS_ALIGNED if rings == "aligned" else TARGETS):
         ring_of, owner, est = _greedy(*args, budget * f)
         if best is None or est < best[0]:
             best = (est, f, ring_of, owner)
@@ -261,7 +329,7 @@ def _estimate(ranks: _Ranks, g: int) -> float:
 
 
 def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables: dict, forced_only: bool,
-            budget: float):
+            aligned: bool, budget: float):
     """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate)."""
     topo, cost = ctx.topology, ctx.cost
     world, g, nodes = topo.world_size, topo.gpus_per_node, topo.nodes
@@ -296,19 +364,27 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         if g >= 2:
             if ("intra", Li) not in tables:  # the same for every pass
                 tables[("intra", Li)] = _ring_table(ctx, Li, intra_sizes, rate)
-            member, need, hide_nv, _ = tables[("intra", Li)]
+            member, need, hide_nv, _, wait, _ = tables[("intra", Li)]
+            if aligned:  # the coarse variant also charges a ring's unhidden transfers
+                member = member + wait
             ok = hide_nv | forced
             if not ok.any():
                 ok = intra_sizes == 2
-            cand = _intra(ranks, g, intra_sizes, member, need, ok, budget)
+            cand = _intra_aligned(ranks, g, intra_sizes, member, need, ok, budget) if aligned else (_INF,)
+            if cand[0] == _INF:  # free rings, or no aligned block fits
+                cand = _intra(ranks, g, intra_sizes, member, need, ok, budget)
             if cand[0] < best[0]:
                 best, cls = cand, "intra"
-        if best[0] > budget and len(inter_sizes) and ((Li > th.intra_max and not forced_only) or best[0] == _INF):
+        if (best[0] > budget or best[0] == _INF) and len(inter_sizes) and ((Li > th.intra_max and not forced_only) or best[0] == _INF):
             if ("inter", Li) not in tables:
                 tables[("inter", Li)] = _ring_table(ctx, Li, inter_sizes, rate)
-            member, need, _, hide_nic = tables[("inter", Li)]
+            member, need, _, hide_nic, _, wait = tables[("inter", Li)]
+            if aligned:
+                member = member + wait
             ok = hide_nic | (best[0] == _INF)
-            cand = _inter(ranks, g, inter_sizes, member, need, ok, budget)
+            cand = _inter_aligned(ranks, g, inter_sizes, member, need, ok, budget) if aligned else (_INF,)
+            if cand[0] == _INF:
+                cand = _inter(ranks, g, inter_sizes, member, need, ok, budget)
             if cand[0] < best[0]:
                 best, cls = cand, "inter"
         if best[0] == _INF:
@@ -322,6 +398,8 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         G = len(members)
         b = zigzag_bounds(Li, G)
         m_att = cost.ring_member_attention_s(Li, G)
+        if aligned:  # its load counts the ring's waiting too, as its choice did
+            m_att += float(tables[(cls, Li)][4 if cls == "intra" else 5][G - 2])
         for k, r in enumerate(members):
             t = (b[k + 1] - b[k]) + (b[2 * G - k] - b[2 * G - 1 - k])
             ranks.add(r, m_att + rate * t, t, rate)

@@ -396,7 +396,13 @@ def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     is at least the sum of each document's attention run whole (splitting only makes blocks smaller
     and the profile's rate grows with length) plus the projections of every token (on the attention
     layout, wherever the token is) plus the MLP and head of every token (on the linear layout):
-    proj_s(N) + mlp_s(N) = linear_s(N) whatever the layouts; waiting and exposed transfers only add."""
+    proj_s(N) + mlp_s(N) = linear_s(N) whatever the layouts; waiting and exposed transfers only add.
+    With TP, every token's activations also go through Megatron's 4 TP all-reduces per layer (2 per
+    pass), which run on the critical path whatever the strategy: their bandwidth term is busy time
+    too (``predict``'s ``tp_ar`` without its per-call latency)."""
     world = cost.topology.world_size
+    n = sum(int(x) for x in lengths)
     att = float(cost.doc_attention_np(np.asarray(lengths, dtype=np.float64)).sum())
-    return (att + cost.linear_s(sum(int(x) for x in lengths))) / world
+    tp = cost.tp
+    tp_ar = 4 * cost.model.layers * 2 * (tp - 1) * n * cost.hidden_bytes_per_token / tp / cost.bandwidth("nvlink")
+    return (att + cost.linear_s(n) + tp_ar) / world

@@ -72,11 +72,37 @@ def load_matrix(path: str) -> Tuple[List[Tuple[RunSpec, Tuple[str, ...]]], dict]
             for cl, (model, tp), ds, ctx, nodes in itertools.product(
                     st["clusters"], models, st["datasets"], st["context"], st["nodes"]):
                 ctx = parse_tokens(ctx)
-                per_gpu = parse_tokens(st.get("tokens_per_gpu", doc.get("tokens_per_gpu", ctx)))
-                items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_gpu, seed), variants, cps))
+                per_gpu, cap = st.get("tokens_per_gpu", doc.get("tokens_per_gpu", ctx)), 0
+                if str(per_gpu) == "memory":
+                    fill = float(st.get("memory_fill", doc.get("memory_fill", MEMORY_FILL)))
+                    per_gpu, cap = memory_tokens(str(cl), model, tp, int(nodes), fill)
+                per_gpu = parse_tokens(per_gpu)
+                items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_gpu, seed, cap),
+                              variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None
     return items, doc
+
+
+MEMORY_FILL = 0.8  # tokens per GPU / capacity: the slack a balancer needs (packing to 100% rarely fits)
+
+
+def memory_tokens(cluster: str, model: str, tp: int, nodes: int, fill: float = MEMORY_FILL) -> Tuple[int, int]:
+    """(tokens per GPU, capacity) when memory sets the batch: the capacity is what one GPU holds
+    (dp.memory.capacity_tokens: ZeRO-1 over the domain, no activation recompute, 90% of the
+    profile's memory_GB), and the batch fills ``fill`` of it on average. Every strategy must then
+    fit the capacity on every rank, as a real run must fit in memory."""
+    from ..dp.memory import capacity_tokens
+    from ..model_spec import load_model
+    from ..profile import load_profile
+    from .runs import domain_topology
+    profile, spec = load_profile(cluster), load_model(model)
+    world = domain_topology(profile, nodes, tp).world_size
+    cap = capacity_tokens(spec, profile.memory_GB * 1e9, dp=world, tp=tp, zero_stage=1)
+    if cap < 1:
+        raise MatrixError(f"{model} (tp {tp}) does not fit in {profile.memory_GB:g} GB of {cluster} even without "
+                          "activations: raise its tp in the matrix")
+    return max(1, int(fill * cap)), cap
 
 
 def run_matrix(items, options: SimOptions = None, progress: bool = True) -> List[Dict]:
@@ -118,11 +144,16 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
         for v, r in vs.items():
             if v != reference:
                 speed[v].append((key, r["iteration_s"] / z["iteration_s"]))
+    oom: Dict[str, int] = defaultdict(int)  # configurations where only the baseline runs out of memory
+    for r in records:
+        if "runs out of memory" in (r.get("error") or "") and reference in by_key.get(r["key"], {}):
+            oom[r["variant"]] += 1
     summary = {}
     for v, pairs in sorted(speed.items()):
         s = _stats([x for _, x in pairs])
         s["losses"] = [k for k, x in pairs if x < 1.0]
         s["loss_speedups"] = [x for k, x in pairs if x < 1.0]
+        s["out_of_memory"] = oom.get(v, 0)
         summary[v] = s
     out = {"summary": summary}
     if lb:

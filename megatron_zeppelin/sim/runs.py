@@ -43,6 +43,7 @@ class RunSpec:
     nodes: int
     tokens_per_gpu: int  # global batch = tokens_per_gpu x domain ranks
     seed: int = 0
+    capacity: int = 0  # per-rank token capacity every strategy must fit (memory); 0 = the planner's default
 
     def key(self) -> str:
         return (f"{self.study}/{self.cluster}/{self.model}-tp{self.tp}/{self.dataset}/ctx{self.context // 1024}K/"
@@ -110,7 +111,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     lengths = [int(x) for x in sample_batch(spec.dataset, spec.tokens_per_gpu * topo.world_size, spec.seed,
                                             max_len=spec.context)]
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
-                            gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp)
+                            gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp,
+                            capacity_tokens=spec.capacity)
     out = []
     for v in variants:
         rec = {**asdict(spec), "key": spec.key(), "variant": v, "ranks": topo.world_size,

@@ -67,3 +67,14 @@ def test_simulate_prints_and_writes_gantt_and_json(tmp_path, capsys):
     doc = json.loads(j.read_text())
     assert doc["iteration_s"] > 0 and len(doc["nic"]) == 8 and doc["timeline"]
     assert g.stat().st_size > 0
+
+
+def test_simulate_with_the_batch_and_capacity_memory_allows(capsys):
+    rc = main(["simulate", "--cluster", "a800", "--model", "llama-7b", "--nodes", "2", "--dataset", "prolong64k",
+               "--global-batch-tokens", "memory", "--capacity-tokens", "memory", "--strategy", "static_cp"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "tokens fit one rank" in out and "'cp_size': '16'" in out  # a 64K document: CP over both nodes
+    rc = main(["simulate", "--cluster", "a800", "--model", "llama-7b", "--nodes", "2", "--dataset", "prolong64k",
+               "--global-batch-tokens", "memory", "--capacity-tokens", "memory", "--strategy", "packed_dp"])
+    assert rc == 2 and "runs out of memory" in capsys.readouterr().err
