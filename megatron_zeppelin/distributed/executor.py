@@ -13,8 +13,10 @@ caller's thread, every receive of this rank and every send of the messages it or
 thread (one per exchange that has any) then forwards each piece the moment it has arrived, in
 stage order (STAGES, reversed for ``reverse``). wait() returns once this rank's own messages are
 done (its sends left, the messages ending here assembled): a pure proxy does not wait for the pieces
-it relays. On CUDA the relay runs on a side stream and wait() joins it (its copies are then ordered
-before the caller's stream).
+it relays. On CUDA the relay runs on a side stream; wait() joins it only when a relayed piece ends
+on this rank, and then orders the caller's stream after the relay's copies. Not yet run on NCCL,
+which matches point-to-point messages by posting order, not by tag: relays posted from a second
+thread need their own communicator there.
 
 Tags: ``(tag * SLOTS + slot) << OP_BITS`` + op index (unique per op: matching is by tag, so posting
 order does not matter on gloo). ``tag`` (0 <= tag < MAX_TAG) separates the exchanges a caller keeps
@@ -282,13 +284,15 @@ class StepExchange:
         for i, o in self._recvs:
             if o.dst == o.msg_dst:
                 self._land(i, o)
-        if self._thread is not None and (self._stream is not None or any(
-                o.dst == o.msg_dst for _, o in self._relayed)):  # CUDA, or a relayed self-hop ends here
+        # A pure proxy does not wait for the pieces it relays (on CPU and CUDA alike: the planner and
+        # the simulator time it so); only a relayed self-hop ending here makes this rank join.
+        joined = self._thread is not None and any(o.dst == o.msg_dst for _, o in self._relayed)
+        if joined:
             self._join()
         if self._thread is None:
             for ex in self._exs:  # everything was waited above: this only marks the handles done
                 ex.wait()
-        if self._event is not None:  # the caller's stream uses the results after the relay's copies
+        if joined and self._event is not None:  # the caller's stream uses the results after the relay's copies
             cur = torch.cuda.current_stream(self.device)
             cur.wait_event(self._event)
             for t in self._done.values():
