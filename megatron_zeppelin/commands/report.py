@@ -8,7 +8,11 @@ import sys
 
 from ..errors import ZeppelinError
 
-GANTT_CASE = dict(cluster="a800", model="llama-7b", dataset="github", context=65536, nodes=2)
+# One layer's timeline per regime: 64K tokens per GPU, and the batch memory allows (where TE CP's
+# best size spans nodes, as in the paper's Fig. 12).
+GANTT_CASES = (dict(name="", cluster="a800", model="llama-7b", dataset="github", context=65536, nodes=2, memory=False),
+               dict(name="_memory", cluster="a800", model="llama-7b", dataset="prolong64k", context=65536, nodes=2,
+                    memory=True))
 
 
 def add_parser(subparsers):
@@ -29,33 +33,47 @@ def add_parser(subparsers):
 
 
 def _gantts(figdir: str, rel: str) -> dict:
-    """One layer's timeline of Zeppelin and of TE-style CP (at its best simulated CP size)."""
+    """One layer's timeline of Zeppelin and of TE-style CP (at its best simulated CP size), per case."""
+    out = {}
+    for c in GANTT_CASES:
+        out.update(_gantt_case(c, figdir, rel))
+    return out
+
+
+def _gantt_case(c: dict, figdir: str, rel: str) -> dict:
     from ..config import ZeppelinConfig
     from ..model_spec import load_model
     from ..profile import load_profile
     from ..sim.iteration import simulate
+    from ..sim.matrix import memory_tokens
     from ..sim.plots import gantt
     from ..sim.runs import domain_topology, make_plan
     from ..workloads import sample_batch
-    c = GANTT_CASE
     profile, model = load_profile(c["cluster"]), load_model(c["model"])
     topo = domain_topology(profile, c["nodes"])
-    lengths = [int(x) for x in sample_batch(c["dataset"], c["context"] * topo.world_size, 0, max_len=c["context"])]
-    cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic)
+    per_gpu, cap = memory_tokens(c["cluster"], c["model"], 1, c["nodes"]) if c["memory"] else (c["context"], 0)
+    lengths = [int(x) for x in sample_batch(c["dataset"], per_gpu * topo.world_size, 0, max_len=c["context"])]
+    cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic,
+                         capacity_tokens=cap)
     out = {}
     for v in ("zeppelin", "static_cp"):
         best = None
         for cp in ((0,) if v == "zeppelin" else (2, 4, 8, 16)):
-            plan = make_plan(v, lengths, topo, profile, model, cfg.with_(cp_size=cp))
+            try:
+                plan = make_plan(v, lengths, topo, profile, model, cfg.with_(cp_size=cp))
+            except ZeppelinError:
+                continue  # this CP size does not fit the capacity
             res = simulate(plan, profile, model)
             if best is None or res.iteration_s < best[1].iteration_s:
                 best = (cp, res)
-        name = f"gantt_{v}"
+        name = f"gantt_{v}{c['name']}"
         cp = f", CP {best[0]}" if best[0] else ""
+        batch = f"{per_gpu} tokens/GPU (memory)" if c["memory"] else f"{c['context'] // 1024}K tokens/GPU"
         gantt(best[1], os.path.join(figdir, f"{name}.png"),
-              title=f"{v}{cp}: {c['model']} on {c['cluster']}, {c['dataset']} {c['context'] // 1024}K, "
+              title=f"{v}{cp}: {c['model']} on {c['cluster']}, {c['dataset']}, {batch}, "
                     f"{topo.world_size} GPUs; iteration {best[1].iteration_s:.3f} s")
-        out[f"{name} ({c['model']}, {c['cluster']}, {c['dataset']}, {topo.world_size} GPUs{cp})"] = f"{rel}/{name}.png"
+        out[f"{name} ({c['model']}, {c['cluster']}, {c['dataset']}, {batch}, {topo.world_size} GPUs{cp})"] = \
+            f"{rel}/{name}.png"
     return out
 
 
