@@ -52,9 +52,26 @@ class HardwareProfile:
     # of FLOPs / rate; 0 in the GPU presets (folded into the rate table), measured by `zeppelin bench --validate-cpu`.
     attn_call_fwd_us: float = 0.0
     attn_call_bwd_us: float = 0.0
+    # Cores of one host CPU that all ranks' compute shares (processor sharing: with n ranks computing,
+    # each runs at min(1, host_cores / n) of the single-core rates above; sim/host.py). 0 = ranks do
+    # not share compute (GPUs). Set by the CPU validation's calibration (calibrate/concurrent.py): the
+    # affinity mask's cores, or, with more ranks than cores, the compute they got running at once if
+    # less (a fraction: every switch between ranks costs cache refills).
+    host_cores: float = 0.0
+    # On a shared host (host_cores > 0): bytes per second one core copies through the transport
+    # (gloo over TCP copies every message on both ends); each message then takes bytes / rate seconds
+    # of CPU at its sender and at its receiver, shared with the compute. 0 = messages take no CPU.
+    host_copy_GBps: float = 0.0
+    # Throughput of *full* (non-causal) blocks by the same lengths, for the simulator's ring steps
+    # (off-diagonal zigzag blocks); empty = the causal tables above (FLOPs count the same either way:
+    # right where a kernel skips the masked tiles, as GPU flash kernels do). Torch's CPU flash kernel
+    # costs a causal block of <= 512 tokens as much as a full one, so there it is ~2x the causal rate.
+    attn_full_fwd_tflops: Tuple[float, ...] = ()
+    attn_full_bwd_tflops: Tuple[float, ...] = ()
 
     def __post_init__(self):
-        for f in ("attn_seqlen", "attn_fwd_tflops", "attn_bwd_tflops", "gpu_to_nic", "assumed"):
+        for f in ("attn_seqlen", "attn_fwd_tflops", "attn_bwd_tflops", "gpu_to_nic", "assumed",
+                  "attn_full_fwd_tflops", "attn_full_bwd_tflops"):
             object.__setattr__(self, f, tuple(getattr(self, f)))
         n = len(self.attn_seqlen)
         if n == 0 or len(self.attn_fwd_tflops) != n or len(self.attn_bwd_tflops) != n:
@@ -67,8 +84,17 @@ class HardwareProfile:
                 raise ProfileError(f"profile {self.name}: {f} must be > 0")
         if min(self.attn_fwd_tflops) <= 0 or min(self.attn_bwd_tflops) <= 0:
             raise ProfileError(f"profile {self.name}: attention throughputs must be > 0")
+        for f in ("attn_full_fwd_tflops", "attn_full_bwd_tflops"):
+            v = getattr(self, f)
+            if v and (len(v) != n or min(v) <= 0):
+                raise ProfileError(f"profile {self.name}: attention.{f[5:]} must be empty or one positive "
+                                   "throughput per attention.seqlen")
         if self.nvlink_latency_us < 0 or self.nic_latency_us < 0:
             raise ProfileError(f"profile {self.name}: latencies must be >= 0")
+        if not self.host_cores >= 0:
+            raise ProfileError(f"profile {self.name}: host_cores must be >= 0 (0: compute not shared)")
+        if not self.host_copy_GBps >= 0:
+            raise ProfileError(f"profile {self.name}: host_copy_GBps must be >= 0 (0: messages take no CPU)")
 
     def attn_tflops(self, length: float, backward: bool = False) -> float:
         xs, ys = self.attn_seqlen, (self.attn_bwd_tflops if backward else self.attn_fwd_tflops)
@@ -96,6 +122,13 @@ class HardwareProfile:
         out["assumed"] = list(self.assumed)
         if self.attn_call_fwd_us or self.attn_call_bwd_us:
             out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
+        if self.attn_full_fwd_tflops:
+            out["attention"].update(full_fwd_tflops=list(self.attn_full_fwd_tflops),
+                                    full_bwd_tflops=list(self.attn_full_bwd_tflops))
+        if self.host_cores:
+            out["host_cores"] = self.host_cores
+        if self.host_copy_GBps:
+            out["host_copy_GBps"] = self.host_copy_GBps
         return out
 
     @classmethod
@@ -112,7 +145,11 @@ class HardwareProfile:
                 gpus_per_node=int(d.get("gpus_per_node", 8)), nics_per_node=int(d.get("nics_per_node", 8)),
                 gpu_to_nic=tuple(int(x) for x in d.get("gpu_to_nic", ())),
                 memory_GB=float(d.get("memory_GB", 80.0)), assumed=tuple(d.get("assumed", ())),
-                attn_call_fwd_us=float(att.get("call_fwd_us", 0.0)), attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)))
+                attn_call_fwd_us=float(att.get("call_fwd_us", 0.0)),
+                attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)),
+                host_cores=float(d.get("host_cores", 0.0)), host_copy_GBps=float(d.get("host_copy_GBps", 0.0)),
+                attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
+                attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())))
         except ProfileError:
             raise
         except (KeyError, TypeError, ValueError) as e:

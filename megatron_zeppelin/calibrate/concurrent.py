@@ -1,14 +1,20 @@
-"""Calibrate a HardwareProfile on this CPU with gloo, every rank measuring at once, as the
+"""Calibrate a HardwareProfile on this CPU with gloo inside the spawned run it will predict, as the
 simulator's validation needs it (``zeppelin calibrate`` measures one process, on any device):
-attention rate by length, GEMM rate, and the point-to-point bandwidth and latency between ranks.
+attention rate by length (causal and full blocks), the fixed cost of a block call, GEMM rate, the
+point-to-point bandwidth and latency between ranks, and the host's cores.
 
-Every measurement runs on all ``world`` ranks at once (spawned, one thread each), so the profile
-carries the contention of that many ranks sharing the machine's cores and memory: a profile is
-calibrated for the world size it will predict. All ranks are on one host, so "NVLink" and "NIC" are
-the same gloo transport; the profile's topology splits the ranks into virtual nodes only so that
-inter-node rings and routing get exercised.
+All ranks are processes of one host, and the simulator shares the host's cores among the ranks
+computing at once (sim/host.py). So compute is measured on one core: the ranks take turns, each
+measuring while the others sleep in a barrier; ``host_cores`` is the number of cores the process may
+run on (``os.sched_getaffinity``). Messages are measured the other way, with every rank exchanging
+at once (a ring step over all ranks), because their cost is the scheduling of the ranks: with more
+ranks than cores a blocked receiver runs only when it gets a core back.
 
-Timings are the minimum over repeats (other processes on the machine only ever add time). The link
+All ranks are on one host, so "NVLink" and "NIC" are the same gloo transport; the profile's
+topology splits the ranks into virtual nodes only so that inter-node rings and routing get exercised.
+
+Compute timings are the minimum over repeats (other processes on the machine only ever add time);
+message timings the median round (the scheduling delay is part of the cost, not noise). The link
 model latency + bytes / bandwidth goes through the smallest and the largest message (the middle
 sizes are reported, not fitted: least squares let one noisy point swing the latency by milliseconds).
 
@@ -19,17 +25,24 @@ sizes are reported, not fitted: least squares let one noisy point swing the late
 
 from __future__ import annotations
 
+import os
+import statistics
+import time
 from typing import Dict, Sequence, Tuple
 
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
-from .timing import best_seconds
 
 # The model the CPU validation runs (float32, head_dim 32, GQA 8/4).
 CPU_MODEL = ModelSpec(name="cpu-validation", layers=1, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=256,
                       dtype_bytes=4)
-SEQLENS = (32, 64, 128, 256, 512, 1024, 2048)
+# Table points: zigzag chunks of the validation batches are mostly 4-100 tokens, where the time of a
+# call is far from "fixed cost + FLOPs at one rate": dense points there keep the interpolation close.
+SEQLENS = (16, 32, 48, 64, 96, 128, 256, 512, 1024, 2048)
 CALL_LEN = 4  # a block this small measures the fixed cost of one block call
+PROBE_DOCS = 64  # documents of the engine-path probe (2 blocks of CALL_LEN x CALL_LEN each)
+P2P_ROUNDS = 21  # ring exchanges per message size (the median is kept)
+SHARE_CHUNK = 32  # chunk of the sharing probe (the validation's zigzag chunks are mostly 4-100 tokens)
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
 
 
@@ -42,8 +55,128 @@ def fit_link(nbytes: Sequence[float], seconds: Sequence[float]) -> Tuple[float, 
     return 1.0 / slope, max(0.0, seconds[i] - nbytes[i] * slope)
 
 
-def _time(fn, repeat: int) -> float:
-    return best_seconds(fn, "cpu", repeat)  # fastest of repeats after a warm-up, as calibrate.timing
+def _time_compute(fn, repeat: int, budget_s: float = 0.05) -> float:
+    """Fastest of at least ``repeat`` calls and ``budget_s`` seconds of them, after warming up as
+    long: a 0.1 ms call timed 7 times after one warm-up still carried first-call costs (seen: the
+    fixed cost per block call read 140-270 us across runs instead of a steady 127 us)."""
+    for least in (1, max(repeat, 1)):  # warm-up, then timed
+        n, spent, best = 0, 0.0, float("inf")
+        while n < least or spent < budget_s:
+            t = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t
+            n, spent, best = n + 1, spent + dt, min(best, dt)
+    return best
+
+
+def _compute(rank: int, repeat: int) -> Dict:
+    """Block-call times by length (forward, backward) and a GEMM's, on one core."""
+    import torch
+
+    from ..attention.kernels import block_backward, block_forward
+    from ..attention.merge import merge_into
+    m = CPU_MODEL
+    g = torch.Generator().manual_seed(rank)
+    out: Dict = {"fwd": {}, "bwd": {}, "full_fwd": {}, "full_bwd": {}}
+    scale = m.head_dim ** -0.5
+    mask = 0
+    # causal diagonal blocks (as the GPU profiles), the way the engine runs them: kernel, then merge
+    # into the running output / accumulate the gradients
+    for L in (CALL_LEN,) + SEQLENS:
+        q = torch.randn(L, m.heads, m.head_dim, generator=g)
+        k = torch.randn(L, m.kv_heads, m.head_dim, generator=g)
+        v = torch.randn(L, m.kv_heads, m.head_dim, generator=g)
+        o, lse = block_forward(q, k, v, scale, causal_offset=mask)
+        do = torch.randn_like(o)
+        acc_o, acc_l = torch.zeros_like(o), torch.full(lse.shape, float("-inf"))
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        rows = slice(0, L)
+
+        def fwd():  # as attention/blocks.attend
+            a, b = block_forward(q[rows], k[rows], v[rows], scale, mask)
+            merge_into(acc_o, acc_l, rows, a, b)
+
+        def bwd():  # as attend_backward
+            gq, gk, gv = block_backward(do[rows], q[rows], k[rows], v[rows], o[rows], lse[rows], scale, mask)
+            dq[rows] += gq
+            dk[rows] += gk
+            dv[rows] += gv
+        out["fwd"][L] = _time_compute(fwd, repeat)
+        out["bwd"][L] = _time_compute(bwd, repeat)
+    # full blocks (the off-diagonal blocks of ring steps) through the engine's own block loop: its
+    # cost per call grows with the block beyond the hot loop's (slicing the packed K/V message,
+    # strided copies: +10-20% at 64-153-token chunks)
+    for L in SEQLENS:
+        f, b, calls = _probe(rank, L, max(1, min(PROBE_DOCS, 512 // L)))
+        few = repeat if L <= 256 else min(repeat, 3)  # a 2048-token backward pair takes ~0.3 s
+        out["full_fwd"][L] = _time_compute(f, few) / calls
+        out["full_bwd"][L] = _time_compute(b, few) / calls
+    x = torch.randn(1024, m.hidden, generator=g)
+    w = torch.randn(m.hidden, m.ffn, generator=g)
+    out["gemm"] = _time_compute(lambda: x @ w, repeat)
+    out["engine_call"] = _engine_call(rank, repeat)
+    return out
+
+
+def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
+    """(forward, backward, calls): the engine's own block loop (attention/blocks.attend and
+    attend_backward) over one K/V block of a ring of 2 holding ``ndocs`` documents of 4 x ``chunk``
+    tokens: member 0's last chunk sees both chunks of member 1's block, 2 full blocks per document."""
+    import torch
+
+    from ..attention.blocks import _pairs, attend, attend_backward
+    from ..attention.view import RankView
+    from ..planner.layout import attention_layout, zigzag_bounds
+    from ..planner.types import DocPlan, Ring
+    m = CPU_MODEL
+    L = 4 * chunk
+    ring = Ring(0, (0, 1), "intra", tuple(range(ndocs)))
+    docs = tuple(DocPlan(i, L, "intra", 0, -1, zigzag_bounds(L, 2)) for i in range(ndocs))
+    view = RankView.build(docs, (ring,), attention_layout(docs, (ring,), 2), 0)
+    calls = sum(1 for _ in _pairs(view, ring, 1))
+    g = torch.Generator().manual_seed(rank)
+    q = torch.randn(view.tokens, m.heads, m.head_dim, generator=g)
+    kv = torch.randn(view.block_rows(ring, 1), 2 * m.kv_heads * m.head_dim, generator=g)
+    out, lse = torch.zeros_like(q), torch.full((view.tokens, m.heads), float("-inf"))
+    scale = m.head_dim ** -0.5
+    attend(view, ring, 1, kv, q, out, lse, scale, "auto")  # a real output and LSE
+    dkv, dq, dout = torch.zeros_like(kv), torch.zeros_like(q), torch.randn_like(q)
+    return (lambda: attend(view, ring, 1, kv, q, out.clone(), lse.clone(), scale, "auto"),
+            lambda: attend_backward(view, ring, 1, kv, dkv, q, out, lse, dout, dq, scale, "auto"), calls)
+
+
+def _engine_call(rank: int, repeat: int) -> Tuple[float, float]:
+    """Seconds per block call (forward, backward) as the engine makes them, on tiny blocks
+    (``_probe`` with CALL_LEN-token chunks). Unlike the hot loop over one block above, this pays
+    what the engine pays per block: pairing segments, masks, slicing a packed K/V message, distinct
+    memory each call (measured: ~20 us more per call than the hot loop here)."""
+    fwd, bwd, calls = _probe(rank, CALL_LEN)
+    return _time_compute(fwd, repeat) / calls, _time_compute(bwd, repeat) / calls
+
+
+def _sharing(rank: int, world: int, repeat: int) -> Tuple[float, list]:
+    """(alone, rounds): seconds of one block sequence (``_probe`` with SHARE_CHUNK-token chunks,
+    forward and backward) on this rank alone (the ranks take turns), and of each round with every
+    rank running it at once from a barrier (host_cores turns them into the cores delivered)."""
+    import torch.distributed as dist
+    fwd, bwd, _ = _probe(rank, SHARE_CHUNK)
+
+    def seq():
+        fwd()
+        bwd()
+    alone = float("nan")
+    for turn in range(world):
+        dist.barrier()
+        if rank == turn:
+            alone = _time_compute(seq, repeat)
+    rounds = []
+    for i in range(max(repeat, 3) + 1):  # the first is a warm-up
+        dist.barrier()
+        t = time.perf_counter()
+        seq()
+        rounds.append(time.perf_counter() - t)
+    dist.barrier()
+    return alone, rounds[1:]
 
 
 def measure(rank: int, world: int, repeat: int) -> Dict:
@@ -51,82 +184,136 @@ def measure(rank: int, world: int, repeat: int) -> Dict:
     import torch
     import torch.distributed as dist
 
-    from ..attention.kernels import block_backward, block_forward
-    from ..attention.merge import merge_into
-    m = CPU_MODEL
-    g = torch.Generator().manual_seed(rank)
-    out: Dict = {"fwd": {}, "bwd": {}}
+    out: Dict = {"cores": len(os.sched_getaffinity(0))}  # the cores all ranks share (inherited affinity)
+    # Single-core rates: one rank computes at a time while the others sleep in the barrier (the
+    # simulator shares the host's cores among the ranks computing at once: sim/host.py).
+    for turn in range(world):
+        dist.barrier()
+        if rank == turn:
+            out.update(_compute(rank, repeat))
     dist.barrier()
-    scale = m.head_dim ** -0.5
-    for L in (CALL_LEN,) + SEQLENS:  # causal diagonal blocks, as the GPU profiles, the engine's way
-        q = torch.randn(L, m.heads, m.head_dim, generator=g)
-        k = torch.randn(L, m.kv_heads, m.head_dim, generator=g)
-        v = torch.randn(L, m.kv_heads, m.head_dim, generator=g)
-        o, lse = block_forward(q, k, v, scale, causal_offset=0)
-        do = torch.randn_like(o)
-        acc_o, acc_l = torch.zeros_like(o), torch.full(lse.shape, float("-inf"))
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        rows = slice(0, L)
-
-        def fwd():  # as attention/blocks.attend: kernel, then merge into the running output
-            a, b = block_forward(q[rows], k[rows], v[rows], scale, 0)
-            merge_into(acc_o, acc_l, rows, a, b)
-
-        def bwd():  # as attend_backward: kernel, then accumulate the gradients
-            gq, gk, gv = block_backward(do[rows], q[rows], k[rows], v[rows], o[rows], lse[rows], scale, 0)
-            dq[rows] += gq
-            dk[rows] += gk
-            dv[rows] += gv
-        out["fwd"][L] = _time(fwd, repeat)
-        out["bwd"][L] = _time(bwd, repeat)
-    x = torch.randn(1024, m.hidden, generator=g)
-    w = torch.randn(m.hidden, m.ffn, generator=g)
-    out["gemm"] = _time(lambda: x @ w, repeat)
-    dist.barrier()
-    # Point-to-point: pairs (0,1), (2,3), ... exchange at once (both directions), like a ring step.
-    peer = rank ^ 1
-    out["p2p"] = {}
-    if peer < world:
+    out["sharing"] = _sharing(rank, world, repeat) if world > out["cores"] else None
+    # Point-to-point under the load the run will have: every rank sends to its ring successor and
+    # receives from its predecessor at once (a ring step over all ranks), back to back. With more
+    # ranks than cores a receiver blocked in wait() runs only when the scheduler gives it a core, so
+    # the per-message cost is heavy-tailed (seen: 0.1 ms typical, 4 ms at times): the profile takes
+    # the median round (per round the slowest rank), not the luckiest.
+    # The CPU a round takes (process time: the transport's threads included) gives the copy rate.
+    out["p2p"], out["p2p_cpu"] = {}, {}
+    if world > 1:
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
         for n in SIZES:
             a = torch.zeros(n // 4)
             b = torch.empty(n // 4)
-
-            def xchg():
-                reqs = [dist.isend(a, peer), dist.irecv(b, peer)]
+            times, cpu = [], []
+            for i in range(P2P_ROUNDS + 1):  # the first is a warm-up
+                t, c = time.perf_counter(), time.process_time()
+                reqs = [dist.isend(a, nxt), dist.irecv(b, prv)]
                 for r in reqs:
                     r.wait()
-            out["p2p"][n] = _time(xchg, repeat)
+                times.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
+            out["p2p"][n], out["p2p_cpu"][n] = times[1:], cpu[1:]
     dist.barrier()
     return out
 
 
+def copy_rate(res: Sequence[Dict]) -> float:
+    """Bytes per CPU second one end of a message spends on it: a round sends and receives ``n``
+    bytes on every rank, so its CPU grows by 2 n / rate (median over rounds and ranks; the smallest
+    and the largest message, as fit_link). 0 when not measured or lost in noise.
+
+    >>> copy_rate([{"p2p_cpu": {1000: [1e-4, 1e-4], 3000: [1e-4 + 4000 / 1e9] * 2}}])  # 1 GB/s
+    1000000000.0
+    """
+    sizes = sorted(res[0].get("p2p_cpu") or ())
+    if len(sizes) < 2:
+        return 0.0
+    lo, hi = (statistics.median([x for r in res for x in r["p2p_cpu"][n]]) for n in (sizes[0], sizes[-1]))
+    return round(2.0 * (sizes[-1] - sizes[0]) / (hi - lo), 3) if hi > lo else 0.0
+
+
+def p2p_round_s(res: Sequence[Dict], n: int) -> float:
+    """Median over rounds of the slowest rank's time to exchange ``n`` bytes (calibrate: ``measure``).
+
+    >>> p2p_round_s([{"p2p": {8: [1.0, 5.0, 2.0]}}, {"p2p": {8: [3.0, 1.0, 1.0]}}], 8)
+    3.0
+    """
+    per_round = [max(r["p2p"][n][i] for r in res) for i in range(len(res[0]["p2p"][n]))]
+    return statistics.median(per_round)
+
+
+def host_cores(res: Sequence[Dict]) -> float:
+    """The cores the ranks share: the affinity mask's, or, with more ranks than cores, the compute
+    the host delivered to them all at once if less: their single-core seconds over the time until
+    the last is done (median round of ``_sharing``). Below the core count when ranks that outnumber
+    the cores thrash each other's caches at every switch.
+
+    >>> host_cores([{"cores": 2, "sharing": (1.0, [2.2, 2.0, 9.0])}] * 4)  # 4 s of work in 2.2 s
+    1.818182
+    >>> host_cores([{"cores": 2, "sharing": None}] * 2)
+    2.0
+    """
+    cores = float(min(r["cores"] for r in res))
+    shared = [r.get("sharing") for r in res]
+    if any(x is None for x in shared):
+        return cores
+    rounds = [max(x[1][i] for x in shared) for i in range(len(shared[0][1]))]
+    return round(min(cores, sum(x[0] for x in shared) / statistics.median(rounds)), 6)
+
+
 def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: str = "") -> HardwareProfile:
-    """The profile from every rank's ``measure`` (the slowest rank sets each rate: ranks run at once)."""
+    """The profile from every rank's ``measure``: single-core rates, the links measured with every
+    rank running, and the host's cores that the ranks share. The ranks measured compute one at a
+    time, so theirs are repeats of one measurement: the median over ranks is kept, of each rank's
+    own difference where a fixed cost is taken out (the maxima of two noisy figures, differenced,
+    once made a 16-token block look 10x faster than a 32-token one)."""
     from ..planner.cost_model import BWD_FLOPS
     m = CPU_MODEL
     hd = m.heads * m.head_dim
-    fwd, bwd = [], []
-    call_f = max(r["fwd"][CALL_LEN] for r in res)
-    call_b = max(r["bwd"][CALL_LEN] for r in res)
-    for L in SEQLENS:  # the rate of the FLOPs once the fixed cost of the call is taken out
-        fl = 2.0 * L * (L + 1) * hd
-        tf, tb = max(r["fwd"][L] for r in res), max(r["bwd"][L] for r in res)
-        fwd.append(fl / max(tf - call_f, 0.05 * tf) / 1e12)
-        bwd.append(BWD_FLOPS * fl / max(tb - call_b, 0.05 * tb) / 1e12)
-    gemm = 2.0 * 1024 * m.hidden * m.ffn / max(r["gemm"] for r in res) / 1e12
+
+    def med(f):
+        return statistics.median([f(r) for r in res])
+
+    def call(r, b):  # the fixed cost per call on the engine's path (the hot loop's, if not measured)
+        return r["engine_call"][b] if "engine_call" in r else r[("fwd", "bwd")[b]][CALL_LEN]
+    # The rates: FLOPs over a table call's time less the fixed cost of a call made the same way (hot
+    # loop for the causal table, the engine's path for the full one). The profile's fixed cost per
+    # call is the engine's: a causal block of a table length costs its hot-loop time plus what the
+    # engine's path adds per call, a full one what the engine's path took.
+    rates = {}
+    for key in ("", "full_"):
+        out = []
+        for b, d in enumerate(("fwd", "bwd")):
+            fixed = (lambda r: call(r, b)) if key else (lambda r: r[d][CALL_LEN])
+            ys = []
+            for L in SEQLENS:  # the rate of the FLOPs once the fixed cost of the call is taken out
+                fl = 4.0 * L * L * hd if key else 2.0 * L * (L + 1) * hd  # as the cost model counts them
+                fl *= BWD_FLOPS if b else 1.0
+                t = med(lambda r: r[key + d][L])
+                ys.append(fl / max(med(lambda r: r[key + d][L] - fixed(r)), 0.05 * t) / 1e12)
+            out.append(tuple(ys))
+        rates[key] = tuple(out)
+    call_f, call_b = med(lambda r: call(r, 0)), med(lambda r: call(r, 1))
+    gemm = 2.0 * 1024 * m.hidden * m.ffn / med(lambda r: r["gemm"]) / 1e12
     if world > 1:
-        bw, lat = fit_link(SIZES, [max(r["p2p"][n] for r in res if r["p2p"]) for n in SIZES])
+        bw, lat = fit_link(SIZES, [p2p_round_s(res, n) for n in SIZES])
     else:  # nothing to measure: a figure that never matters (no messages with one rank)
         bw, lat = 1e9, 0.0
     gpn = gpus_per_node or (world // 2 if world >= 4 else world)  # world 4: 2 virtual nodes of 2
     return HardwareProfile(
         name=name or f"cpu-w{world}", gpu="cpu (gloo, 1 thread per rank)", gemm_tflops=gemm,
-        attn_seqlen=SEQLENS, attn_fwd_tflops=tuple(fwd), attn_bwd_tflops=tuple(bwd),
+        attn_seqlen=SEQLENS, attn_fwd_tflops=rates[""][0], attn_bwd_tflops=rates[""][1],
+        attn_full_fwd_tflops=rates["full_"][0], attn_full_bwd_tflops=rates["full_"][1],
         nvlink_GBps=bw / 1e9, nvlink_latency_us=lat * 1e6, nic_GBps=bw / 1e9, nic_latency_us=lat * 1e6,
         gpus_per_node=gpn, nics_per_node=gpn, memory_GB=0.0,
-        attn_call_fwd_us=call_f * 1e6, attn_call_bwd_us=call_b * 1e6,
-        assumed=("measured on this machine by `zeppelin bench --validate-cpu`: every figure is a measurement "
-                 f"with {world} ranks running at once; nvlink and nic are the same gloo transport",))
+        attn_call_fwd_us=call_f * 1e6, attn_call_bwd_us=call_b * 1e6, host_cores=host_cores(res),
+        host_copy_GBps=copy_rate(res) / 1e9 if world > 1 else 0.0,
+        assumed=("measured on this machine by `zeppelin bench --validate-cpu`: compute rates with one rank "
+                 f"computing at a time (single core); host_cores = what the {world} ranks got computing at "
+                 f"once, at most the {min(r['cores'] for r in res)} cores of the affinity mask; links and "
+                 f"the copy rate with {world} ranks exchanging at once (median round); nvlink and nic are the "
+                 "same gloo transport",))
 
 
 def calibrate(world: int, repeat: int = 5, gpus_per_node: int = 0, name: str = "") -> HardwareProfile:

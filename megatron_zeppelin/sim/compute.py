@@ -16,8 +16,10 @@ Toy model (hidden 64, 4 heads of 16, 2 KV heads, FFN 128) at 100 TFLOP/s:
 >>> k.proj_s(1000) * 1e9   # ns for 1000 tokens, forward
 245.76
 
-``ring_step_s`` gives every member's compute of every ring step at once (vectorised over the ring's
-documents); it equals the planner's block-by-block sum:
+Off-diagonal ring blocks are full (non-causal) blocks: timed at the profile's full-block rates when
+it has them (profile.attn_full_*; a CPU kernel that does not skip masked tiles), else at the causal
+rates. ``ring_step_s`` gives every member's compute of every ring step at once (vectorised over the
+ring's documents); it equals the block-by-block sum:
 
 >>> from megatron_zeppelin.planner.predict import ring_step_blocks
 >>> ring, doc = Ring(0, (0, 1), "intra", (0,)), DocPlan(0, 6000, "intra", 0, -1, (0, 1500, 3000, 4500, 6000))
@@ -77,16 +79,30 @@ class LayerCosts:
 
     # Attention blocks: (q, kv, causal) of one layer.
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:
+        if not causal and self.cost.profile.attn_full_fwd_tflops:
+            return self._full_s(q, kv, False)
         return self.cost.block_fwd_s(q, kv, causal) + (self.call_fwd if q > 0 and kv > 0 else 0.0)
 
     def block_bwd_s(self, q: int, kv: int, causal: bool) -> float:
+        if not causal and self.cost.profile.attn_full_fwd_tflops:
+            return self._full_s(q, kv, True)
         t = self.cost.block_s(q, kv, causal, 1) - self.cost.block_fwd_s(q, kv, causal)
         return t + (self.call_bwd if q > 0 and kv > 0 else 0.0)
 
+    def _full_s(self, q: int, kv: int, backward: bool) -> float:
+        """A full block at the profile's full-block rate (only when the profile has that table)."""
+        if q <= 0 or kv <= 0:
+            return 0.0
+        hd = max(1, self.cost.model.heads // self.cost.tp) * self.cost.model.head_dim
+        fl = 4.0 * q * kv * hd * (BWD_FLOPS if backward else 1.0)
+        return fl / float(self._rate(np.array([q]), backward, True)[0]) + (self.call_bwd if backward else self.call_fwd)
+
     # Vectorised: every (member, step) of a zigzag ring.
-    def _rate(self, q: np.ndarray, backward: bool) -> np.ndarray:
+    def _rate(self, q: np.ndarray, backward: bool, full: bool = False) -> np.ndarray:
         p = self.cost.profile
         ys = p.attn_bwd_tflops if backward else p.attn_fwd_tflops
+        if full and p.attn_full_fwd_tflops:  # the profile's own table for non-causal blocks
+            ys = p.attn_full_bwd_tflops if backward else p.attn_full_fwd_tflops
         # the profile interpolates linearly in log2(length) and clamps at both ends, as np.interp does
         return np.interp(np.log2(np.maximum(q, 1)), np.log2(p.attn_seqlen), ys) * 1e12
 
@@ -104,12 +120,13 @@ class LayerCosts:
                 j = (i - s) % g
                 for a in (i, 2 * g - 1 - i):
                     q = ch[:, a]
-                    rf, rb = self._rate(q, False), self._rate(q, True)
                     for kb in (j, 2 * g - 1 - j):
                         if kb > a:
                             continue
                         k = ch[:, kb]
-                        fl = np.where(kb == a, 2.0 * q * (q + 1) * hd, 4.0 * q * k * hd)
+                        diag = kb == a  # causal diagonal block, else a full one
+                        fl = 2.0 * q * (q + 1) * hd if diag else 4.0 * q * k * hd
+                        rf, rb = self._rate(q, False, not diag), self._rate(q, True, not diag)
                         live = (q > 0) & (k > 0)
                         fl = np.where(live, fl, 0.0)
                         calls = int(live.sum())  # one kernel call per visible block

@@ -5,6 +5,9 @@ stream is a chain of delays, so its kernels run one at a time in program order).
 link latency, then moves its bytes over two links at the max-min fair rate it gets among all flows
 active at the same time (network.fair_rates); rates are recomputed whenever a flow starts or ends.
 A delay of 0 seconds is a join (e.g. "all of this rank's messages of a step are done").
+A *work* task is a compute kernel on a shared host CPU (host.py): its seconds are one core's work,
+done at the max-min fair rate it gets on two resources, its rank's core (capacity 1) and the host
+(capacity = cores), exactly as a flow moves bytes over its two links: processor sharing.
 
 One flow alone on a 100 B/s link takes latency + bytes / bandwidth; two flows sharing the port take
 twice as long:
@@ -19,6 +22,13 @@ twice as long:
 >>> g = TaskGraph(); x = g.flow(1000, (0, 1)); y = g.flow(1000, (0, 2))
 >>> float(g.run(np.array([100.0, 100.0, 100.0])).end[y])
 20.0
+
+Four ranks' 1 s kernels on a host of 2 cores (resources: cores 0-3 of capacity 1, host 4 of
+capacity 2) each run at half a core:
+
+>>> g = TaskGraph(); w = [g.work(1.0, (r, 4)) for r in range(4)]
+>>> float(g.run(np.array([1.0, 1.0, 1.0, 1.0, 2.0])).makespan)
+2.0
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ import numpy as np
 
 from .network import fair_rates
 
-DELAY, FLOW = 0, 1
+DELAY, FLOW, WORK = 0, 1, 2  # WORK: compute sharing the host CPU (nbytes = core-seconds)
 
 
 @dataclass
@@ -82,6 +92,17 @@ class TaskGraph:
             return self._add(DELAY, latency, 0.0, (-1, -1), deps, tag)
         return self._add(FLOW, latency, nbytes, tuple(links), deps, tag)
 
+    def work(self, seconds: float, links: Tuple[int, int], deps: Sequence[Optional[int]] = (),
+             tag: Optional[tuple] = None) -> int:
+        """``seconds`` of one core's compute on (rank's core, host) resources (network.LinkTable.cpu)."""
+        if seconds <= 0:
+            return self._add(DELAY, 0.0, 0.0, (-1, -1), deps, tag)
+        return self._add(WORK, 0.0, seconds, tuple(links), deps, tag)
+
+    def seconds(self, i: int) -> float:
+        """A compute task's own seconds (its work at one core for WORK; the delay otherwise)."""
+        return self.nbytes[i] if self.kind[i] == WORK else self.dur[i]
+
     def run(self, capacity: np.ndarray) -> RunResult:
         n = len(self.kind)
         start = np.full(n, np.nan)
@@ -95,7 +116,7 @@ class TaskGraph:
 
         def ready(i: int, t: float):
             start[i] = t
-            heapq.heappush(heap, (t + self.dur[i], i, 0 if self.kind[i] == DELAY else 1))
+            heapq.heappush(heap, (t + self.dur[i], i, 0 if self.kind[i] == DELAY else 1))  # flow or work: shared
 
         for i in range(n):
             if npred[i] == 0:

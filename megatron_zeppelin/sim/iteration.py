@@ -32,6 +32,7 @@ from ..profile import HardwareProfile
 from .allreduce import allreduce_s, exposed_s
 from .compute import LayerCosts
 from .events import FLOW, TaskGraph
+from .host import shared_makespan
 from .layer import LayerBuilder
 from .network import LinkTable
 
@@ -89,11 +90,12 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
     topo = plan.topology
     cost = CostModel(model, profile, topo, tp)
     costs = LayerCosts(cost)
-    links = LinkTable(topo, cost.bandwidth("nvlink"), cost.bandwidth("nic"))
+    links = LinkTable(topo, cost.bandwidth("nvlink"), cost.bandwidth("nic"), profile.host_cores,
+                      profile.host_copy_GBps * 1e9)
     L = model.layers
     world = plan.world_size
     head = [costs.head_iteration_s(plan.tokens(r, "linear")) for r in range(world)]
-    head_s = max(head)
+    head_s = shared_makespan(head, profile.host_cores)
     runs: List[_Run] = []
     if opt.layers == "scale":
         cache: dict = {}
@@ -147,8 +149,8 @@ def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L
                 a, b = g.links[i]
                 link_bytes[a] += g.nbytes[i] * run.times
                 link_bytes[b] += g.nbytes[i] * run.times
-            elif tag is not None:
-                per_rank[tag[0]][tag[1]] += g.dur[i] * run.times
+            elif tag is not None:  # a compute task: its own seconds (at one core, if on a shared host)
+                per_rank[tag[0]][tag[1]] += g.seconds(i) * run.times
             if tag is not None and res.end[i] > res.start[i]:
                 timeline.append((tag[0], tag[1], tag[2], float(res.start[i] + run.offset),
                                  float(res.end[i] + run.offset)))
@@ -158,6 +160,8 @@ def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L
     nics = []
     kinds = defaultdict(float)
     for idx, (kind, i) in enumerate(links.keys):
+        if kind in ("core", "io", "host"):  # CPU resources carry compute, not bytes
+            continue
         kinds["nic" if kind.startswith("nic") else "nvlink"] += link_bytes[idx] / 2  # each flow counted at both ends
     for n in range(plan.topology.num_nics):
         out_b = float(link_bytes[links.index[("nic_out", n)]])
@@ -175,7 +179,8 @@ def simulate_attention(plan: Plan, profile: HardwareProfile, model: ModelSpec, *
     """Seconds of one layer's core attention, forward then backward, every rank starting together
     (what one engine call plus its backward takes): the term validated against measured runs."""
     cost = CostModel(model, profile, plan.topology, tp)
-    links = LinkTable(plan.topology, cost.bandwidth("nvlink"), cost.bandwidth("nic"))
+    links = LinkTable(plan.topology, cost.bandwidth("nvlink"), cost.bandwidth("nic"), profile.host_cores,
+                      profile.host_copy_GBps * 1e9)
     g = TaskGraph()
     b = LayerBuilder(plan, LayerCosts(cost), links, g, False)
     b.attention(False)

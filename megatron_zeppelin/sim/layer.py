@@ -92,8 +92,15 @@ class LayerBuilder:
         self._ring_cache: Dict[int, tuple] = {} if ring_cache is None else ring_cache  # shared fwd/bwd
 
     # --- helpers -----------------------------------------------------------------------------
-    def compute(self, rank: int, seconds: float, cat: str, deps=()) -> int:
-        self.cursor[rank] = self.g.delay(seconds, [self.cursor[rank], *deps], tag=(rank, cat, cat))
+    def compute(self, rank: int, seconds: float, cat: str, deps=(), cpu: bool = True) -> int:
+        """A kernel on ``rank``'s stream; on a shared host CPU (``links.cpu``) it shares the cores
+        with the other ranks' kernels (``cpu=False``: not CPU work, e.g. a TP collective)."""
+        res = self.links.cpu(rank) if cpu else None
+        deps = [self.cursor[rank], *deps]
+        if res is None:
+            self.cursor[rank] = self.g.delay(seconds, deps, tag=(rank, cat, cat))
+        else:
+            self.cursor[rank] = self.g.work(seconds, res, deps, tag=(rank, cat, cat))
         return self.cursor[rank]
 
     def _wait(self, ends: Dict[int, int]):
@@ -116,7 +123,7 @@ class LayerBuilder:
     def _tp(self, tokens: List[int]):
         if self.tp_comm and self.k.cost.tp > 1:
             for r in range(self.world):
-                self.compute(r, self.k.tp_allreduce_s(tokens[r]), "tp_comm")
+                self.compute(r, self.k.tp_allreduce_s(tokens[r]), "tp_comm", cpu=False)
 
     # --- attention ---------------------------------------------------------------------------
     def _hops(self, ops, scale: float) -> List[Hop]:

@@ -40,15 +40,32 @@ def op_links(link: str, src: int, dst: int, nic: int, topo: Topology) -> Tuple[L
 
 
 class LinkTable:
-    """Index of the links of one topology with their capacities (bytes/s)."""
+    """Index of the links of one topology with their capacities (bytes/s).
 
-    def __init__(self, topo: Topology, nvlink_Bps: float, nic_Bps: float):
+    With ``host_cores`` > 0 (all ranks on one host CPU: profile ``host_cores``) it also holds the CPU
+    as shared resources for compute tasks (events.TaskGraph.work): a core per rank (capacity 1: a
+    rank's kernels run one at a time), an I/O thread per rank (capacity 1: the transport's copies of
+    its messages, ``copy_Bps`` bytes per CPU second, 0 = free) and the host (capacity ``host_cores``);
+    ``cpu(rank)`` and ``io(rank)`` name them.
+
+    >>> from megatron_zeppelin.topology import Topology
+    >>> t = LinkTable(Topology(1, 2), 1.0, 1.0, host_cores=1)
+    >>> t.cpu(1), t.io(1), t.capacity[list(t.cpu(1))].tolist(), LinkTable(Topology(1, 2), 1.0, 1.0).cpu(1)
+    ((9, 12), (11, 12), [1.0, 1.0], None)
+    """
+
+    def __init__(self, topo: Topology, nvlink_Bps: float, nic_Bps: float, host_cores: float = 0.0,
+                 copy_Bps: float = 0.0):
         self.topo = topo
+        self.host_cores = float(host_cores)
+        self.copy_Bps = float(copy_Bps) if host_cores > 0 else 0.0
         self.keys: List[LinkKey] = []
         self.index: Dict[LinkKey, int] = {}
         caps = []
+        w = topo.world_size
+        cpu = (("core", w, 1.0), ("io", w, 1.0), ("host", 1, self.host_cores)) if host_cores > 0 else ()
         for kind, n, cap in (("nv_out", topo.world_size, nvlink_Bps), ("nv_in", topo.world_size, nvlink_Bps),
-                             ("nic_out", topo.num_nics, nic_Bps), ("nic_in", topo.num_nics, nic_Bps)):
+                             ("nic_out", topo.num_nics, nic_Bps), ("nic_in", topo.num_nics, nic_Bps)) + cpu:
             for i in range(n):
                 self.index[(kind, i)] = len(self.keys)
                 self.keys.append((kind, i))
@@ -58,6 +75,22 @@ class LinkTable:
     def of(self, link: str, src: int, dst: int, nic: int) -> Tuple[int, int]:
         a, b = op_links(link, src, dst, nic, self.topo)
         return self.index[a], self.index[b]
+
+    def cpu(self, rank: int):
+        """(rank's core, host) resource indices for a compute task; None when the CPU is not modelled."""
+        if self.host_cores <= 0:
+            return None
+        return self.index[("core", rank)], self.index[("host", 0)]
+
+    def io(self, rank: int):
+        """(rank's I/O thread, host) for the CPU its messages' copies take; None when not modelled."""
+        if self.host_cores <= 0:
+            return None
+        return self.index[("io", rank)], self.index[("host", 0)]
+
+    def copy_s(self, nbytes: float) -> float:
+        """CPU seconds one end of a message spends copying it (0 when not modelled)."""
+        return nbytes / self.copy_Bps if self.copy_Bps > 0 else 0.0
 
 
 def fair_rates(flow_links: np.ndarray, capacity: np.ndarray) -> np.ndarray:

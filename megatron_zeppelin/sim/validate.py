@@ -3,14 +3,23 @@
 For each strategy one batch (a long document plus a long tail of short ones) is planned on the CPU
 topology (world 2: one node of 2; world 4: two virtual nodes of 2), and every rank runs the attention
 engine's forward and backward on its share (float32, CPU_MODEL's heads); the measured time of an
-iteration is the slowest rank's, from a common barrier, median over repeats. The simulator predicts
+iteration is the slowest rank's, from a common barrier, median over repeats (with more ranks than
+cores one iteration's time depends on where the scheduler puts the ranks: packed_dp at world 4 took
+153-209 ms within one run, and the minimum picks the luckiest placement). The simulator predicts
 the same quantity (iteration.simulate_attention: one layer's core attention, forward then backward)
-from a profile calibrated with the same number of ranks running at once.
+from a profile calibrated in the same spawned run (calibrate/concurrent.py: single-core compute
+rates and the host's cores, which the simulator shares among the ranks computing at once).
+
+This machine is shared: other processes' CPU time during each timed repeat is measured (the host's
+busy time from /proc/stat minus the ranks' own) and repeats where others kept more than
+BACKGROUND_MAX cores busy are not used; a row with no clean repeat is marked ``clean: false``.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import statistics
 import time
 from typing import List, Sequence
 
@@ -19,6 +28,9 @@ from ..profile import HardwareProfile
 from ..topology import Topology
 from ..calibrate.concurrent import CPU_MODEL
 from .iteration import simulate_attention
+
+
+BACKGROUND_MAX = 0.25  # cores of other processes above which a timed repeat is not used
 
 
 def make_batch(seed: int, tokens: int, longest: int) -> List[int]:
@@ -34,6 +46,14 @@ def cpu_topology(world: int) -> Topology:
     return Topology(2, world // 2, world // 2) if world >= 4 else Topology(1, world, world)
 
 
+def cpu_config(topo: Topology, strategy: str) -> ZeppelinConfig:
+    """The planner's config for one strategy. static_cp and allgather_cp are pinned at CP = world:
+    the validation tests the simulator, and their predicted-best CP size on a CPU is 1 (packed_dp
+    again), which would leave their ring exchanges unmeasured."""
+    cp = topo.world_size if strategy in ("static_cp", "allgather_cp") else 0
+    return ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node, cp_size=cp)
+
+
 def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[int], calib_repeat: int,
           repeat: int):
     import torch
@@ -47,11 +67,10 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
     dist.all_gather_object(every, mine)
     profile = profile_from(every, world)  # the same on every rank
     topo = cpu_topology(world)
-    config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node)
     m = CPU_MODEL
     times = []
     for s in strategies:
-        plan = plan_batch(list(lengths), topo, profile, m, config, strategy=s)
+        plan = plan_batch(list(lengths), topo, profile, m, cpu_config(topo, s), strategy=s)
         t = plan.tokens(rank)
         g = torch.Generator().manual_seed(rank)
         q = torch.randn(t, m.heads, m.head_dim, generator=g, requires_grad=True)
@@ -62,12 +81,38 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
         ts = []
         for i in range(repeat + 1):  # the first is a warm-up
             dist.barrier()
+            b0, c0 = host_busy_s(), time.process_time()
             t0 = time.perf_counter()
             eng(q, k, v).backward(dout)
-            ts.append(time.perf_counter() - t0)
+            t = time.perf_counter() - t0
+            dist.barrier()  # the load window closes when every rank is done
+            ts.append((t, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
             q.grad = k.grad = v.grad = None
         times.append(ts[1:])
     return (profile.to_dict() if rank == 0 else None), times
+
+
+def host_busy_s() -> float:
+    """Seconds the host's CPUs have been busy since boot (/proc/stat: all but idle and iowait; steal
+    counts, as other guests of a hypervisor take it); nan where there is no /proc."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return float("nan")
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def background_cores(per_rank: Sequence[Sequence[float]]) -> float:
+    """Cores that other processes kept busy during one timed repeat: the host's busy seconds minus
+    the ranks' own CPU seconds, over the window (``per_rank[r]`` = (time, cpu_s, host_busy_s,
+    window_s) of rank r; the host figures are rank 0's). /proc/stat counts in 10 ms ticks.
+
+    >>> round(background_cores([(0.1, 0.1, 0.3, 0.2), (0.1, 0.1, 0.0, 0.2)]), 6)  # 0.1 s of others in 0.2 s
+    0.5
+    """
+    own = sum(r[1] for r in per_rank)
+    return max(0.0, per_rank[0][2] - own) / per_rank[0][3]
 
 
 def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3, calib_repeat: int = 5,
@@ -79,14 +124,17 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
     res = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
     profile = HardwareProfile.from_dict(res[0][0])
     topo = cpu_topology(world)
-    config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node)
     rows = []
     for j, s in enumerate(strategies):
-        plan = plan_batch(lengths, topo, profile, CPU_MODEL, config, strategy=s)
-        per_iter = [max(res[r][1][j][i] for r in range(world)) for i in range(repeat)]  # slowest rank
-        measured = min(per_iter)
+        plan = plan_batch(lengths, topo, profile, CPU_MODEL, cpu_config(topo, s), strategy=s)
+        per_iter = [max(res[r][1][j][i][0] for r in range(world)) for i in range(repeat)]  # slowest rank
+        bg = [background_cores([res[r][1][j][i] for r in range(world)]) for i in range(repeat)]
+        clean = [t for t, b in zip(per_iter, bg) if not b > BACKGROUND_MAX]  # nan (no /proc): kept
+        measured = statistics.median(clean or per_iter)
         predicted = simulate_attention(plan, profile, CPU_MODEL)
-        rows.append({"world": world, "strategy": s, "measured_s": measured, "predicted_s": predicted,
-                     "error": predicted / measured - 1.0, "repeats": per_iter, "classes": plan.class_counts(),
+        rows.append({"world": world, "strategy": s, "measured_s": measured, "measured_min_s": min(clean or per_iter),
+                     "predicted_s": predicted,
+                     "error": predicted / measured - 1.0, "repeats": per_iter, "background_cores": bg,
+                     "clean": bool(clean), "classes": plan.class_counts(),
                      "documents": len(lengths), "tokens": sum(lengths), "ops": len(plan.schedule)})
     return profile, rows

@@ -1,0 +1,194 @@
+"""Host-CPU contention (sim/host.py) and the CPU calibration's profile terms, on cases with known answers."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from megatron_zeppelin.calibrate.concurrent import CALL_LEN, CPU_MODEL, SEQLENS, SIZES, profile_from
+from megatron_zeppelin.planner import plan_batch
+from megatron_zeppelin.planner.cost_model import BWD_FLOPS, CostModel
+from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
+from megatron_zeppelin.profile import HardwareProfile, load_profile
+from megatron_zeppelin.sim.compute import LayerCosts
+from megatron_zeppelin.sim.events import TaskGraph
+from megatron_zeppelin.sim.host import shared_makespan
+from megatron_zeppelin.sim.iteration import SimOptions, simulate, simulate_attention
+from megatron_zeppelin.sim.network import LinkTable
+from megatron_zeppelin.topology import Topology
+
+
+def _host(world, cores):
+    """Capacities of ``world`` cores (1 each) and one host of ``cores``: resource r is rank r's core."""
+    return np.array([1.0] * world + [float(cores)])
+
+
+def test_four_equal_ranks_on_two_cores_take_twice_as_long():
+    g = TaskGraph()
+    ends = [g.work(1.0, (r, 4)) for r in range(4)]
+    res = g.run(_host(4, 2))
+    assert [res.end[e] for e in ends] == pytest.approx([2.0] * 4)
+
+
+def test_one_rank_alone_runs_at_one_core():
+    g = TaskGraph()
+    e = g.work(1.0, (0, 4))
+    assert g.run(_host(4, 2)).end[e] == pytest.approx(1.0)  # a rank is one thread: never more than a core
+
+
+def test_ranks_up_to_the_core_count_do_not_slow_each_other():
+    g = TaskGraph()
+    for r in range(2):
+        g.work(1.0, (r, 4))
+    assert g.run(_host(4, 2)).makespan == pytest.approx(1.0)
+
+
+def test_a_waiting_rank_takes_no_core():
+    """One core: rank 0 computes 2 s; rank 1 waits 1 s (a message), then computes 1 s. Rank 0 runs
+    alone for the first second, then both at half a core: 1 s of work left each, both end at 3 s."""
+    g = TaskGraph()
+    a = g.work(2.0, (0, 2))
+    msg = g.delay(1.0)
+    b = g.work(1.0, (1, 2), deps=[msg])
+    res = g.run(_host(2, 1))
+    assert res.end[a] == pytest.approx(3.0) and res.end[b] == pytest.approx(3.0)
+
+
+def test_kernels_of_one_rank_stay_sequential_and_reshare_as_others_finish():
+    g = TaskGraph()
+    a1 = g.work(1.0, (0, 2))
+    a2 = g.work(1.0, (0, 2), deps=[a1])
+    b = g.work(0.5, (1, 2))
+    res = g.run(_host(2, 1))
+    # both at 1/2 until b is done at 1 s (rank 0 has done 0.5), then rank 0 alone: 1.5 s more
+    assert res.end[b] == pytest.approx(1.0) and res.end[a1] == pytest.approx(1.5)
+    assert res.end[a2] == pytest.approx(2.5)
+
+
+def test_link_table_cpu_resources():
+    topo = Topology(1, 4)
+    t = LinkTable(topo, 1e9, 1e9, host_cores=2)
+    core, host = t.cpu(3)
+    assert t.keys[core] == ("core", 3) and t.keys[host] == ("host", 0)
+    assert t.capacity[core] == 1.0 and t.capacity[host] == 2.0
+    assert LinkTable(topo, 1e9, 1e9).cpu(3) is None
+    assert t.keys[t.io(3)[0]] == ("io", 3) and t.io(3)[1] == host
+    assert len(LinkTable(topo, 1e9, 1e9).capacity) == len(t.capacity) - 9  # 4 cores, 4 I/O threads, host
+
+
+def _equal_plan(world):
+    topo = Topology(1, world)
+    return plan_batch([1000] * world, topo, TOY_PROFILE, TOY_MODEL, strategy="packed_dp")
+
+
+@pytest.mark.parametrize("cores, factor", [(1, 4.0), (2, 2.0), (4, 1.0), (8, 1.0)])
+def test_equal_ranks_attention_scales_with_ranks_per_core(cores, factor):
+    plan = _equal_plan(4)
+    alone = simulate_attention(plan, TOY_PROFILE, TOY_MODEL)
+    shared = simulate_attention(plan, replace(TOY_PROFILE, host_cores=cores), TOY_MODEL)
+    assert shared == pytest.approx(factor * alone, rel=1e-9)
+
+
+def test_unequal_ranks_match_processor_sharing():
+    """packed_dp (no messages): one layer's attention forward then backward per rank is one kernel
+    chain, so the simulated time is the processor-sharing makespan of each rank's total."""
+    topo = Topology(1, 4)
+    plan = plan_batch([3000, 1500, 800, 400, 200, 100], topo, TOY_PROFILE, TOY_MODEL, strategy="packed_dp")
+    k = LayerCosts(CostModel(TOY_MODEL, TOY_PROFILE, topo))
+    work = [sum(k.block_fwd_s(d.length, d.length, True) + k.block_bwd_s(d.length, d.length, True)
+                for d in plan.docs if d.owner == r) for r in range(4)]
+    assert len(set(np.round(work, 12))) > 1  # a real imbalance
+    for cores in (1, 2, 3):
+        got = simulate_attention(plan, replace(TOY_PROFILE, host_cores=cores), TOY_MODEL)
+        assert got == pytest.approx(shared_makespan(work, cores), rel=1e-9)
+    assert simulate_attention(plan, TOY_PROFILE, TOY_MODEL) == pytest.approx(max(work), rel=1e-9)
+
+
+def test_host_cores_zero_leaves_results_unchanged():
+    plan = plan_batch([6000, 3000, 900, 500, 300] * 2, Topology(2, 4, 2), TOY_PROFILE, TOY_MODEL)
+    base = simulate(plan, TOY_PROFILE, TOY_MODEL)
+    same = simulate(plan, replace(TOY_PROFILE, host_cores=0.0), TOY_MODEL)
+    assert same.iteration_s == base.iteration_s and same.rank_compute_s == base.rank_compute_s
+    # as many cores as ranks: nobody waits for a core, the same times (up to rounding of the rates)
+    roomy = simulate(plan, replace(TOY_PROFILE, host_cores=8), TOY_MODEL, options=SimOptions(layers="all"))
+    exact = simulate(plan, TOY_PROFILE, TOY_MODEL, options=SimOptions(layers="all"))
+    assert roomy.iteration_s == pytest.approx(exact.iteration_s, rel=1e-9)
+    assert roomy.link_bytes == pytest.approx(exact.link_bytes)
+    # compute seconds per rank are a core's seconds either way; sharing only stretches the timeline
+    tight = simulate(plan, replace(TOY_PROFILE, host_cores=2), TOY_MODEL)
+    assert tight.iteration_s > base.iteration_s
+    for a, b in zip(tight.rank_compute_s, base.rank_compute_s):
+        assert a == pytest.approx(b)
+
+
+def test_full_block_rates():
+    """A profile whose full-block rate is twice its causal rate times a full L x L block like a
+    causal one (torch's CPU flash kernel at <= 512 tokens); without the table, twice as long."""
+    p = replace(TOY_PROFILE, attn_full_fwd_tflops=tuple(2 * x for x in TOY_PROFILE.attn_fwd_tflops),
+                attn_full_bwd_tflops=tuple(2 * x for x in TOY_PROFILE.attn_bwd_tflops))
+    topo = Topology(1, 2)
+    plain, cpu = (LayerCosts(CostModel(TOY_MODEL, q, topo)) for q in (TOY_PROFILE, p))
+    L = 1000
+    assert plain.block_fwd_s(L, L, False) == pytest.approx(2 * plain.block_fwd_s(L, L, True), rel=2e-3)
+    assert cpu.block_fwd_s(L, L, False) == pytest.approx(cpu.block_fwd_s(L, L, True), rel=2e-3)
+    assert cpu.block_bwd_s(L, L, False) == pytest.approx(cpu.block_bwd_s(L, L, True), rel=2e-3)
+
+
+def test_profile_round_trip_and_gpu_presets_unchanged(tmp_path):
+    p = replace(TOY_PROFILE, host_cores=2.0, attn_full_fwd_tflops=(30.0, 150.0), attn_full_bwd_tflops=(20.0, 90.0))
+    path = tmp_path / "p.yaml"
+    p.save(str(path))
+    assert load_profile(str(path)) == p
+    d = load_profile("h200").to_dict()
+    assert "host_cores" not in d and "full_fwd_tflops" not in d["attention"]
+    assert load_profile("h200").host_cores == 0.0
+    with pytest.raises(Exception, match="full_fwd_tflops"):
+        replace(TOY_PROFILE, attn_full_fwd_tflops=(1.0,))
+    with pytest.raises(Exception, match="host_cores"):
+        replace(TOY_PROFILE, host_cores=-1.0)
+
+
+def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, call_f, call_b, cores):
+    """What ``measure`` would report on a machine with these exact costs."""
+    hd = CPU_MODEL.heads * CPU_MODEL.head_dim
+    out = {"cores": cores, "fwd": {}, "bwd": {}, "full_fwd": {}, "full_bwd": {},
+           "gemm": 2.0 * 1024 * CPU_MODEL.hidden * CPU_MODEL.ffn / 1e11,
+           "p2p": {n: [1e-4 + n / 1e9, 9.0, 1e-4 + n / 1e9] for n in SIZES},  # one round held up
+           "p2p_cpu": {n: [5e-5 + 2 * n / 4e9] * 3 for n in SIZES}}  # 4 GB/s copies at each end
+    for L in (CALL_LEN,) + SEQLENS:
+        c = 2.0 * L * (L + 1) * hd
+        out["fwd"][L] = call_f + c / (rate_fwd * 1e12)
+        out["bwd"][L] = call_b + BWD_FLOPS * c / (rate_bwd * 1e12)
+        f = 4.0 * L * L * hd
+        out["full_fwd"][L] = call_f + 2e-5 + f / (full_fwd * 1e12)  # timed on the engine's path
+        out["full_bwd"][L] = call_b + 1e-5 + BWD_FLOPS * f / (full_bwd * 1e12)
+    out["fwd"][CALL_LEN], out["bwd"][CALL_LEN] = call_f, call_b  # the call-cost probe: all fixed cost
+    out["engine_call"] = (call_f + 2e-5, call_b + 1e-5)  # the engine's path adds 20 / 10 us per call
+    return out
+
+
+def test_calibration_recovers_known_costs():
+    res = [_synthetic(0.02, 0.025, 0.04, 0.05, 1.3e-4, 0.9e-4, 2)] * 2
+    p = profile_from(res, 2)
+    assert isinstance(p, HardwareProfile) and p.host_cores == 2.0
+    assert p.attn_call_fwd_us == pytest.approx(150.0) and p.attn_call_bwd_us == pytest.approx(100.0)
+    assert p.attn_fwd_tflops == pytest.approx([0.02] * len(SEQLENS))
+    assert p.attn_full_bwd_tflops == pytest.approx([0.05] * len(SEQLENS))
+    assert p.nvlink_GBps == pytest.approx(1.0) and p.nvlink_latency_us == pytest.approx(100.0)
+    assert p.gemm_tflops == pytest.approx(0.1) and p.host_copy_GBps == pytest.approx(4.0)
+
+
+def test_message_copies_take_host_cpu():
+    """One core; rank 0 computes 1 s while rank 1 sends rank 2 a message whose copy takes 0.5 s of
+    CPU at each end (the link itself is ~free). The compute and both copies share the core: the
+    copies end at 1.5 s, the compute (0.5 s done by then) at 2 s. Without the copy cost: 1 s."""
+    from megatron_zeppelin.sim.executor import Hop, run_step
+    topo = Topology(1, 3)
+    for copy, want_msg, want_compute in ((1e9, 1.5, 2.0), (0.0, 0.0, 1.0)):
+        links = LinkTable(topo, 1e18, 1e18, host_cores=1, copy_Bps=copy)
+        g = TaskGraph()
+        c = g.work(1.0, links.cpu(0))
+        ends = run_step(g, links, topo, [Hop("direct", 1, 2, 5e8, "nvlink", -1, "x")], {}, {"nvlink": 0.0, "nic": 0.0})
+        res = g.run(links.capacity)
+        assert res.end[ends[2]] == pytest.approx(want_msg, abs=1e-6)
+        assert res.end[c] == pytest.approx(want_compute, abs=1e-6)
