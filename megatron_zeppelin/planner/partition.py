@@ -263,26 +263,24 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
             break  # the free rings are already near the lower bound: aligned ones cannot gain much
         pk = (rate_kind, inter, rings)
         if pk not in placed:
-            chosen = _choose(lengths, ctx, rate_kind, inter, rings)
-            key = (tuple(sorted(chosen[1].items())), tuple(sorted(chosen[2].items())))
-            if key in seen:  # the same placement as an earlier variant (no document near a threshold)
-                placed[pk] = None
-            else:
+            placed[pk] = []
+            for chosen in _choose(lengths, ctx, rate_kind, inter, rings):
+                key = (tuple(sorted(chosen[1].items())), tuple(sorted(chosen[2].items())))
+                if key in seen:  # the same placement as an earlier one (no document near a threshold)
+                    continue
                 seen[key] = pk
                 pl0 = _placement(lengths, ctx, *chosen)
                 pl0.remap = False
-                placed[pk] = (pl0, prepare(ctx, pl0))
-        if placed[pk] is None:
-            continue
-        pl0, pre = placed[pk]
-        pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-        try:
-            plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
-        except PlanError as e:  # this variant's linear layout is over a set capacity: try the others
-            err = e
-            continue
-        if best is None or plan.predicted_iteration_s < best[0]:
-            best = (plan.predicted_iteration_s, k, pl, plan)
+                placed[pk].append((pl0, prepare(ctx, pl0)))
+        for pl0, pre in placed[pk]:
+            pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
+            try:
+                plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
+            except PlanError as e:  # this variant's linear layout is over a set capacity: try the others
+                err = e
+                continue
+            if best is None or plan.predicted_iteration_s < best[0]:
+                best = (plan.predicted_iteration_s, k, pl, plan)
     if best is None:
         raise err
     t, k, pl, plan = best
@@ -292,14 +290,16 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:
-    pl = _placement(lengths, ctx, *_choose(lengths, ctx, rate_kind, inter, rings))
+    pl = _placement(lengths, ctx, *_choose(lengths, ctx, rate_kind, inter, rings)[0])
     pl.remap = remap != "off"
     pl.balance_linear = remap == "time"
     return pl
 
 
 def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = "free"):
-    """The greedy's best pass: (order, ring_of, owner, thresholds, meta), the arguments of _placement."""
+    """The greedy's passes worth assembling: [(order, ring_of, owner, thresholds, meta)], the
+    arguments of _placement. Free rings: the pass of least estimate. Aligned rings: every pass, as
+    their loads charge ring waiting only roughly and the honest prediction picks among them."""
     cost = ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
     order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
@@ -308,16 +308,18 @@ def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = 
     budget = float(whole.sum()) / ctx.topology.world_size
     th = zeppelin_thresholds(ctx)
     args = (ctx, L.tolist(), whole.tolist(), order.tolist(), th, rate, {}, inter == "forced", rings == "aligned")
-    best = None
+    passes = []
     for f in (TARGETS_ALIGNED if rings == "aligned" else TARGETS):
         ring_of, owner, est = _greedy(*args, budget * f)
-        if best is None or est < best[0]:
-            best = (est, f, ring_of, owner)
+        passes.append((est, f, ring_of, owner))
         if est <= GOOD * budget:
             break
-    est, f, ring_of, owner = best
-    meta = {"budget_s": f"{budget:.6g}", "target": f"{f:g}", "estimate_s": f"{est:.6g}"}
-    return order, ring_of, owner, th, meta
+    passes.sort(key=lambda x: x[0])  # stable: ties keep the earlier target
+    out = []
+    for est, f, ring_of, owner in (passes if rings == "aligned" else passes[:1]):
+        meta = {"budget_s": f"{budget:.6g}", "target": f"{f:g}", "estimate_s": f"{est:.6g}"}
+        out.append((order, ring_of, owner, th, meta))
+    return out
 
 
 def _estimate(ranks: _Ranks, g: int) -> float:

@@ -135,6 +135,7 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
         if not r.get("error"):
             by_key[r["key"]][r["variant"]] = r
     speed: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
+    ceiling: Dict[str, List[float]] = defaultdict(list)  # baseline / lower bound: no strategy beats it by more
     lb = []
     for key, vs in by_key.items():
         z = vs.get(reference)
@@ -144,6 +145,7 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
         for v, r in vs.items():
             if v != reference:
                 speed[v].append((key, r["iteration_s"] / z["iteration_s"]))
+                ceiling[v].append(r["iteration_s"] / z["lower_bound_s"])
     oom: Dict[str, int] = defaultdict(int)  # configurations where only the baseline runs out of memory
     for r in records:
         if "runs out of memory" in (r.get("error") or "") and reference in by_key.get(r["key"], {}):
@@ -154,6 +156,7 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
         s["losses"] = [k for k, x in pairs if x < 1.0]
         s["loss_speedups"] = [x for k, x in pairs if x < 1.0]
         s["out_of_memory"] = oom.get(v, 0)
+        s["lower_bound_ratio"] = sum(ceiling[v]) / len(ceiling[v])  # the most any strategy could gain, mean
         summary[v] = s
     out = {"summary": summary}
     if lb:

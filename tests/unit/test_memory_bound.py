@@ -99,3 +99,12 @@ def test_aligned_rings_keep_documents_on_the_smallest_rings_memory_allows():
     s = plan_batch(lengths, topo, profile, spec, cfg, strategy="static_cp")
     assert sorted(r.ranks for r in z.rings) == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert z.predicted_iteration_s <= s.predicted_iteration_s * (1 + 1e-9)
+
+
+def test_the_prediction_picks_among_the_aligned_passes():
+    # llama-7b on H800 with the batch memory allows: a 64K document needs 15+ ranks. The least-estimate
+    # pass spreads it over all 32 ranks; the honest prediction prefers the pass that keeps it on 16 (2 nodes).
+    lengths, topo, profile, spec, cfg, cap = _memory_batch("prolong64k", "h800", "llama-7b")
+    plan = plan_batch(lengths, topo, profile, spec, cfg, strategy="zeppelin")
+    assert [r.size for r in plan.rings if r.cls == "inter"] == [16]
+    assert "aligned" in dict(plan.meta)["variant"]
