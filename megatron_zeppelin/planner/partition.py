@@ -151,15 +151,14 @@ def _intra(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
     return best
 
 
-def _intra_aligned(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
-    """Best intra ring among aligned blocks (G a power of two: ranks [kG, (k+1)G) of one node), the
-    block whose busiest member ends least loaded. Aligned rings nest or are disjoint, so documents
-    share few rings and a rank waits on few partners (free rings of overlapping members chain)."""
+def _aligned(ranks: _Ranks, sizes, member, need, ok, budget: float, usable):
+    """Best ring among aligned blocks (G a power of two with ``usable(G)``: ranks [kG, (k+1)G)), the
+    block whose busiest member ends least loaded; the smallest G within ``budget`` if any."""
     best = (_INF, 0, ())
     masked = ranks.masker()
     for j in np.nonzero(ok)[0].tolist():
         G = int(sizes[j])
-        if G & (G - 1) or g % G:
+        if G & (G - 1) or not usable(G):
             continue
         top = masked(int(need[j])).reshape(-1, G).max(axis=1)  # [blocks]: the busiest member
         k = int(np.argmin(top))
@@ -172,25 +171,16 @@ def _intra_aligned(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float
     return best
 
 
+def _intra_aligned(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
+    """Best intra ring among aligned blocks of one node. Aligned rings nest or are disjoint, so
+    documents share few rings and a rank waits on few partners (free rings of overlapping members chain)."""
+    return _aligned(ranks, sizes, member, need, ok, budget, lambda G: g % G == 0)
+
+
 def _inter_aligned(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
-    """Best inter ring among aligned blocks of whole nodes (G a power of two above g: ranks
-    [kG, (k+1)G)), as _intra_aligned."""
-    best = (_INF, 0, ())
-    masked = ranks.masker()
+    """Best inter ring among aligned blocks of whole nodes (G above g, dividing the domain)."""
     world = len(ranks.load)
-    for j in np.nonzero(ok)[0].tolist():
-        G = int(sizes[j])
-        if G & (G - 1) or G <= g or world % G:
-            continue
-        top = masked(int(need[j])).reshape(-1, G).max(axis=1)
-        k = int(np.argmin(top))
-        res = float(top[k]) + float(member[j])
-        if res == _INF or res >= best[0]:
-            continue
-        best = (res, G, tuple(range(k * G, (k + 1) * G)))
-        if res <= budget:
-            break
-    return best
+    return _aligned(ranks, sizes, member, need, ok, budget, lambda G: G > g and world % G == 0)
 
 
 def _inter(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
