@@ -18,12 +18,7 @@ def _tokens(x):
 
 
 def _tokens_or_memory(x):
-    if str(x).strip().lower() == "memory":
-        return "memory"
-    try:
-        return parse_tokens(x)
-    except ZeppelinError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return "memory" if str(x).strip().lower() == "memory" else _tokens(x)
 
 
 def add_parser(subparsers):

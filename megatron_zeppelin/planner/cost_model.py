@@ -113,6 +113,24 @@ class CostModel:
     def latency(self, link: str) -> float:
         return (self.profile.nvlink_latency_us if link == "nvlink" else self.profile.nic_latency_us) * 1e-6
 
+    def tp_allreduce_s(self, tokens, latency: bool = True):
+        """One ring all-reduce of ``tokens`` hidden states over the TP group (NVLink; Megatron TP
+        without sequence parallelism runs 2 per layer and pass). Works on arrays of token counts;
+        ``latency=False`` keeps only the bandwidth term (the lower bound's share of it).
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> from dataclasses import replace
+        >>> c = replace(toy_context().cost, tp=2)
+        >>> c.tp_allreduce_s(0), c.tp_allreduce_s(1000, latency=False) == 1000 * c.hidden_bytes_per_token / c.bandwidth("nvlink")
+        (0.0, True)
+        """
+        import numpy as np
+        tp = self.tp
+        t = np.asarray(tokens, dtype=np.float64)
+        lat = self.latency("nvlink") if latency else 0.0
+        out = 2 * (tp - 1) * (lat + t * self.hidden_bytes_per_token / tp / self.bandwidth("nvlink")) * (t > 0)
+        return float(out) if out.ndim == 0 else out
+
     def transfer_s(self, nbytes: float, link: str, share: float = 1.0) -> float:
         """One message over ``link`` whose bandwidth is shared ``share`` ways."""
         if nbytes <= 0:

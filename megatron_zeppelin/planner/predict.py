@@ -342,11 +342,7 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     mlp = t_lin * 2.0 * 3 * h * m.ffn / tp / rate
     head = 3.0 * t_lin * m.head_flops_per_token(tp) / rate
 
-    def tp_ar(tokens):  # Megatron TP (no sequence parallelism): 2 activation all-reduces per layer and pass
-        if tp <= 1:
-            return np.zeros(world)
-        nb = tokens * cost.hidden_bytes_per_token
-        return 2 * (tp - 1) * (cost.latency("nvlink") + nb / tp / cost.bandwidth("nvlink")) * (tokens > 0)
+    tp_ar = cost.tp_allreduce_s  # Megatron TP (no sequence parallelism): 2 all-reduces per layer and pass
 
     remap_f = [_hop("direct", mv.src, mv.dst, mv.tokens * cost.hidden_bytes_per_token,
                     cost.link_of(mv.src, mv.dst), cost.topology.nic_of(mv.src), cost) for mv in moves if mv.tokens]
@@ -403,6 +399,5 @@ def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     world = cost.topology.world_size
     n = sum(int(x) for x in lengths)
     att = float(cost.doc_attention_np(np.asarray(lengths, dtype=np.float64)).sum())
-    tp = cost.tp
-    tp_ar = 4 * cost.model.layers * 2 * (tp - 1) * n * cost.hidden_bytes_per_token / tp / cost.bandwidth("nvlink")
+    tp_ar = 4 * cost.model.layers * float(cost.tp_allreduce_s(n, latency=False))
     return (att + cost.linear_s(n) + tp_ar) / world

@@ -71,11 +71,7 @@ class LayerCosts:
 
     def tp_allreduce_s(self, tokens: int) -> float:
         """One ring all-reduce of ``tokens`` hidden states over the TP group (NVLink)."""
-        tp = self.cost.tp
-        if tp <= 1 or tokens <= 0:
-            return 0.0
-        nbytes = tokens * self.cost.hidden_bytes_per_token
-        return 2 * (tp - 1) * (self.cost.latency("nvlink") + nbytes / tp / self.cost.bandwidth("nvlink"))
+        return float(self.cost.tp_allreduce_s(tokens))
 
     # Attention blocks: (q, kv, causal) of one layer.
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:
