@@ -22,3 +22,4 @@ fi
 echo "[setup] installing megatron_zeppelin with its test extra"
 $PIP install -q -e ".[test]" 2>&1 | grep -v "is ignored" || true
 .venv/bin/python -c "import megatron_zeppelin, megatron.core, torch; print('[setup] ok: megatron-core', megatron.core.__version__ if hasattr(megatron.core,'__version__') else '', 'torch', torch.__version__)"
+bash scripts/setup_mlm.sh

@@ -59,7 +59,8 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
     g.add_argument("--zeppelin-debug-plan", action="store_true",
-                   help="Compare plan digests across the domain every step (a mismatch is an error).")
+                   help="Compare plan digests across the domain every step (a mismatch is an error); "
+                        "the Megatron-LM entry also prints each plan's document classes on rank 0.")
     return parser
 
 

@@ -3,14 +3,23 @@
 Used by ``scripts/pretrain_gpt_zeppelin.py`` and by ``patches/megatron-lm-zeppelin.patch``:
 
 - ``extra_args_provider(parser)``: the ``--zeppelin-*`` flags (chains another provider if given).
-- ``--spec megatron_zeppelin.integration.megatron_lm zeppelin_layer_spec``: the Zeppelin layer spec
-  (a module attribute, built on first access, as Megatron-LM's ``import_module`` expects).
-- ``train_valid_test_datasets_provider``: whole documents of ``--data-path`` (one prefix) as
-  global micro-batches of ``seq_length x micro_batch_size x DP`` trained tokens, documents cut at
-  ``--seq-length``; use with ``--dataloader-type external``.
+- ``--spec megatron_zeppelin.integration.megatron_lm zeppelin_layer_spec``: ``zeppelin_layer_spec``
+  is a module-level function (Megatron's ``import_module`` reads ``vars(module)[name]``); Megatron's
+  GPT builder calls it with the run's model config, so the spec follows ``--transformer-impl``,
+  ``--qk-layernorm``, ``--normalization`` (spec.py), and importing this module builds nothing.
+- ``train_valid_test_datasets_provider``: whole documents of ``--data-path`` (one prefix), split
+  by ``--split`` into train / validation documents, as global micro-batches of
+  ``seq_length x micro_batch_size x DP`` trained tokens (``--seq-length`` is each rank's share),
+  documents cut at ``--max-position-embeddings`` (so one document may span ranks: the planner
+  splits it over a ring); use with ``--dataloader-type external``. Resuming continues where the saved run stopped (the
+  order depends on (seed, step) only; a step is one global micro-batch).
 - ``forward_step(data_iterator, model)``: plan the batch (every rank, same plan), build this rank's
   tensors, run the model; the loss function returns Megatron's per-token triple (sum, tokens,
-  report), so ``--calculate-per-token-loss`` divides by the domain's token count.
+  report) after Megatron's NaN / Inf / spiky-loss checks, so ``--calculate-per-token-loss``
+  divides by the domain's token count.
+- ``--zeppelin-stock-spec`` (no ``--zeppelin-balance``): Megatron's stock layer spec trained on the
+  same document batches, each document its own causal sample (stock_batch.py): the reference the
+  Zeppelin runs are checked against.
 """
 
 from __future__ import annotations
@@ -23,39 +32,109 @@ import torch
 from ..errors import ZeppelinError
 from .args import add_zeppelin_args, config_from_args
 
+SPEC = ["megatron_zeppelin.integration.megatron_lm", "zeppelin_layer_spec"]
+SPIKY_LOSS_FACTOR = 10  # pretrain_gpt.py's
+
 
 def extra_args_provider(parser, chain: Optional[Callable] = None):
     parser = add_zeppelin_args(parser)
+    parser.add_argument("--zeppelin-stock-spec", action="store_true",
+                        help="Without --zeppelin-balance: train Megatron's stock layer spec on the same "
+                             "whole-document batches (one document per causal sample), the reference run.")
     return chain(parser) if chain is not None else parser
 
 
-def __getattr__(name):  # PEP 562: build the spec only when Megatron-LM asks for it
-    if name == "zeppelin_layer_spec":
-        from .spec import get_gpt_layer_zeppelin_spec
-        return get_gpt_layer_zeppelin_spec()
-    raise AttributeError(name)
+def zeppelin_layer_spec(config, vp_stage: Optional[int] = None):
+    """The Zeppelin layer spec for this run's model config (Megatron's builder calls it)."""
+    from .spec import zeppelin_spec_for_config
+
+    return zeppelin_spec_for_config(getattr(config, "transformer", config))
+
+
+def use_prebuilt_dataset_helpers() -> None:
+    """pip's megatron-core ships its dataset helpers compiled (``helpers_cpp``) and no Makefile, but
+    Megatron-LM's ``initialize`` still runs ``make`` in that folder: skip the build when the
+    compiled module imports (a checkout keeps its Makefile and is left alone)."""
+    import os
+
+    from megatron.core.datasets import utils
+
+    if os.path.exists(os.path.join(os.path.dirname(utils.__file__), "Makefile")):
+        return
+    try:
+        from megatron.core.datasets import helpers_cpp  # noqa: F401
+    except ImportError:
+        return
+    utils.compile_helpers = lambda: None
+
+
+def uses_documents(args) -> bool:
+    return bool(getattr(args, "zeppelin_balance", False) or getattr(args, "zeppelin_stock_spec", False))
 
 
 def validate(args) -> None:
-    """Megatron-LM settings --zeppelin-balance needs; errors name the flag."""
-    config_from_args(args)
+    """Megatron-LM settings the document path needs; errors name the flag. Sets ``--spec``."""
+    balance = bool(getattr(args, "zeppelin_balance", False))
+    if balance and getattr(args, "zeppelin_stock_spec", False):
+        raise ZeppelinError("--zeppelin-stock-spec is the stock reference run: drop --zeppelin-balance or it")
+    if balance:
+        config_from_args(args)
     if not getattr(args, "calculate_per_token_loss", False):
         raise ZeppelinError("--zeppelin-balance needs --calculate-per-token-loss (loss = domain-wide per-token mean)")
     if getattr(args, "dataloader_type", None) != "external":
         raise ZeppelinError("--zeppelin-balance reads whole documents itself: set --dataloader-type external")
     if getattr(args, "position_embedding_type", "rope") != "rope":
-        raise ZeppelinError("--zeppelin-balance supports --position-embedding-type rope")
+        raise ZeppelinError("--zeppelin-balance needs --position-embedding-type rope (Megatron's default is learned_absolute)")
     if not args.data_path or len(args.data_path) != 1:
         raise ZeppelinError("--zeppelin-balance needs exactly one --data-path PREFIX (blends are not supported yet)")
+    for flag in ("train_data_path", "valid_data_path", "test_data_path"):
+        if getattr(args, flag, None):
+            raise ZeppelinError(f"--zeppelin-balance splits --data-path by --split: drop --{flag.replace('_', '-')}")
+    if getattr(args, "heterogeneous_layers_config_path", None):
+        raise ZeppelinError("--zeppelin-balance supports dense GPT layers only: drop --heterogeneous-layers-config-path")
+    if getattr(args, "rampup_batch_size", None):
+        raise ZeppelinError("--zeppelin-balance needs a fixed batch size: drop --rampup-batch-size")
+    if balance:
+        backend = str(getattr(args, "attention_backend", "auto"))
+        if backend.endswith("local"):  # Megatron's builder would swap the core attention back to its own
+            raise ZeppelinError("--zeppelin-balance brings its own core attention: drop --attention-backend local")
+        if args.spec is not None and list(args.spec) != SPEC:
+            raise ZeppelinError(f"--zeppelin-balance uses its own layer spec: drop --spec {' '.join(args.spec)}")
+        args.spec = list(SPEC)
+    if getattr(args, "eval_iters", 0) and getattr(args, "eval_interval", None) is not None:
+        _split_ranges(args)  # refuses an empty validation split now, not at the first evaluation
+
+
+def _split_ranges(args):
+    """Document ranges [a, b) of the train and validation splits of ``--split`` (test is unused)."""
+    from megatron.core.datasets.utils import normalize
+    from .data import DocumentDataset
+
+    n = len(DocumentDataset(args.data_path[0]))
+    weights = [float(x) for x in str(args.split or "100,0,0").replace("/", ",").split(",")]
+    weights = normalize((weights + [0.0, 0.0, 0.0])[:3])
+    bounds = [0]
+    for w in weights:
+        bounds.append(bounds[-1] + int(round(w * n)))
+    bounds[-1] = n
+    train, valid = (bounds[0], bounds[1]), (bounds[1], bounds[2])
+    if getattr(args, "eval_iters", 0) and getattr(args, "do_valid", True) and valid[1] - valid[0] < 1:
+        raise ZeppelinError(f"--eval-iters {args.eval_iters} needs validation documents: --split {args.split} "
+                            f"leaves none of {n} (give e.g. --split 90,10,0, or set --eval-iters 0)")
+    return train, valid
 
 
 class DocumentBatches:
-    """Iterator of global micro-batches (lists of L+1-token documents), resumable by step."""
+    """Iterator of global micro-batches (lists of L+1-token documents) of the documents in
+    ``doc_range``, from ``start_step``."""
 
-    def __init__(self, prefix: str, tokens_per_batch: int, max_doc_tokens: int, seed: int, start_step: int = 0):
+    def __init__(self, prefix: str, tokens_per_batch: int, max_doc_tokens: int, seed: int,
+                 start_step: int = 0, doc_range=None):
         from .data import BatchSampler, DocumentDataset
         self.ds = DocumentDataset(prefix)
-        self.sampler = BatchSampler(self.ds.lengths, tokens_per_batch, max_doc_tokens, seed=seed)
+        a, b = doc_range or (0, len(self.ds))
+        lengths = [L if a <= i < b else 0 for i, L in enumerate(self.ds.lengths)]  # 0: never sampled
+        self.sampler = BatchSampler(lengths, tokens_per_batch, max_doc_tokens, seed=seed)
         self.step = start_step
 
     def __iter__(self):
@@ -68,22 +147,50 @@ class DocumentBatches:
         return docs
 
 
+def max_doc_tokens(args) -> int:
+    """Longest trained document: the model's position range (at least one rank's share)."""
+    return max(int(getattr(args, "max_position_embeddings", 0) or 0), int(args.seq_length))
+
+
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
     from megatron.core import parallel_state as ps
     from megatron.training import get_args
 
     args = get_args()
-    validate(args)
-    tokens = args.seq_length * args.micro_batch_size * ps.get_data_parallel_world_size()
-    start = getattr(args, "iteration", 0) or 0  # resume: the order depends on (seed, step) only
-    train = DocumentBatches(args.data_path[0], tokens, args.seq_length, args.seed, start_step=start)
-    return train, None, None
+    samples_per_step = args.micro_batch_size * ps.get_data_parallel_world_size()  # one global micro-batch
+    tokens = args.seq_length * samples_per_step
+    (train_docs, valid_docs) = _split_ranges(args)
+    # Resume: each iteration consumed num_microbatches global micro-batches (= global batch samples).
+    start = int(getattr(args, "consumed_train_samples", 0) or 0) // samples_per_step
+    train = DocumentBatches(args.data_path[0], tokens, max_doc_tokens(args), args.seed, start, train_docs)
+    valid = None
+    if valid_docs[1] > valid_docs[0]:
+        vstart = int(getattr(args, "consumed_valid_samples", 0) or 0) // samples_per_step
+        valid = DocumentBatches(args.data_path[0], tokens, max_doc_tokens(args), args.seed + 1, vstart, valid_docs)
+    return train, valid, None
 
 
-def _loss_func(label_tokens: int, output_tensor: torch.Tensor):
-    # per-token losses [1, t_lin] (pad rows beyond label_tokens carry none)
-    loss = output_tensor[:, :label_tokens].float().sum()
+def loss_func(label_tokens: int, output_tensor: torch.Tensor, loss_mask: Optional[torch.Tensor] = None):
+    """Per-token loss sum, token count and report, after Megatron's NaN / Inf / spiky-loss checks."""
+    from megatron.core.rerun_state_machine import get_rerun_state_machine
+    from megatron.training import get_args
+
+    if loss_mask is None:  # Zeppelin: per-token losses [1, t_lin], pad rows beyond label_tokens
+        loss = output_tensor[:, :label_tokens].float().sum()
+    else:
+        loss = (output_tensor.view(-1).float() * loss_mask.view(-1).float()).sum()
     num = torch.tensor(label_tokens, dtype=torch.int, device=loss.device)
+    args = get_args()
+    rsm = get_rerun_state_machine()
+    if args.check_for_nan_in_loss_and_grad:
+        rsm.validate_result(result=loss, rejection_func=torch.isnan, tolerance=0.0, fatal=True,
+                            message="found NaN in local forward loss calculation")
+        rsm.validate_result(result=loss, rejection_func=torch.isinf, tolerance=0.0, fatal=True,
+                            message="found Inf in local forward loss calculation")
+    if args.check_for_spiky_loss:
+        rsm.validate_result(result=loss, rejection_func=partial(rsm.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR,
+                                                                context="loss"),
+                            message="Spiky loss", tolerance=0.0, fatal=False)
     report = torch.stack([loss.detach().clone(), num.float()])
     return loss, num, {"lm loss": report}
 
@@ -92,6 +199,16 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     from megatron.core import parallel_state as ps
     from megatron.training import get_args
 
+    args = get_args()
+    docs = next(data_iterator)
+    group = ps.get_data_parallel_group()
+    if not getattr(args, "zeppelin_balance", False):
+        from .stock_batch import stock_rank_batch
+        b = stock_rank_batch(docs, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
+                             max_doc_tokens(args), device=torch.cuda.current_device())
+        out = model(b.tokens, b.position_ids, None, labels=b.labels)
+        return out, partial(loss_func, b.label_tokens, loss_mask=b.loss_mask)
+
     from ..model_spec import ModelSpec
     from ..planner import plan_batch
     from ..profile import load_profile
@@ -99,10 +216,7 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     from .batch import build_rank_batch
     from .plan_check import check_plan_agreement
 
-    args = get_args()
     cfg = config_from_args(args)
-    docs = next(data_iterator)
-    group = ps.get_data_parallel_group()
     topo = Topology.from_world(ps.get_data_parallel_world_size(), cfg.gpus_per_node, cfg.nics_per_node,
                                cfg.gpu_nic_map)
     spec = ModelSpec(name="megatron", layers=args.num_layers, hidden=args.hidden_size,
@@ -113,8 +227,12 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     if cfg.debug_plan or not getattr(forward_step, "_checked", False):
         check_plan_agreement(plan, group)
         forward_step._checked = True
+    if cfg.debug_plan and ps.get_data_parallel_rank() == 0:
+        remap = any(tuple(a) != tuple(b) for a, b in zip(plan.attention_layout, plan.linear_layout))
+        counts = " ".join(f"{c}={n}" for c, n in plan.class_counts().items())
+        print(f"zeppelin plan: {counts} remap={remap}", flush=True)
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
                              softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device())
     out = model(batch.tokens, batch.position_ids, None, labels=batch.labels,
                 packed_seq_params=batch.packed_seq_params)
-    return out, partial(_loss_func, batch.label_tokens)
+    return out, partial(loss_func, batch.label_tokens)

@@ -1,9 +1,16 @@
 """get_gpt_layer_zeppelin_spec: megatron-core's GPT layer spec with the Zeppelin pieces swapped in.
 
-The linear modules, norms and MLP stay megatron's own (local spec on CPU, Transformer Engine's on
-GPU when it is installed); only two slots change: ``core_attention`` becomes ZeppelinCoreAttention
-(the engine, THD layout) and the layer module becomes ZeppelinTransformerLayer (the remap hook).
-Parameter names are therefore identical to the stock spec's: checkpoints move between the two.
+The linear modules, norms and MLP stay megatron's own (the local spec, or Transformer Engine's with
+``--transformer-impl transformer_engine``); only two slots change: ``core_attention`` becomes
+ZeppelinCoreAttention (the engine, THD layout) and the layer module becomes ZeppelinTransformerLayer
+(the remap hook). Parameter names are therefore identical to the stock spec's: checkpoints move
+between the two.
+
+``zeppelin_spec_for_config`` is the spec Megatron's own GPT builder would pick for a
+TransformerConfig, with those two slots swapped: it honours what that builder honours for a dense
+GPT (``--transformer-impl``, ``--qk-layernorm``, ``--normalization``; ``--swiglu`` and
+``--untie-embeddings-and-output-weights`` act through the config and the model) and refuses the
+rest by flag name.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import copy
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from ..errors import ZeppelinError
 from .core_attention import ZeppelinCoreAttention
 from .layer import ZeppelinTransformerLayer
 
@@ -39,6 +47,35 @@ def get_gpt_layer_zeppelin_spec(normalization: str = "RMSNorm", qk_layernorm: bo
     spec.module = ZeppelinTransformerLayer
     spec.submodules.self_attention.submodules.core_attention = ModuleSpec(module=ZeppelinCoreAttention)
     return spec
+
+
+# TransformerConfig fields that make Megatron's GPT builder pick a spec Zeppelin cannot swap into,
+# with the flag that set them.
+_REFUSED = (
+    ("num_moe_experts", "--num-experts"),
+    ("multi_latent_attention", "--multi-latent-attention"),
+    ("experimental_attention_variant", "--experimental-attention-variant"),
+    ("qk_l2_norm", "--qk-l2-norm"),
+    ("use_kitchen", "--kitchen-config-file / --kitchen-recipe-number"),
+    ("heterogeneous_block_specs", "--heterogeneous-layers-config-path"),
+    ("mtp_num_layers", "--mtp-num-layers"),
+)
+
+
+def zeppelin_spec_for_config(config) -> ModuleSpec:
+    """The Zeppelin layer spec matching a megatron TransformerConfig (see the module docstring)."""
+    for field, flag in _REFUSED:
+        if getattr(config, field, None):
+            raise ZeppelinError(f"--zeppelin-balance supports dense GPT layers only: drop {flag}")
+    impl = getattr(config, "transformer_impl", "local")
+    if impl not in ("local", "transformer_engine"):
+        raise ZeppelinError(f"--zeppelin-balance supports --transformer-impl local or transformer_engine, not {impl}")
+    if impl == "transformer_engine" and not _have_te():
+        raise ZeppelinError("--transformer-impl transformer_engine needs Transformer Engine and CUDA: "
+                            "install it or set --transformer-impl local")
+    return get_gpt_layer_zeppelin_spec(normalization=getattr(config, "normalization", "LayerNorm"),
+                                       qk_layernorm=bool(getattr(config, "qk_layernorm", False)),
+                                       use_te=impl == "transformer_engine")
 
 
 def get_gpt_layer_reference_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False) -> ModuleSpec:
