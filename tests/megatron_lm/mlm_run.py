@@ -71,10 +71,27 @@ def run(py: str, ranks: int, flags: List[str], timeout: float, cwd: str, script:
         out, _ = p.communicate()
         raise AssertionError(f"pretrain on {ranks} ranks timed out after {timeout:.0f} s:\n{out[-4000:]}")
     if p.returncode != 0:
-        failed = sorted(set(re.findall(r"\[rank(\d+)\]:", out)) | set(re.findall(r"local_rank: (\d+)", out)))
+        # the ranks that raised ([rankN]: Traceback) and torchrun's "Root Cause" rank
+        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", out, re.S)
+        failed = sorted(set(re.findall(r"\[rank(\d+)\]: Traceback", out)) | ({root.group(1)} if root else set()))
         raise AssertionError(f"pretrain on {ranks} ranks failed (rc {p.returncode}; failed rank(s): "
                              f"{', '.join(failed) or 'unknown'}):\n{out[-6000:]}")
     return out
+
+
+def interpreter_first(py: str, bin_dir: str, env: dict) -> dict:
+    """``env`` with ``python3`` / ``python3-config`` of ``py`` first on PATH: a checkout's dataset
+    Makefile builds its helpers with whatever ``python3`` PATH names (pybind11 and the extension
+    suffix must be the run's interpreter's)."""
+    os.makedirs(bin_dir, exist_ok=True)
+    scripts = {"python3": f'exec {py} "$@"',  # a wrapper, not a link: a venv is found from its own path
+               "python3-config": f"exec {py} -c \"import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))\""}
+    for name, body in scripts.items():
+        path = os.path.join(bin_dir, name)
+        with open(path, "w") as f:
+            f.write(f"#!/bin/sh\n{body}\n")
+        os.chmod(path, 0o755)
+    return dict(env, PATH=bin_dir + os.pathsep + env.get("PATH", ""))
 
 
 def scalars(tb_dir: str) -> Dict[str, Dict[int, float]]:

@@ -108,11 +108,13 @@ def test_baseline_matches_stock_spec(strategy, data, stock4, tmp_path):
 @pytest.mark.slow
 def test_resume_continues_without_replaying_data(data, stock4, tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    first, _ = train(data, tmp_path, "first", 4, ZEPPELIN + EVAL + ["--save", ckpt, "--save-interval", "2"], iters=2)
+    # the same run stopped after iteration 2 (Megatron checks that --train-iters is unchanged on load)
+    first, _ = train(data, tmp_path, "first", 4, ZEPPELIN + EVAL + ["--save", ckpt, "--save-interval", "2",
+                                                                     "--exit-interval", "2"])
     rest, log = train(data, tmp_path, "rest", 4, ZEPPELIN + EVAL + ["--load", ckpt, "--save", ckpt,
                                                                     "--save-interval", "2"])
     assert "loading distributed checkpoint" in log or "successfully loaded checkpoint" in log
-    assert_same(first, stock4[0], range(1, 3))
+    assert_same(first, stock4[0], range(1, 3))  # it stopped after iteration 2
     assert_same(rest, stock4[0], range(3, ITERS + 1))  # iterations 3, 4 as in the uninterrupted run
 
 
@@ -126,7 +128,8 @@ def test_patched_megatron_lm_pretrain_gpt(data, stock4, tmp_path):
     shutil.copy(os.path.join(src, "pretrain_gpt.py"), work / "pretrain_gpt.py")
     patch = os.path.join(m.ROOT, "patches", "megatron-lm-zeppelin.patch")
     subprocess.run(["git", "apply", patch], cwd=work, check=True, timeout=60)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    env = m.interpreter_first(PY, str(work / "bin"),
+                              dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])))
     flags = [str(work / "pretrain_gpt.py")] + m.model_flags(data) + [
         "--train-iters", str(ITERS), "--global-batch-size", "8", "--tensorboard-dir", str(work / "tb")] + ZEPPELIN + EVAL
     m.run(PY, 4, flags, TIMEOUT, str(work), script=os.path.join(os.path.dirname(__file__), "cpu_launch.py"), env=env)
