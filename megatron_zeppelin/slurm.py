@@ -49,6 +49,7 @@ class Job:
     args: tuple
     world_size: int
     tokens_per_iteration: int
+    env: tuple = ()  # the matrix's `env:` exports, (name, value) pairs
 
 
 def load_matrix(path: str) -> Dict:
@@ -116,7 +117,8 @@ def render_jobs(matrix_path: str, out_dir: str) -> List[Job]:
                 launch=launch, entry=entry,
                 args=" \\\n".join("  " + " ".join(shlex.quote(x) for x in pair) for pair in _pairs(args)))
             path = os.path.join(out_dir, f"{job_name}.sbatch")
-            jobs.append(Job(r["name"], mode, path, script, str(r["log_dir"]), entry, tuple(args), world, tokens))
+            jobs.append(Job(r["name"], mode, path, script, str(r["log_dir"]), entry, tuple(args), world, tokens,
+                            tuple((str(k), str(v)) for k, v in (r["env"] or {}).items())))
     return jobs
 
 

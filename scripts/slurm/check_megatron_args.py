@@ -3,13 +3,18 @@
 
     PYTHON_WITH_MEGATRON_TRAINING scripts/slurm/check_megatron_args.py JOBS.json
 
-JOBS.json is a list of {"name", "mode", "args", "world_size"} (tests/slurm writes it from
-``megatron_zeppelin.slurm.render_jobs``). For each job, as rank 0 of ``world_size`` ranks:
+JOBS.json is a list of {"name", "mode", "args", "world_size", "env"} (tests/slurm writes it from
+``megatron_zeppelin.slurm.render_jobs``); run it in the job's environment (``source
+scripts/slurm/env.sh`` first), the matrix's ``env`` is applied per job. For each job, as rank 0 of
+``world_size`` ranks:
 ``megatron.training.arguments.parse_args`` (with the ``--zeppelin-*`` flags only for the zeppelin
 job, as its entry adds them), ``validate_args``, and ``set_global_variables`` without a tokenizer (the
 micro-batch calculator: ``--global-batch-size`` must divide by micro-batch x DP); the zeppelin job
 also passes the plugin's own ``validate``. Prints one JSON line per job ({"job", "ok", "error"}) and
 exits 1 if any job fails.
+
+validate_args asks the GPU for its architecture when TP or CP > 1 (``get_device_arch_version``); with
+no GPU here it answers ``$ZEPPELIN_CHECK_GPU_ARCH`` (default 9: Hopper, the H100/H200 the jobs target).
 """
 
 import json
@@ -24,11 +29,16 @@ def _megatron_training():
         import typing_extensions
         typing.override = typing_extensions.override
     from megatron.training import arguments, global_vars
+    import torch
+    if not torch.cuda.is_available():
+        arch = int(os.environ.get("ZEPPELIN_CHECK_GPU_ARCH", "9"))
+        arguments.get_device_arch_version = lambda: arch
     return arguments, global_vars
 
 
 def check(job, arguments, global_vars) -> str:
     """'' if Megatron (and, for zeppelin, the plugin) accepts the job's flags, else the error."""
+    os.environ.update({k: str(v) for k, v in job.get("env", {}).items()})
     os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", str(job["world_size"])
     sys.argv = ["pretrain_gpt.py", *job["args"]]
     provider = None
