@@ -33,6 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(REPO, "scripts", "slurm", "job.sbatch.tmpl")
 ENV_SH = os.path.join(REPO, "scripts", "slurm", "env.sh")
 ZEPPELIN_ENTRY = os.path.join(REPO, "scripts", "pretrain_gpt_zeppelin.py")
+PACKED_ENTRY = os.path.join(REPO, "scripts", "slurm", "pretrain_gpt_packed.py")
 LAUNCHERS = ("torchrun", "srun")
 DEFAULTS = {**ARG_DEFAULTS, "megatron_lm": "$MEGATRON_LM", "python": "python", "launcher": "torchrun",
             "emulate_nodes": False, "log_dir": "logs", "sbatch": {}, "env": {}}
@@ -64,10 +65,12 @@ def load_matrix(path: str) -> Dict:
 
 def entry_of(run: Dict, mode: str) -> str:
     """The training script: Zeppelin's entry; for stock modes the checkout's pretrain_gpt.py, or, with
-    ``megatron_lm`` empty, Zeppelin's entry without ``--zeppelin-balance`` (stock pretrain_gpt.py's
-    path, for installs of megatron-core >= 0.19 that ship megatron.training without a checkout)."""
-    if mode == "zeppelin" or not run.get("megatron_lm"):
+    ``megatron_lm`` empty, scripts/slurm/pretrain_gpt_packed.py (pretrain_gpt.py's GPT path on
+    megatron-core >= 0.19's megatron.training, for installs without a Megatron-LM checkout)."""
+    if mode == "zeppelin":
         return ZEPPELIN_ENTRY
+    if not run.get("megatron_lm"):
+        return PACKED_ENTRY
     return os.path.join(str(run["megatron_lm"]), "pretrain_gpt.py")
 
 

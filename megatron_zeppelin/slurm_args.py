@@ -48,10 +48,11 @@ DEFAULTS = {"gpus_per_node": 8, "tp": 1, "cp": 8, "seq_length": 65536, "global_b
             "micro_batch_size": 1, "train_iters": 50, "time": "01:00:00", "cluster": "h200",
             "modes": list(MODES), "device": "gpu", "tokenizer_type": "GPT2BPETokenizer",
             "tokenizer_args": [], "seed": 1234, "extra_args": []}
-# What megatron-core needs to run on CPU (no fused kernels, no CUDA-only clip, gloo, local spec).
-CPU_ARGS = ["--distributed-backend", "gloo", "--transformer-impl", "local", "--no-rope-fusion",
-            "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
-            "--no-bias-swiglu-fusion", "--clip-grad", "0"]
+# What megatron.training needs on CPU besides the plugin's CPU shim: gloo, the local spec (torch
+# norms: no persistent layer norm), no fused CUDA kernels.
+CPU_ARGS = ["--distributed-backend", "gloo", "--transformer-impl", "local", "--no-persist-layer-norm",
+            "--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+            "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion"]
 
 
 class SlurmError(ZeppelinError):
@@ -148,9 +149,8 @@ def megatron_args(run: Dict, mode: str) -> List[str]:
          "--tokenizer-type", r["tokenizer_type"], *r["tokenizer_args"], "--seed", r["seed"],
          "--train-iters", iters, "--lr", "3e-4", "--min-lr", "3e-5", "--lr-decay-style", "cosine",
          "--lr-warmup-iters", min(2, iters - 1), "--log-interval", 1, "--eval-iters", 0,
-         "--eval-interval", iters]
-    a += CPU_ARGS if cpu else ["--bf16", "--clip-grad", "1.0", "--use-distributed-optimizer",
-                               "--overlap-grad-reduce", "--log-throughput"]
+         "--eval-interval", iters, "--clip-grad", "1.0", "--log-throughput"]
+    a += CPU_ARGS if cpu else ["--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce"]
     if m.kv_heads != m.heads:
         a += ["--group-query-attention", "--num-query-groups", m.kv_heads]
     if tp > 1 and mode != "zeppelin":  # Zeppelin's layer spec does not support sequence parallelism yet

@@ -39,3 +39,15 @@ def write_documents(prefix: str, n_docs: int = 400, seed: int = 0) -> str:
         builder.add_document(torch.from_numpy(doc), [int(n)])
     builder.finalize(prefix + ".idx")
     return prefix
+
+
+def cpu_shim_missing() -> str:
+    """Why megatron.training cannot train here ('' when it can): without CUDA, the jobs need the
+    plugin's CPU shim for Megatron-LM's training loop."""
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available() or importlib.util.find_spec("megatron_zeppelin.integration.cpu_megatron_lm"):
+        return ""
+    return "no CUDA and no CPU shim for megatron.training (megatron_zeppelin/integration/cpu_megatron_lm.py)"

@@ -19,7 +19,7 @@ import yaml
 from megatron_zeppelin.cli import main
 from megatron_zeppelin.slurm_results import collect
 
-from slurm_helpers import CLUSTER, MLM_PYTHON, REPO, mlm_python_missing, write_documents
+from slurm_helpers import CLUSTER, MLM_PYTHON, REPO, cpu_shim_missing, mlm_python_missing, write_documents
 
 pytestmark = pytest.mark.slurm
 CPU_MATRIX = os.path.join(REPO, "configs", "runs", "slurm_cpu.yaml")
@@ -28,7 +28,7 @@ JOB_TIMEOUT_S = int(os.environ.get("ZEPPELIN_SLURM_JOB_TIMEOUT", "1500"))
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why = mlm_python_missing()
+    why = mlm_python_missing() or cpu_shim_missing()
     if why:
         pytest.skip(why)
     if os.geteuid() != 0 and subprocess.run(["which", "slurmd"], capture_output=True).returncode:

@@ -93,7 +93,8 @@ def test_cpu_matrix_emulates_two_nodes(tmp_path):
         assert "#SBATCH --nodes=1" in j.script and "#SBATCH --ntasks=4" in j.script
         assert "--gpus-per-node" not in j.script and "zeppelin_srun " in j.script
         assert _flag(list(j.args), "--distributed-backend") == ["gloo"] and "--bf16" not in j.args
-        assert j.entry.endswith("scripts/pretrain_gpt_zeppelin.py")
+    assert jobs["zeppelin"].entry.endswith("scripts/pretrain_gpt_zeppelin.py")
+    assert jobs["dp"].entry.endswith("scripts/slurm/pretrain_gpt_packed.py")  # no checkout named
     assert _flag(list(jobs["zeppelin"].args), "--zeppelin-gpus-per-node") == ["2"]
     assert "--zeppelin-balance" not in jobs["dp"].args and "--reset-attention-mask" in jobs["dp"].args
 
