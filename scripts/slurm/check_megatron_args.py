@@ -43,8 +43,8 @@ def check(job, arguments, global_vars) -> str:
     sys.argv = ["pretrain_gpt.py", *job["args"]]
     provider = None
     if job["mode"] == "zeppelin":
-        from megatron_zeppelin.integration.args import add_zeppelin_args
-        provider = add_zeppelin_args
+        from megatron_zeppelin.integration.megatron_lm import extra_args_provider
+        provider = extra_args_provider  # what scripts/pretrain_gpt_zeppelin.py passes
     try:
         args = arguments.parse_args(extra_args_provider=provider)
         arguments.validate_args(args, {})

@@ -74,6 +74,8 @@ def _tail(path, n=40):
 def test_sbatch_zeppelin_and_stock_dp_jobs(cluster, tmp_path, monkeypatch, capsys):
     for k, v in cluster.items():
         monkeypatch.setenv(k, v)
+    # the jobs inherit this environment (sbatch exports it): they import this tree's megatron_zeppelin
+    monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     prefix = write_documents(str(tmp_path / "data" / "docs"))
     with open(CPU_MATRIX) as f:
         matrix = yaml.safe_load(f)
