@@ -119,8 +119,8 @@ def check_run(run: Dict) -> None:
             raise SlurmError(f"run {name}: cp {cp} must be >= 2 and divide the {world // tp} DPxCP ranks")
         if seq % (2 * cp):
             raise SlurmError(f"run {name}: seq_length {seq} must be a multiple of 2 x cp = {2 * cp}")
-        if "cp_a2a_p2p" in cp_modes and cp % min(cp, g // tp):
-            raise SlurmError(f"run {name}: cp {cp} is not a multiple of the {g // tp} CP ranks in a node")
+        if "cp_a2a_p2p" in cp_modes:
+            _check_hierarchical(r, name, cp, g // tp, tp)
     for mode in r["modes"]:
         step = data_parallel_size(r, mode) * mbs
         if gbs % step:
@@ -128,6 +128,20 @@ def check_run(run: Dict) -> None:
             raise SlurmError(f"run {name}: mode {mode} has DP {data_parallel_size(r, mode)} x micro_batch_size "
                              f"{mbs}, which must divide the global batch of {gbs} samples: set "
                              f"global_batch_tokens to a multiple of {need * seq} (= {need} x seq_length)")
+
+
+def _check_hierarchical(r: Dict, name: str, cp: int, per_node: int, tp: int) -> None:
+    """a2a+p2p: all-to-all over the CP ranks of a node (heads split), ring across nodes."""
+    if cp <= per_node:
+        raise SlurmError(f"run {name}: cp_a2a_p2p with cp {cp} inside one node ({per_node} CP ranks) is plain "
+                         f"a2a, not hierarchical: set cp to a multiple of {per_node} above it, or drop the mode")
+    if cp % per_node:
+        raise SlurmError(f"run {name}: cp {cp} is not a multiple of the {per_node} CP ranks in a node")
+    m = load_model(r["model"])
+    for what, n in (("attention heads", m.heads), ("KV heads", m.kv_heads)):
+        if n % tp or (n // tp) % per_node:
+            raise SlurmError(f"run {name}: cp_a2a_p2p splits the {n // max(tp, 1)} {what} per TP rank over the "
+                             f"{per_node} CP ranks of a node, which must divide them: change cp, tp or drop the mode")
 
 
 def megatron_args(run: Dict, mode: str) -> List[str]:

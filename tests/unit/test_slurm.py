@@ -79,11 +79,24 @@ def test_tokens_per_iteration_are_equal_and_batches_divide(tmp_path):
 
 def test_batch_not_divisible_names_the_key(tmp_path, capsys):
     bad = tmp_path / "m.yaml"
-    bad.write_text(yaml.safe_dump({"runs": [{"name": "x", "model": "llama-7b", "nodes": 4, "cp": 8,
+    bad.write_text(yaml.safe_dump({"runs": [{"name": "x", "model": "llama-7b", "nodes": 4, "cp": 16,
                                              "seq_length": "64K", "global_batch_tokens": "1M", "data_path": "/d"}]}))
     assert main(["slurm", "--matrix", str(bad), "--out", str(tmp_path), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "global_batch_tokens" in err and "2097152" in err
+
+
+@pytest.mark.parametrize("run, words", [
+    ({"nodes": 2, "cp": 8}, "inside one node"),                       # 8 CP ranks fit a node: plain a2a
+    ({"nodes": 4, "cp": 16, "tp": 1, "model": "tiny", "gpus_per_node": 4}, "KV heads"),  # 2 KV heads over 4
+])
+def test_hierarchical_cp_is_checked(tmp_path, capsys, run, words):
+    bad = tmp_path / "m.yaml"
+    r = {"name": "x", "model": "llama-7b", "seq_length": "64K", "global_batch_tokens": "4M", "data_path": "/d",
+         "modes": ["cp_a2a_p2p"], **run}
+    bad.write_text(yaml.safe_dump({"runs": [r]}))
+    assert main(["slurm", "--matrix", str(bad), "--out", str(tmp_path), "--dry-run"]) == 2
+    assert words in capsys.readouterr().err
 
 
 def test_cpu_matrix_emulates_two_nodes(tmp_path):
