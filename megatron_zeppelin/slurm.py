@@ -1,20 +1,20 @@
 """SLURM jobs for a run matrix: Zeppelin and the stock Megatron baselines on the same model and data.
 
-A matrix (YAML) has ``defaults`` and ``runs``; each run expands to one job per mode:
+A matrix (YAML) has ``defaults`` and ``runs``; each run expands to one job per mode (the modes and
+their flags: :mod:`megatron_zeppelin.slurm_args`). A job is an sbatch script rendered from
+scripts/slurm/job.sbatch.tmpl that sources scripts/slurm/env.sh and starts the ranks one of two ways:
 
-- ``zeppelin``: scripts/pretrain_gpt_zeppelin.py with ``--zeppelin-balance`` (plans every micro-batch);
-- ``dp``: stock Megatron-LM pretrain_gpt.py, data parallel over packed samples (document masks);
-- ``cp_p2p``: stock CP, ``--context-parallel-size N --cp-comm-type p2p`` (TE ring attention);
-- ``cp_a2a_p2p``: stock hierarchical CP, ``--cp-comm-type a2a+p2p`` with
-  ``--hierarchical-context-parallel-sizes <inside node> <across nodes>``.
+- ``launcher: torchrun`` (default): one ``torchrun`` per node (``srun --ntasks-per-node=1``);
+- ``launcher: srun``: one SLURM task per rank (RANK / LOCAL_RANK / WORLD_SIZE from SLURM's ids).
 
->>> run = {"name": "7b-arxiv", "model": "llama-7b", "nodes": 2, "gpus_per_node": 8, "cp": 16,
-...        "seq_length": 65536, "global_batch_tokens": "1M", "data_path": "/data/arxiv_text_document"}
->>> a = megatron_args(run, "cp_a2a_p2p")
->>> a[a.index("--cp-comm-type") + 1], a[a.index("--hierarchical-context-parallel-sizes") + 1:][:2]
-('a2a+p2p', ['8', '2'])
->>> "--zeppelin-balance" in megatron_args(run, "zeppelin"), megatron_args(run, "dp")[-2:]
-(True, ['--context-parallel-size', '1'])
+``emulate_nodes: true`` runs the ``nodes x gpus_per_node`` ranks as tasks of one SLURM node (the
+one-node cluster of scripts/slurm/local-cluster.sh); each rank's "node" is ``rank // gpus_per_node``,
+as Zeppelin's topology reads it. ``device: cpu`` drops the GPU request and the CUDA-only flags.
+
+>>> run = {"name": "r", "model": "tiny", "nodes": 2, "gpus_per_node": 2, "device": "cpu",
+...        "emulate_nodes": True, "seq_length": 512, "global_batch_tokens": "2K", "data_path": "/d"}
+>>> sbatch_lines(run)
+['--job-name=JOB', '--nodes=1', '--ntasks=4', '--time=01:00:00', '--output=logs/JOB-%j.log']
 """
 
 from __future__ import annotations
@@ -26,73 +26,17 @@ from typing import Dict, List, Sequence
 
 import yaml
 
-from .errors import ZeppelinError
-from .model_spec import load_model
+from .slurm_args import (DEFAULTS as ARG_DEFAULTS, MODES, SlurmError, check_run, megatron_args,  # noqa: F401
+                         parse_tokens, tokens_per_iteration)
 
-MODES = ("zeppelin", "dp", "cp_p2p", "cp_a2a_p2p")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(REPO, "scripts", "slurm", "job.sbatch.tmpl")
 ENV_SH = os.path.join(REPO, "scripts", "slurm", "env.sh")
-DEFAULTS = {"gpus_per_node": 8, "tp": 1, "cp": 8, "seq_length": 65536, "global_batch_tokens": "1M",
-            "train_iters": 50, "time": "01:00:00", "cluster": "h200", "modes": list(MODES),
-            "tokenizer_type": "GPT2BPETokenizer", "tokenizer_args": [], "megatron_lm": "$MEGATRON_LM",
-            "log_dir": "logs", "sbatch": {}, "env": {}, "extra_args": []}
-
-
-class SlurmError(ZeppelinError):
-    pass
-
-
-def parse_tokens(x) -> int:
-    """'1M' -> 1048576, '64K' -> 65536, 1000 -> 1000."""
-    s = str(x).strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    try:
-        return int(float(s[:-1] if mult > 1 else s) * mult)
-    except ValueError:
-        raise SlurmError(f"cannot read token count {x!r} (use e.g. 1M, 64K or an integer)") from None
-
-
-def megatron_args(run: Dict, mode: str) -> List[str]:
-    r = {**DEFAULTS, **run}
-    m = load_model(r["model"])
-    seq = parse_tokens(r["seq_length"])
-    gb = max(1, parse_tokens(r["global_batch_tokens"]) // seq)
-    tp, cp, g = int(r["tp"]), int(r["cp"]), int(r["gpus_per_node"])
-    a = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--num-attention-heads", m.heads,
-         "--ffn-hidden-size", m.ffn, "--seq-length", seq, "--max-position-embeddings", seq,
-         "--micro-batch-size", 1, "--global-batch-size", gb, "--bf16", "--swiglu",
-         "--normalization", "RMSNorm", "--position-embedding-type", "rope",
-         "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-         "--attention-dropout", 0, "--hidden-dropout", 0, "--tensor-model-parallel-size", tp,
-         "--use-distributed-optimizer", "--overlap-grad-reduce", "--calculate-per-token-loss",
-         "--data-path", r["data_path"], "--split", "100,0,0", "--tokenizer-type", r["tokenizer_type"],
-         *r["tokenizer_args"], "--train-iters", r["train_iters"], "--lr", "3e-4", "--min-lr", "3e-5",
-         "--lr-decay-style", "cosine", "--lr-warmup-iters", 2, "--clip-grad", "1.0", "--log-interval", 1,
-         "--eval-iters", 0, "--log-throughput"]
-    if m.kv_heads != m.heads:
-        a += ["--group-query-attention", "--num-query-groups", m.kv_heads]
-    if tp > 1 and mode != "zeppelin":  # Zeppelin's layer spec does not support sequence parallelism yet
-        a += ["--sequence-parallel"]
-    a += list(r["extra_args"])
-    if mode == "zeppelin":
-        a += ["--zeppelin-balance", "--zeppelin-cluster", r["cluster"], "--zeppelin-gpus-per-node", g]
-    elif mode == "dp":
-        a += ["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss", "--context-parallel-size", 1]
-    elif mode in ("cp_p2p", "cp_a2a_p2p"):
-        a += ["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"]
-        world = int(r["nodes"]) * g // tp
-        if cp < 2 or world % cp:
-            raise SlurmError(f"run {r['name']}: cp {cp} must be >= 2 and divide the {world} DPxCP ranks")
-        a += ["--context-parallel-size", cp, "--cp-comm-type", "p2p" if mode == "cp_p2p" else "a2a+p2p"]
-        if mode == "cp_a2a_p2p":
-            inner = min(cp, g // tp)
-            if cp % inner:
-                raise SlurmError(f"run {r['name']}: cp {cp} is not a multiple of the {inner} ranks in a node")
-            a += ["--hierarchical-context-parallel-sizes", inner, cp // inner]
-    else:
-        raise SlurmError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
-    return [str(x) for x in a]
+ZEPPELIN_ENTRY = os.path.join(REPO, "scripts", "pretrain_gpt_zeppelin.py")
+PACKED_ENTRY = os.path.join(REPO, "scripts", "slurm", "pretrain_gpt_packed.py")
+LAUNCHERS = ("torchrun", "srun")
+DEFAULTS = {**ARG_DEFAULTS, "megatron_lm": "$MEGATRON_LM", "python": "python", "launcher": "torchrun",
+            "emulate_nodes": False, "log_dir": "logs", "sbatch": {}, "env": {}}
 
 
 @dataclass(frozen=True)
@@ -102,6 +46,11 @@ class Job:
     path: str
     script: str
     log_dir: str
+    entry: str
+    args: tuple
+    world_size: int
+    tokens_per_iteration: int
+    env: tuple = ()  # the matrix's `env:` exports, (name, value) pairs
 
 
 def load_matrix(path: str) -> Dict:
@@ -114,6 +63,34 @@ def load_matrix(path: str) -> Dict:
     return d
 
 
+def entry_of(run: Dict, mode: str) -> str:
+    """The training script: Zeppelin's entry; for stock modes the checkout's pretrain_gpt.py, or, with
+    ``megatron_lm`` empty, scripts/slurm/pretrain_gpt_packed.py (pretrain_gpt.py's GPT path on
+    megatron-core >= 0.19's megatron.training, for installs without a Megatron-LM checkout)."""
+    if mode == "zeppelin":
+        return ZEPPELIN_ENTRY
+    if not run.get("megatron_lm"):
+        return PACKED_ENTRY
+    return os.path.join(str(run["megatron_lm"]), "pretrain_gpt.py")
+
+
+def sbatch_lines(run: Dict) -> List[str]:
+    """The ``#SBATCH`` options of the run's jobs (job name and log name as JOB)."""
+    r = {**DEFAULTS, **run}
+    nodes, g = int(r["nodes"]), int(r["gpus_per_node"])
+    if r["emulate_nodes"]:
+        lines = ["--nodes=1", f"--ntasks={nodes * g}"]
+    elif r["launcher"] == "srun":
+        lines = [f"--nodes={nodes}", f"--ntasks-per-node={g}"]
+    else:
+        lines = [f"--nodes={nodes}", "--ntasks-per-node=1"]
+    if r["device"] == "gpu":
+        lines.append(f"--gpus-per-node={g}")
+    lines += [f"--time={r['time']}", f"--output={r['log_dir']}/JOB-%j.log"]
+    lines += [f"--{k}={v}" for k, v in (r["sbatch"] or {}).items()]
+    return ["--job-name=JOB"] + lines
+
+
 def render_jobs(matrix_path: str, out_dir: str) -> List[Job]:
     d = load_matrix(matrix_path)
     with open(TEMPLATE) as f:
@@ -124,21 +101,27 @@ def render_jobs(matrix_path: str, out_dir: str) -> List[Job]:
         for key in ("name", "model", "nodes", "data_path"):
             if key not in r:
                 raise SlurmError(f"{matrix_path}: run {i} lacks `{key}`")
+        if r["launcher"] not in LAUNCHERS:
+            raise SlurmError(f"run {r['name']}: launcher {r['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
+        check_run(r)
+        tokens = tokens_per_iteration(r)
+        world = int(r["nodes"]) * int(r["gpus_per_node"])
         for mode in r["modes"]:
             args = megatron_args(r, mode)
-            entry = (os.path.join(REPO, "scripts", "pretrain_gpt_zeppelin.py") if mode == "zeppelin"
-                     else os.path.join(str(r["megatron_lm"]), "pretrain_gpt.py"))
+            entry = entry_of(r, mode)
             job_name = f"{r['name']}-{mode}"
+            launch = "zeppelin_srun" if (r["emulate_nodes"] or r["launcher"] == "srun") else "zeppelin_launch"
             script = tmpl.format(
-                matrix=os.path.basename(matrix_path), name=r["name"], mode=mode, job_name=job_name,
-                nodes=r["nodes"], gpus_per_node=r["gpus_per_node"], time=r["time"], log_dir=r["log_dir"],
-                sbatch_extra="\n".join(f"#SBATCH --{k}={v}" for k, v in (r["sbatch"] or {}).items()),
-                env_sh=ENV_SH, env_exports="\n".join(f"export {k}={shlex.quote(str(v))}"
-                                                     for k, v in (r["env"] or {}).items()),
-                entry=entry, args=" \\\n".join("  " + " ".join(shlex.quote(x) for x in pair)
-                                               for pair in _pairs(args)))
+                matrix=os.path.basename(matrix_path), name=r["name"], mode=mode,
+                sbatch="\n".join("#SBATCH " + x.replace("JOB", job_name) for x in sbatch_lines(r)),
+                nodes=r["nodes"], gpus_per_node=r["gpus_per_node"], tokens=tokens, world=world,
+                env_sh=ENV_SH, python=r["python"],
+                env_exports="\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in (r["env"] or {}).items()),
+                launch=launch, entry=entry,
+                args=" \\\n".join("  " + " ".join(shlex.quote(x) for x in pair) for pair in _pairs(args)))
             path = os.path.join(out_dir, f"{job_name}.sbatch")
-            jobs.append(Job(r["name"], mode, path, script, str(r["log_dir"])))
+            jobs.append(Job(r["name"], mode, path, script, str(r["log_dir"]), entry, tuple(args), world, tokens,
+                            tuple((str(k), str(v)) for k, v in (r["env"] or {}).items())))
     return jobs
 
 

@@ -1,16 +1,18 @@
-"""Collect measured iteration times from the logs of rendered SLURM jobs (Megatron's log format).
+"""Collect measured throughput from the logs of rendered SLURM jobs (Megatron's log format).
 
-Each job log starts with ``[zeppelin-slurm] run=NAME mode=MODE ...`` (written by the job script) and then
-Megatron's per-iteration lines. The first ``warmup`` iterations are dropped; the median of the rest is
-the measured iteration time, in the same record shape the simulator writes (strategy, iteration_s).
+Each job log starts with the job script's header ``[zeppelin-slurm] run=NAME mode=MODE ...
+tokens_per_iteration=N`` and then Megatron's per-iteration lines. The first ``warmup`` iterations are
+dropped; the median of the rest is the iteration time, and tokens per second is the run's tokens per
+iteration (the same in every mode of a run) over it: the number the modes are compared by.
 
->>> log = '''[zeppelin-slurm] run=7b mode=cp_p2p nodes=2 gpus_per_node=8
+>>> log = '''[zeppelin-slurm] run=7b mode=cp_p2p nodes=2 gpus_per_node=8 world=16 tokens_per_iteration=1048576
 ...  [2026-01-01 00:00:01] iteration        1/      50 | elapsed time per iteration (ms): 9000.0 | lm loss: 9.1 |
 ...  [2026-01-01 00:00:02] iteration        2/      50 | elapsed time per iteration (ms): 1200.0 | lm loss: 8.9 |
 ...  [2026-01-01 00:00:03] iteration        3/      50 | elapsed time per iteration (ms): 1000.0 | lm loss: 8.7 |
-...  [2026-01-01 00:00:04] iteration        4/      50 | elapsed time per iteration (ms): 1100.0 | lm loss: 8.6 |'''
->>> parse_log(log, warmup=1)
-{'run': '7b', 'mode': 'cp_p2p', 'strategy': 'static_cp', 'nodes': 2, 'gpus_per_node': 8, 'iteration_s': 1.1, 'iterations': 3, 'final_loss': 8.6, 'source': 'measured'}
+...  [2026-01-01 00:00:04] iteration        4/      50 | elapsed time per iteration (ms): 1024.0 | lm loss: 8.6 |'''
+>>> r = parse_log(log, warmup=1)
+>>> r["strategy"], r["iteration_s"], r["tokens_per_s"], r["iterations"], r["final_loss"]
+('static_cp', 1.024, 1024000.0, 3, 8.6)
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import re
 import statistics
 from typing import Dict, List, Optional
 
-STRATEGY_OF_MODE = {"zeppelin": "zeppelin", "dp": "packed_dp", "cp_p2p": "static_cp", "cp_a2a_p2p": "static_cp_hier"}
-_HEAD = re.compile(r"\[zeppelin-slurm\] run=(\S+) mode=(\S+) nodes=(\d+) gpus_per_node=(\d+)")
+STRATEGY_OF_MODE = {"zeppelin": "zeppelin", "dp": "packed_dp", "cp_p2p": "static_cp",
+                    "cp_a2a_p2p": "static_cp_hier", "cp_all_gather": "allgather_cp"}
+_HEAD = re.compile(r"\[zeppelin-slurm\] run=(\S+) mode=(\S+) nodes=(\d+) gpus_per_node=(\d+)"
+                   r"(?: world=(\d+))?(?: tokens_per_iteration=(\d+))?")
 _ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
 _LOSS = re.compile(r"lm loss: ([\d.eE+-]+)")
 
@@ -41,9 +45,12 @@ def parse_log(text: str, warmup: int = 3) -> Optional[Dict]:
                 times.append(float(m.group(2)) / 1e3)
             lm = _LOSS.search(line)
             loss = float(lm.group(1)) if lm else loss
-    run, mode, nodes, gpn = head.groups()
+    run, mode, nodes, gpn, _, tokens = head.groups()
+    it = statistics.median(times) if times else None
+    tokens = int(tokens) if tokens else None
     return {"run": run, "mode": mode, "strategy": STRATEGY_OF_MODE.get(mode, mode), "nodes": int(nodes),
-            "gpus_per_node": int(gpn), "iteration_s": statistics.median(times) if times else None,
+            "gpus_per_node": int(gpn), "tokens_per_iteration": tokens,
+            "tokens_per_s": round(tokens / it, 1) if (tokens and it) else None, "iteration_s": it,
             "iterations": len(times), "final_loss": loss, "source": "measured"}
 
 
@@ -56,6 +63,20 @@ def collect(log_dir: str, warmup: int = 3) -> List[Dict]:
             rec["log"] = path
             out.append(rec)
     return out
+
+
+def table(records: List[Dict]) -> str:
+    """One line per job, runs together, fastest (tokens/s) first; speed-up over the run's dp job."""
+    lines = [f"{'run':<20} {'mode':<14} {'strategy':<15} {'tokens/s':>12} {'iteration':>11} {'vs dp':>7} {'iters':>5}"]
+    for run in sorted({r["run"] for r in records}):
+        rs = sorted((r for r in records if r["run"] == run), key=lambda r: -(r["tokens_per_s"] or 0))
+        dp = next((r["tokens_per_s"] for r in rs if r["mode"] == "dp" and r["tokens_per_s"]), None)
+        for r in rs:
+            tps = "n/a" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}"
+            it = "n/a" if r["iteration_s"] is None else f"{r['iteration_s']:.3f}s"
+            vs = f"{r['tokens_per_s'] / dp:.2f}x" if (dp and r["tokens_per_s"]) else "-"
+            lines.append(f"{run:<20} {r['mode']:<14} {r['strategy']:<15} {tps:>12} {it:>11} {vs:>7} {r['iterations']:>5}")
+    return "\n".join(lines)
 
 
 def write_results(records: List[Dict], json_path: Optional[str], csv_path: Optional[str]) -> None:

@@ -11,10 +11,11 @@ from ..errors import ZeppelinError
 
 def add_parser(sub):
     p = sub.add_parser("slurm", help="render/submit SLURM jobs for Zeppelin and stock Megatron DP/CP; "
-                                     "collect their measured iteration times",
+                                     "collect their measured tokens per second",
                        description="Render one sbatch script per run and mode (zeppelin, dp, cp_p2p, "
-                                   "cp_a2a_p2p) from a matrix YAML, then print (--dry-run) or submit them. "
-                                   "With --collect, read finished job logs into JSON/CSV.")
+                                   "cp_a2a_p2p, cp_all_gather) from a matrix YAML, then print (--dry-run) or "
+                                   "submit them. With --collect, tabulate finished job logs (tokens per "
+                                   "second, iteration time) and write JSON/CSV.")
     p.add_argument("--matrix", help="matrix YAML (see configs/runs/slurm_example.yaml)")
     p.add_argument("--out", default="out/slurm", help="where rendered job scripts go (default out/slurm)")
     p.add_argument("--dry-run", action="store_true", help="print the sbatch commands instead of submitting")
@@ -27,15 +28,13 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..slurm import render_jobs
-    from ..slurm_results import collect, write_results
+    from ..slurm_results import collect, table, write_results
 
     if args.collect:
         recs = collect(args.collect, args.warmup)
         if not recs:
             raise ZeppelinError(f"no job logs with a [zeppelin-slurm] header in {args.collect}")
-        for r in recs:
-            t = "n/a" if r["iteration_s"] is None else f"{r['iteration_s']:.3f}s"
-            print(f"{r['run']:<24} {r['mode']:<12} {r['strategy']:<14} iteration {t} over {r['iterations']} it")
+        print(table(recs))
         write_results(recs, args.json, args.csv)
         return 0
     if not args.matrix:

@@ -3,8 +3,10 @@
 
 # Rendezvous: the first node of the allocation is the master.
 export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head -n 1)}
-export MASTER_PORT=${MASTER_PORT:-29500}
+# One port per job, so jobs sharing a node (the emulated cluster) do not collide.
+export MASTER_PORT=${MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}
 export GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+export ZEPPELIN_PYTHON=${ZEPPELIN_PYTHON:-python}
 
 # Megatron: one CUDA connection keeps TP/SP communication kernels ordered before compute.
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
@@ -25,7 +27,14 @@ zeppelin_launch() {
   # torchrun on every node; the node rank comes from SLURM. printf %q keeps each argument quoted.
   local cmd
   cmd=$(printf '%q ' "$@")
-  srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "torchrun \
+  srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$ZEPPELIN_PYTHON -m torch.distributed.run \
     --nnodes=\$SLURM_NNODES --nproc-per-node=$GPUS_PER_NODE --node-rank=\$SLURM_NODEID \
     --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT $cmd"
+}
+
+zeppelin_srun() {
+  # One SLURM task per rank (also the emulated nodes of one machine: "node" = rank // GPUS_PER_NODE).
+  srun --kill-on-bad-exit=1 bash -c 'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS \
+    LOCAL_RANK=$((SLURM_PROCID % GPUS_PER_NODE)) LOCAL_WORLD_SIZE=$GPUS_PER_NODE \
+    GROUP_RANK=$((SLURM_PROCID / GPUS_PER_NODE)); exec "$ZEPPELIN_PYTHON" "$@"' zeppelin_srun "$@"
 }
