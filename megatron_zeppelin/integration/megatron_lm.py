@@ -92,11 +92,12 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     from megatron.core import parallel_state as ps
     from megatron.training import get_args
 
+    from ..attention.kernels import Kernel
     from ..model_spec import ModelSpec
     from ..planner import plan_batch
     from ..profile import load_profile
     from ..topology import Topology
-    from .batch import build_rank_batch
+    from .batch import build_rank_batch, default_engine_factory
     from .plan_check import check_plan_agreement
 
     args = get_args()
@@ -113,8 +114,10 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     if cfg.debug_plan or not getattr(forward_step, "_checked", False):
         check_plan_agreement(plan, group)
         forward_step._checked = True
+    kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
-                             softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device())
+                             softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),
+                             engine_factory=partial(default_engine_factory, kernel=kernel))
     out = model(batch.tokens, batch.position_ids, None, labels=batch.labels,
                 packed_seq_params=batch.packed_seq_params)
     return out, partial(_loss_func, batch.label_tokens)
