@@ -76,7 +76,7 @@ def megatron_args(run: Dict, mode: str) -> List[str]:
         a += ["--sequence-parallel"]
     a += list(r["extra_args"])
     if mode == "zeppelin":
-        a += ["--zeppelin-balance", "--zeppelin-cluster", r["cluster"], "--zeppelin-gpus-per-node", g]
+        a += ["--zeppelin-balance", "--no-rope-fusion", "--zeppelin-cluster", r["cluster"], "--zeppelin-gpus-per-node", g]
     elif mode == "dp":
         a += ["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss", "--context-parallel-size", 1]
     elif mode in ("cp_p2p", "cp_a2a_p2p"):
