@@ -192,3 +192,16 @@ def test_calls_per_step_at_most_two():
     assert [c.spec.causal for c in calls] == [True, False]
     assert calls[0].spec.seqlens_q == (4, 3, 4, 1) and calls[1].spec.seqlens_q == (3, 1)
     assert calls[0].spec.seqlens_k == (4, 3, 7, 1) and calls[1].spec.seqlens_k == (4, 7)
+
+
+@pytest.mark.parametrize("backend", ["torch_flash", "flash_attn", "te"])
+def test_the_gpu_checks_zigzag_case_runs_each_adapter_on_cpu(fakes, monkeypatch, backend):
+    # the same code path as tests/gpu/test_gpu_kernels.py, through the fakes
+    te = kf.FakeTE(packed=False)
+    monkeypatch.setattr(te_adapter, "forward", functools.partial(te_adapter.forward, te=te))
+    monkeypatch.setattr(te_adapter, "backward", functools.partial(te_adapter.backward, te=te))
+    import megatron_zeppelin.attention.kernels as kernels
+    from megatron_zeppelin.attention.kernels.checks import zigzag_case
+    monkeypatch.setattr(kernels, "resolve", lambda name, *a: name)  # the fakes run on CPU
+    errs = zigzag_case(backend, [37, 5, 1], members=3, heads=4, kv_heads=2, dtype=torch.bfloat16)
+    assert max(errs.values()) < 3e-2, errs
