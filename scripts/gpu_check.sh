@@ -15,28 +15,30 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-${OUT:-results/gpu_check}}"
 mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+W="$(mktemp -d)"  # stages write here; DIR gets the summary, the results and one archive of all logs
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fail=0
-stage() {  # stage NAME SECONDS CMD...: run with a limit, log to $DIR/NAME.log, count failures
+stage() {  # stage NAME SECONDS CMD...: run with a limit, log to $W/NAME.log, count failures
   local name=$1 limit=$2; shift 2
-  echo "== $name (limit ${limit}s): $*" | tee -a "$DIR/summary.txt"
+  echo "== $name (limit ${limit}s): $*" | tee -a "$W/summary.txt"
   local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" > "$DIR/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" > "$W/$name.log" 2>&1
   local rc=$?
-  echo "   rc=$rc in $((SECONDS - t0))s" | tee -a "$DIR/summary.txt"
-  tail -n 5 "$DIR/$name.log" | sed 's/^/   | /' | tee -a "$DIR/summary.txt"
+  echo "   rc=$rc in $((SECONDS - t0))s" | tee -a "$W/summary.txt"
+  tail -n 5 "$W/$name.log" | sed 's/^/   | /' | tee -a "$W/summary.txt"
   [ "$rc" -eq 0 ] || fail=$((fail + 1))
 }
 
-: > "$DIR/summary.txt"
+: > "$W/summary.txt"
 if compgen -G ".whl/*.whl" > /dev/null; then
-  stage wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  stage wheels 45 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/zeppelin_site .whl/*.whl
   export PYTHONPATH="$PYTHONPATH:/tmp/zeppelin_site"
 fi
-stage env 60 bash -c "nvidia-smi; $PY - <<'PY'
+stage env 30 bash -c "nvidia-smi; $PY - <<'PY'
 import importlib.util, torch
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'device', torch.cuda.get_device_name())
 for m in ('megatron.core', 'transformer_engine', 'flash_attn'):
@@ -45,10 +47,12 @@ from megatron_zeppelin.attention.kernels import Kernel
 for impl in ('local', 'transformer_engine'):
     print('auto kernel with --transformer-impl', impl, '->', Kernel('auto', impl).resolve(torch.device('cuda'), torch.bfloat16))
 PY"
-stage collect 60 "$PY" -m pytest -m gpu tests/gpu --collect-only -q -p no:cacheprovider
-stage pytest_gpu 270 "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider --junitxml="$DIR/pytest_gpu.xml"
-stage calibrate 90 "$PY" -c 'import sys; from megatron_zeppelin.cli import main; sys.exit(main(sys.argv[1:]))' \
-  calibrate --device cuda --lengths 512 2048 8192 32768 --repeats 3 --out "$DIR/calibrate.yaml"
-stage bench_kernels 90 "$PY" benchmarks/bench_kernels.py --device cuda --out "$DIR/bench_kernels.json"
-echo "failed stages: $fail (logs in $DIR)" | tee -a "$DIR/summary.txt"
+stage collect 45 "$PY" -m pytest -m gpu tests/gpu --collect-only -q -p no:cacheprovider
+stage pytest_gpu 240 "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider --junitxml="$W/pytest_gpu.xml"
+stage calibrate 60 "$PY" -c 'import sys; from megatron_zeppelin.cli import main; sys.exit(main(sys.argv[1:]))' \
+  calibrate --device cuda --lengths 512 2048 8192 32768 --repeats 3 --out "$W/calibrate.yaml"
+stage bench_kernels 60 "$PY" benchmarks/bench_kernels.py --device cuda --out "$W/bench_kernels.json"
+echo "failed stages: $fail (all logs in $DIR/gpu_check_logs.tgz)" | tee -a "$W/summary.txt"
+for f in summary.txt bench_kernels.json calibrate.yaml pytest_gpu.xml; do [ -f "$W/$f" ] && cp "$W/$f" "$DIR/"; done
+tar czf "$DIR/gpu_check_logs.tgz" -C "$W" .
 exit "$fail"

@@ -41,7 +41,7 @@ def merge_rows(acc_o: torch.Tensor, acc_l: torch.Tensor, rows, o: torch.Tensor, 
     """Merge partial results (o [n, h, d], l [n, h]) into the accumulator rows ``rows`` in place:
     a slice, or an index tensor in which a row may repeat (each occurrence is one more key set)."""
     if isinstance(rows, slice):
-        mo, ml = merge(acc_o[rows], acc_l[rows], o, l.to(acc_l.dtype))
+        mo, ml = merge(acc_o[rows], acc_l[rows], o.to(acc_o.dtype), l.to(acc_l.dtype))
         acc_o[rows], acc_l[rows] = mo, ml
         return
     u, inv = torch.unique(rows, return_inverse=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..merge import merge_rows
@@ -64,10 +65,10 @@ class Call:
 
 
 def _rows(ranges: Sequence[Tuple[int, int]]):
-    """A slice when the ranges are one contiguous increasing run, else the row list."""
+    """A slice when the ranges are one contiguous increasing run, else the row indices (numpy)."""
     if all(ranges[i][1] == ranges[i + 1][0] for i in range(len(ranges) - 1)):
         return slice(ranges[0][0], ranges[-1][1])
-    return [r for a, b in ranges for r in range(a, b)]
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
 
 
 def plan_calls(pairs: Sequence[Pair]) -> List[Call]:
@@ -83,7 +84,7 @@ def _take(x: torch.Tensor, rows, index_cache: dict):
         return x[rows]
     key = (id(rows), x.device)
     if key not in index_cache:
-        index_cache[key] = torch.tensor(rows, dtype=torch.long, device=x.device)
+        index_cache[key] = torch.from_numpy(rows).to(x.device)
     return x.index_select(0, index_cache[key])
 
 

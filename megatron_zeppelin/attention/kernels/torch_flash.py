@@ -1,7 +1,10 @@
 """``torch_flash``: torch's own CUDA varlen FlashAttention-2 ops, the default on CUDA (no extra package).
 
-Written against the schemas of torch 2.11 / 2.13 (aten/src/ATen/native/native_functions.yaml; the
-same on the CPU build, where tests bind these arguments to ``torch.ops.aten.<op>.default._schema``):
+Written against the schemas of torch 2.13 (the CPU build, where tests bind these arguments to
+``torch.ops.aten.<op>.default._schema``) and pytorch/pytorch's
+``aten/src/ATen/native/transformers/cuda/attention_backward.cu`` (commit 00afd8f2: the varlen branch
+runs when cum_seq_q is defined). Only the positional arguments and ``scale`` are passed; that the
+GPU machine's torch 2.11 takes them the same way is what scripts/gpu_check.sh confirms:
 
     _flash_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? cum_seq_q,
         Tensor? cum_seq_k, SymInt max_q, SymInt max_k, float dropout_p, bool is_causal,
@@ -27,6 +30,7 @@ from .varlen import Varlen
 
 def forward_args(q, k, v, spec: Varlen, scale: float):
     cu_q, cu_k = spec.cu_seqlens(q.device)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # K/V may be views into a ring message
     return (q, k, v, cu_q, cu_k, spec.max_q, spec.max_k, 0.0, spec.causal, False), {"scale": scale}
 
 
@@ -35,6 +39,7 @@ def backward_args(dout, q, k, v, out, lse, spec: Varlen, scale: float):
     seed = torch.zeros(2, dtype=torch.int64, device=q.device)  # unused without dropout
     offset = torch.zeros((), dtype=torch.int64, device=q.device)
     lse_hq = lse.transpose(0, 1).float().contiguous()  # [total_q, h] -> [h, total_q]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return ((dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(), lse_hq, cu_q, cu_k, spec.max_q, spec.max_k, 0.0,
              spec.causal, seed, offset), {"scale": scale})
 
