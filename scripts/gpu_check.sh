@@ -54,5 +54,5 @@ stage calibrate 60 "$PY" -c 'import sys; from megatron_zeppelin.cli import main;
 stage bench_kernels 60 "$PY" benchmarks/bench_kernels.py --device cuda --out "$W/bench_kernels.json"
 echo "failed stages: $fail (all logs in $DIR/gpu_check_logs.tgz)" | tee -a "$W/summary.txt"
 for f in summary.txt bench_kernels.json calibrate.yaml pytest_gpu.xml; do [ -f "$W/$f" ] && cp "$W/$f" "$DIR/"; done
-tar czf "$DIR/gpu_check_logs.tgz" -C "$W" .
+tar czf "$DIR/gpu_check_logs.tgz" -C "$W" . && rm -rf "$W"
 exit "$fail"
