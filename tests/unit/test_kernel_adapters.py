@@ -188,7 +188,7 @@ def test_one_kernel_call_for_all_local_documents(monkeypatch):
 
 
 def test_calls_per_step_at_most_two():
-    calls = plan_calls(_pairs())
+    calls = plan_calls([_pairs()])
     assert [c.spec.causal for c in calls] == [True, False]
     assert calls[0].spec.seqlens_q == (4, 3, 4, 1) and calls[1].spec.seqlens_q == (3, 1)
     assert calls[0].spec.seqlens_k == (4, 3, 7, 1) and calls[1].spec.seqlens_k == (4, 7)
@@ -205,3 +205,23 @@ def test_the_gpu_checks_zigzag_case_runs_each_adapter_on_cpu(fakes, monkeypatch,
     monkeypatch.setattr(kernels, "resolve", lambda name, *a: name)  # the fakes run on CPU
     errs = zigzag_case(backend, [37, 5, 1], members=3, heads=4, kv_heads=2, dtype=torch.bfloat16)
     assert max(errs.values()) < 3e-2, errs
+
+
+def test_blocks_over_several_kv_tensors_equal_one_tensor():
+    # a queue step with two rings: each ring's K/V message is its own tensor, still <= 2 calls
+    from megatron_zeppelin.attention.kernels import attend_blocks, attend_blocks_backward
+    q, k, v, dout = _inputs(F64)
+    cut = 7
+    pairs_a = [p for p in _pairs() if p[1].stop <= cut]
+    pairs_b = [(qr, slice(kr.start - cut, kr.stop - cut), off) for qr, kr, off in _pairs() if kr.start >= cut]
+    assert len(pairs_a) + len(pairs_b) == len(_pairs())
+    out1, lse1, g1 = _run("cpu_flash", q, k, v, dout, _pairs(), 0.3)
+    out2 = torch.zeros(q.shape, dtype=F64)
+    lse2 = torch.full(q.shape[:2], float("-inf"), dtype=F64)
+    attend_blocks(q, [(k[:cut], v[:cut], pairs_a), (k[cut:], v[cut:], pairs_b)], out2, lse2, 0.3, "cpu_flash")
+    dq, dk, dv = (torch.zeros(x.shape, dtype=F64) for x in (q, k, v))
+    attend_blocks_backward(dout, q, out2, lse2, dq, [(k[:cut], v[:cut], dk[:cut], dv[:cut], pairs_a),
+                                                      (k[cut:], v[cut:], dk[cut:], dv[cut:], pairs_b)], 0.3, "cpu_flash")
+    assert torch.allclose(out1, out2, atol=1e-13) and torch.equal(torch.isneginf(lse1), torch.isneginf(lse2))
+    for a, b in zip(g1, (dq, dk, dv)):
+        assert torch.allclose(a, b, atol=1e-12)

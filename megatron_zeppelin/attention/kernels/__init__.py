@@ -3,7 +3,8 @@
 The engine hands one (queue, step)'s work as *pairs* (query rows, key rows, causal_offset) of its
 token-major tensors (q ``[t, heads, d]``, k/v ``[t, kv_heads, d]``); ``attend_pairs`` runs them as at
 most two varlen kernel calls (pieces.py) and merges into (out, lse) by LSE; ``attend_pairs_backward``
-adds the gradients given the *final* out and lse. ``block_forward``/``block_backward`` are the same
+adds the gradients given the *final* out and lse. ``attend_blocks`` does the same when the key rows
+live in several K/V tensors (one message per ring of a queue step). ``block_forward``/``block_backward`` are the same
 for one pair (calibration, tests). The kernel is a ``Kernel`` (``--zeppelin-attention-kernel`` and
 ``--transformer-impl``; select.py) or its name.
 
@@ -23,11 +24,12 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from . import select
-from .pieces import Pair, pairs_backward, pairs_forward, plan_calls, split_pair
+from .pieces import Pair, blocks_backward, blocks_forward, plan_calls, split_pair
 from .select import BACKENDS, resolve
 from .varlen import KernelError, Varlen
 
-__all__ = ["BACKENDS", "Kernel", "KernelError", "Pair", "Varlen", "attend_pairs", "attend_pairs_backward",
+__all__ = ["BACKENDS", "Kernel", "KernelError", "Pair", "Varlen", "attend_blocks", "attend_blocks_backward",
+           "attend_pairs", "attend_pairs_backward",
            "block_backward", "block_forward", "plan_calls", "resolve", "segment_mask", "split_pair",
            "varlen_backward", "varlen_forward"]
 
@@ -63,17 +65,30 @@ def varlen_backward(dout, q, k, v, out, lse, spec: Varlen, scale: float, backend
 
 def attend_pairs(q, k, v, pairs: Sequence[Pair], out, lse, scale: float, backend: Union[str, Kernel] = "auto") -> None:
     """Merge the attention of ``pairs`` into the accumulators out [t, h, d], lse [t, h] in place."""
-    if pairs and q.shape[0] and k.shape[0]:
-        be = _backend(backend, q)
-        pairs_forward(lambda *a: select.forward(be, *a), q, k, v, pairs, out, lse, scale)
+    attend_blocks(q, [(k, v, pairs)], out, lse, scale, backend)
 
 
 def attend_pairs_backward(dout, q, k, v, out, lse, pairs: Sequence[Pair], dq, dk, dv, scale: float,
                           backend: Union[str, Kernel] = "auto") -> None:
     """Add the gradients of ``pairs`` into dq, dk, dv (out/lse: the final result of the query rows)."""
-    if pairs and q.shape[0] and k.shape[0]:
+    attend_blocks_backward(dout, q, out, lse, dq, [(k, v, dk, dv, pairs)], scale, backend)
+
+
+def attend_blocks(q, blocks, out, lse, scale: float, backend: Union[str, Kernel] = "auto") -> None:
+    """``attend_pairs`` over several K/V tensors at once: ``blocks`` = [(k, v, pairs)] (e.g. every ring
+    of a queue step), still at most two kernel calls."""
+    blocks = [b for b in blocks if b[2] and b[0].shape[0]]
+    if blocks and q.shape[0]:
         be = _backend(backend, q)
-        pairs_backward(lambda *a: select.backward(be, *a), dout, q, k, v, out, lse, pairs, dq, dk, dv, scale)
+        blocks_forward(lambda *a: select.forward(be, *a), q, blocks, out, lse, scale)
+
+
+def attend_blocks_backward(dout, q, out, lse, dq, blocks, scale: float, backend: Union[str, Kernel] = "auto") -> None:
+    """Gradients of ``attend_blocks``: ``blocks`` = [(k, v, dk, dv, pairs)]."""
+    blocks = [b for b in blocks if b[4] and b[0].shape[0]]
+    if blocks and q.shape[0]:
+        be = _backend(backend, q)
+        blocks_backward(lambda *a: select.backward(be, *a), dout, q, out, lse, dq, blocks, scale)
 
 
 def _acc(dtype):

@@ -13,7 +13,9 @@ into at most two *pieces* that every varlen kernel knows (varlen.py):
 Rows ``j < -off`` see no key and stay (out 0, lse -inf). All causal pieces of a step go into one
 call and all full pieces into another; q/k/v rows are gathered (or sliced, when the rows are one
 contiguous run, as for the local queue), and results merge into the step's accumulators by LSE
-(merge.merge_rows), so a query row that appears in several pieces is exact.
+(merge.merge_rows), so a query row that appears in several pieces is exact. The key rows of the
+pairs may index several K/V tensors (one per ring of a queue step: ``blocks_forward``), still one
+call per mask kind.
 
 >>> split_pair(slice(0, 5), slice(0, 5), 0)          # the causal diagonal: one causal piece
 [(True, (0, 5), (0, 5))]
@@ -55,13 +57,16 @@ def split_pair(qr: slice, kr: slice, off: Optional[int]) -> List[Piece]:
 
 
 class Call:
-    """One varlen call: its spec and the rows of the step's q and k tensors it packs."""
+    """One varlen call: its spec, the query rows it packs, and its key rows per source tensor."""
 
-    def __init__(self, causal: bool, pieces: Sequence[Piece]):
+    def __init__(self, causal: bool, pieces: Sequence[Tuple[int, Tuple[int, int], Tuple[int, int]]]):
         self.spec = Varlen(tuple(p[1][1] - p[1][0] for p in pieces), tuple(p[2][1] - p[2][0] for p in pieces),
                            causal)
         self.q_rows = _rows([p[1] for p in pieces])
-        self.k_rows = _rows([p[2] for p in pieces])
+        self.k_parts = []  # (source, rows, row count): pieces come in source order, so each source is one run
+        for src in sorted({p[0] for p in pieces}):
+            ranges = [p[2] for p in pieces if p[0] == src]
+            self.k_parts.append((src, _rows(ranges), sum(b - a for a, b in ranges)))
 
 
 def _rows(ranges: Sequence[Tuple[int, int]]):
@@ -71,11 +76,13 @@ def _rows(ranges: Sequence[Tuple[int, int]]):
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
 
 
-def plan_calls(pairs: Sequence[Pair]) -> List[Call]:
+def plan_calls(sources: Sequence[Sequence[Pair]]) -> List[Call]:
+    """The calls for pairs whose key rows index several K/V tensors (``sources[i]``: pairs of tensor i)."""
     causal, full = [], []
-    for qr, kr, off in pairs:
-        for p in split_pair(qr, kr, off):
-            (causal if p[0] else full).append(p)
+    for src, pairs in enumerate(sources):
+        for qr, kr, off in pairs:
+            for c, qrange, krange in split_pair(qr, kr, off):
+                (causal if c else full).append((src, qrange, krange))
     return [Call(c, ps) for c, ps in ((True, causal), (False, full)) if ps]
 
 
@@ -86,6 +93,11 @@ def _take(x: torch.Tensor, rows, index_cache: dict):
     if key not in index_cache:
         index_cache[key] = torch.from_numpy(rows).to(x.device)
     return x.index_select(0, index_cache[key])
+
+
+def _gather(xs: Sequence[torch.Tensor], call: Call, index_cache: dict) -> torch.Tensor:
+    parts = [_take(xs[src], rows, index_cache) for src, rows, _ in call.k_parts]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _add(acc: torch.Tensor, rows, val: torch.Tensor, index_cache: dict) -> None:
@@ -99,23 +111,37 @@ def _rows_arg(rows, device, index_cache):
     return rows if isinstance(rows, slice) else index_cache[(id(rows), device)]
 
 
-def pairs_forward(kernel, q, k, v, pairs: Sequence[Pair], out, lse, scale: float) -> None:
-    """Merge the attention of ``pairs`` into the accumulators (out [t, h, d], lse [t, h]) in place.
-    ``kernel`` is a backend's ``forward(q, k, v, spec, scale)`` (select.py)."""
+def blocks_forward(kernel, q, blocks, out, lse, scale: float) -> None:
+    """Merge the attention of ``blocks`` = [(k, v, pairs)] (each pair's key rows index its own k/v)
+    into the accumulators (out [t, h, d], lse [t, h]) in place. ``kernel`` is a backend's
+    ``forward(q, k, v, spec, scale)`` (select.py)."""
     cache: dict = {}
-    for c in plan_calls(pairs):
-        o, l = kernel(_take(q, c.q_rows, cache), _take(k, c.k_rows, cache), _take(v, c.k_rows, cache), c.spec, scale)
+    ks, vs = [b[0] for b in blocks], [b[1] for b in blocks]
+    for c in plan_calls([b[2] for b in blocks]):
+        o, l = kernel(_take(q, c.q_rows, cache), _gather(ks, c, cache), _gather(vs, c, cache), c.spec, scale)
         merge_rows(out, lse, _rows_arg(c.q_rows, q.device, cache), o, l)
 
 
-def pairs_backward(kernel, dout, q, k, v, out, lse, pairs: Sequence[Pair], dq, dk, dv, scale: float) -> None:
-    """Add the gradients of ``pairs`` into dq, dk, dv (given the *final* out and lse of the rows)."""
+def blocks_backward(kernel, dout, q, out, lse, dq, blocks, scale: float) -> None:
+    """Add the gradients of ``blocks`` = [(k, v, dk, dv, pairs)] into dq and each block's dk, dv
+    (given the *final* out and lse of the query rows)."""
     cache: dict = {}
-    for c in plan_calls(pairs):
-        qs = [_take(x, c.q_rows, cache) for x in (dout, q, out)]
-        ls = _take(lse, c.q_rows, cache)
-        gq, gk, gv = kernel(qs[0], qs[1], _take(k, c.k_rows, cache), _take(v, c.k_rows, cache), qs[2], ls, c.spec,
-                            scale)
+    ks, vs = [b[0] for b in blocks], [b[1] for b in blocks]
+    for c in plan_calls([b[4] for b in blocks]):
+        gq, gk, gv = kernel(_take(dout, c.q_rows, cache), _take(q, c.q_rows, cache), _gather(ks, c, cache),
+                            _gather(vs, c, cache), _take(out, c.q_rows, cache), _take(lse, c.q_rows, cache),
+                            c.spec, scale)
         _add(dq, c.q_rows, gq, cache)
-        _add(dk, c.k_rows, gk, cache)
-        _add(dv, c.k_rows, gv, cache)
+        a = 0
+        for src, rows, n in c.k_parts:
+            _add(blocks[src][2], rows, gk[a:a + n], cache)
+            _add(blocks[src][3], rows, gv[a:a + n], cache)
+            a += n
+
+
+def pairs_forward(kernel, q, k, v, pairs: Sequence[Pair], out, lse, scale: float) -> None:
+    blocks_forward(kernel, q, [(k, v, pairs)], out, lse, scale)
+
+
+def pairs_backward(kernel, dout, q, k, v, out, lse, pairs: Sequence[Pair], dq, dk, dv, scale: float) -> None:
+    blocks_backward(kernel, dout, q, out, lse, dq, [(k, v, dk, dv, pairs)], scale)
