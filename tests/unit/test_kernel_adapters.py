@@ -225,3 +225,21 @@ def test_blocks_over_several_kv_tensors_equal_one_tensor():
     assert torch.allclose(out1, out2, atol=1e-13) and torch.equal(torch.isneginf(lse1), torch.isneginf(lse2))
     for a, b in zip(g1, (dq, dk, dv)):
         assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_the_flag_reaches_the_engine(monkeypatch):
+    import argparse
+
+    from megatron_zeppelin.integration.args import add_zeppelin_args
+    from megatron_zeppelin.integration.batch import default_engine_factory
+    p = add_zeppelin_args(argparse.ArgumentParser())
+    assert p.parse_args(["--zeppelin-attention-kernel", "reference"]).zeppelin_attention_kernel == "reference"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--zeppelin-attention-kernel", "flash3"])
+    seen = []
+    real = select.forward
+    monkeypatch.setattr(select, "forward", lambda *a: seen.append(a[0]) or real(*a))
+    plan = hand_plan([5, 3], Topology(1, 1), [0, 0])
+    eng = default_engine_factory(plan, 0, None, None, None, kernel=Kernel("reference", "transformer_engine"))
+    eng(*(torch.randn(8, 2, 4, dtype=F64) for _ in range(3)))
+    assert seen == ["reference"]
