@@ -171,6 +171,8 @@ def megatron_args(run: Dict, mode: str) -> List[str]:
         a += ["--sequence-parallel"]
     a += list(r["extra_args"])
     if mode == "zeppelin":
+        if not cpu:  # Zeppelin hands RoPE per-token positions; the fused sbhd kernel cannot take them
+            a += ["--no-rope-fusion"]
         return [str(x) for x in a + ["--dataloader-type", "external", "--zeppelin-balance",
                                      "--zeppelin-cluster", r["cluster"], "--zeppelin-gpus-per-node", g]]
     a += ["--reset-position-ids", "--eod-mask-loss"]

@@ -18,8 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..planner.types import Ring
-from .kernels import block_backward, block_forward, segment_mask
-from .merge import merge_into
+from .kernels import attend_pairs, attend_pairs_backward, segment_mask
 from .view import RankView
 
 
@@ -52,9 +51,7 @@ def attend(view: RankView, ring: Ring, b: int, kv: torch.Tensor, q: torch.Tensor
            out: torch.Tensor, lse: torch.Tensor, scale: float, backend: str) -> None:
     """Merge this member's attention over block ``b`` (message ``kv``) into (out, lse)."""
     k, v = unpack_kv(kv, kv.shape[1] // (2 * q.shape[2]), q.shape[2])
-    for qr, kr, off in _pairs(view, ring, b):
-        o, l = block_forward(q[qr], k[kr], v[kr], scale, off, backend)
-        merge_into(out, lse, qr, o.to(out.dtype), l.to(lse.dtype))
+    attend_pairs(q, k, v, list(_pairs(view, ring, b)), out, lse, scale, backend)  # one varlen call per mask kind
 
 
 def attend_backward(view: RankView, ring: Ring, b: int, kv: torch.Tensor, dkv: torch.Tensor,
@@ -65,8 +62,4 @@ def attend_backward(view: RankView, ring: Ring, b: int, kv: torch.Tensor, dkv: t
     kvh = kv.shape[1] // (2 * d)
     k, v = unpack_kv(kv, kvh, d)
     dk, dv = unpack_kv(dkv, kvh, d)
-    for qr, kr, off in _pairs(view, ring, b):
-        gq, gk, gv = block_backward(dout[qr], q[qr], k[kr], v[kr], out[qr], lse[qr], scale, off, backend)
-        dq[qr] += gq
-        dk[kr] += gk
-        dv[kr] += gv
+    attend_pairs_backward(dout, q, k, v, out, lse, list(_pairs(view, ring, b)), dq, dk, dv, scale, backend)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ..distributed.counters import CommCounters
 from ..planner.types import CommOp, Plan, PlanError
 from .allgather import allgather_backward, allgather_forward
-from .kernels import block_backward, block_forward
+from .kernels import attend_pairs, attend_pairs_backward
 from .ring import ring_backward, ring_forward
 from .view import RankView
 
@@ -76,22 +76,16 @@ class AttentionEngine:
 
     # --- forward / backward -------------------------------------------------------------------
     def _local_forward(self, q, k, v, out, lse):
-        with self.counters.timer("local"):
-            for s in self.view.local:  # varlen: one causal kernel call per local document
-                a = self.view.offset[s]
-                r = slice(a, a + len(s))
-                o, l = block_forward(q[r], k[r], v[r], self.scale, 0, self.backend)
-                out[r], lse[r] = o.to(out.dtype), l.to(lse.dtype)
+        with self.counters.timer("local"):  # all local documents in one causal varlen call
+            attend_pairs(q, k, v, self._local_pairs(), out, lse, self.scale, self.backend)
 
     def _local_backward(self, q, k, v, out, lse, dout, dq, dk, dv):
         with self.counters.timer("local"):
-            for s in self.view.local:
-                a = self.view.offset[s]
-                r = slice(a, a + len(s))
-                gq, gk, gv = block_backward(dout[r], q[r], k[r], v[r], out[r], lse[r], self.scale, 0, self.backend)
-                dq[r] += gq
-                dk[r] += gk
-                dv[r] += gv
+            attend_pairs_backward(dout, q, k, v, out, lse, self._local_pairs(), dq, dk, dv, self.scale, self.backend)
+
+    def _local_pairs(self):
+        rows = [slice(self.view.offset[s], self.view.offset[s] + len(s)) for s in self.view.local]
+        return [(r, r, 0) for r in rows]
 
     def forward(self, q, k, v):
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -35,3 +35,24 @@ def merge_into(acc_o: torch.Tensor, acc_l: torch.Tensor, rows: slice, o: torch.T
     mo, ml = merge(acc_o[rows], acc_l[rows], o, l)
     acc_o[rows] = mo
     acc_l[rows] = ml
+
+
+def merge_rows(acc_o: torch.Tensor, acc_l: torch.Tensor, rows, o: torch.Tensor, l: torch.Tensor) -> None:
+    """Merge partial results (o [n, h, d], l [n, h]) into the accumulator rows ``rows`` in place:
+    a slice, or an index tensor in which a row may repeat (each occurrence is one more key set)."""
+    if isinstance(rows, slice):
+        mo, ml = merge(acc_o[rows], acc_l[rows], o.to(acc_o.dtype), l.to(acc_l.dtype))
+        acc_o[rows], acc_l[rows] = mo, ml
+        return
+    u, inv = torch.unique(rows, return_inverse=True)
+    so, sl = acc_o[u], acc_l[u]
+    l = l.to(sl.dtype)
+    m = sl.index_reduce(0, inv, l, "amax", include_self=True)  # running max per row
+    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # rows that saw no key yet
+    w_old, w_new = torch.exp(sl - safe), torch.exp(l - safe[inv])
+    num = (so * w_old.unsqueeze(-1).to(so.dtype)).index_add_(0, inv, o.to(so.dtype) * w_new.unsqueeze(-1).to(so.dtype))
+    den = w_old.index_add(0, inv, w_new)
+    seen = den > 0
+    den1 = torch.where(seen, den, torch.ones_like(den))
+    acc_o[u] = torch.where(seen.unsqueeze(-1), num / den1.unsqueeze(-1).to(so.dtype), so)
+    acc_l[u] = torch.where(seen, safe + torch.log(den1), sl)

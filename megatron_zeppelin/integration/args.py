@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..attention.kernels.select import BACKENDS as ATTENTION_KERNELS
 from ..config import ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
 
 
@@ -61,6 +62,9 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-debug-plan", action="store_true",
                    help="Compare plan digests across the domain every step (a mismatch is an error); "
                         "the Megatron-LM entry also prints each plan's document classes on rank 0.")
+    g.add_argument("--zeppelin-attention-kernel", default="auto", choices=ATTENTION_KERNELS,
+                   help="Attention kernel: auto = te with --transformer-impl transformer_engine when TE is "
+                        "installed, else torch_flash on CUDA (fp16/bf16), cpu_flash on CPU (docs/attention.md).")
     return parser
 
 
@@ -92,6 +96,9 @@ def check_megatron_args(args) -> None:
         raise ConfigError("--zeppelin-balance needs --attention-dropout 0")
     if _get(args, "position_embedding_type", "rope") not in ("rope", "none"):
         raise ConfigError("--zeppelin-balance supports --position-embedding-type rope or none")
+    if _get(args, "apply_rope_fusion", False) and _get(args, "position_embedding_type", "rope") == "rope":
+        # megatron's fused RoPE wants sbhd [s, b, h, d] (or THD with cu_seqlens); Zeppelin hands per-token tables
+        raise ConfigError("--zeppelin-balance needs --no-rope-fusion (per-token RoPE positions of the plan)")
 
 
 def config_from_args(args) -> ZeppelinConfig:

@@ -96,9 +96,9 @@ def check_docs(docs: Sequence[torch.Tensor], plan: Plan) -> None:
                         f"{list(lengths)[:8]}...: plan the batch you train on")
 
 
-def default_engine_factory(plan, rank, group, softmax_scale, counters):
+def default_engine_factory(plan, rank, group, softmax_scale, counters, kernel="auto"):
     from ..attention.engine import AttentionEngine
-    return AttentionEngine(plan, rank, group, softmax_scale=softmax_scale, counters=counters)
+    return AttentionEngine(plan, rank, group, softmax_scale=softmax_scale, counters=counters, backend=kernel)
 
 
 def build_rank_batch(docs: Sequence[torch.Tensor], plan: Plan, rank: int, group, *, softmax_scale: float,

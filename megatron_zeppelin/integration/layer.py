@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
+from ..errors import ZeppelinError
+
 
 def per_token_freqs(table: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
     """Rotary table [max_pos, 1, 1, dim] -> this rank's rows [t, 1, dim] (position_ids [1, t])."""
@@ -36,6 +38,8 @@ class ZeppelinTransformerLayer(TransformerLayer):
         self._zp = zp if getattr(zp, "engine", None) is not None else None
         rope = kwargs.get("rotary_pos_emb")
         if self._zp is not None and rope is not None and not isinstance(rope, tuple):
+            if getattr(self.config, "apply_rope_fusion", False):  # fused RoPE wants sbhd, or THD with cu_seqlens
+                raise ZeppelinError("--zeppelin-balance needs --no-rope-fusion (per-token RoPE positions of the plan)")
             kwargs["rotary_pos_emb"] = per_token_freqs(rope, self._zp.position_ids)
         try:
             return super().forward(*args, **kwargs)

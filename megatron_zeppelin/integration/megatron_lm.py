@@ -209,11 +209,12 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         out = model(b.tokens, b.position_ids, None, labels=b.labels)
         return out, partial(loss_func, b.label_tokens, loss_mask=b.loss_mask)
 
+    from ..attention.kernels import Kernel
     from ..model_spec import ModelSpec
     from ..planner import plan_batch
     from ..profile import load_profile
     from ..topology import Topology
-    from .batch import build_rank_batch
+    from .batch import build_rank_batch, default_engine_factory
     from .plan_check import check_plan_agreement
 
     cfg = config_from_args(args)
@@ -231,8 +232,10 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         remap = any(tuple(a) != tuple(b) for a, b in zip(plan.attention_layout, plan.linear_layout))
         counts = " ".join(f"{c}={n}" for c, n in plan.class_counts().items())
         print(f"zeppelin plan: {counts} remap={remap}", flush=True)
+    kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
-                             softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device())
+                             softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),
+                             engine_factory=partial(default_engine_factory, kernel=kernel))
     out = model(batch.tokens, batch.position_ids, None, labels=batch.labels,
                 packed_seq_params=batch.packed_seq_params)
     return out, partial(loss_func, batch.label_tokens)

@@ -26,6 +26,7 @@ def _args(*argv, **megatron):
     ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size"),
     ({"sequence_parallel": True}, "--sequence-parallel"),
     ({"num_experts": 8}, "--num-experts"),
+    ({"apply_rope_fusion": True}, "--no-rope-fusion"),
 ])
 def test_unsupported_megatron_settings_name_the_flag(megatron, flag):
     with pytest.raises(ConfigError, match=flag):

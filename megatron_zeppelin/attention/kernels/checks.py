@@ -1,0 +1,83 @@
+"""Kernel checks against the float64 oracle, shared by the CPU suite and the GPU check.
+
+``zigzag_case`` runs documents the way a zigzag ring of G members does, on one device and one
+process: each document is cut into 2G chunks (odd lengths give unequal or empty chunks: a member
+may hold nothing), member i holds chunks i and 2G-1-i of every document, and at step s member i
+attends the block of member (i - s) mod G, one ``attend_pairs`` call per (member, step) for all
+documents; the backward runs the same calls from the final out and lse. G=1 is the local queue
+(every document whole, one causal varlen call). The result is compared with per-document causal
+attention in float64 (reference.py).
+
+>>> errs = zigzag_case("cpu_flash", [9, 4, 1], members=3, heads=4, kv_heads=2, dtype=torch.float64)
+>>> max(errs.values()) < 1e-12
+True
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from ..reference import reference_attention
+from . import attend_pairs, attend_pairs_backward, segment_mask
+
+
+def _layout(lengths: Sequence[int], members: int) -> List[List[Tuple[int, int, int]]]:
+    """Per member: its (doc, start, stop) segments, chunk i before chunk 2G-1-i."""
+    out: List[List[Tuple[int, int, int]]] = [[] for _ in range(members)]
+    for d, L in enumerate(lengths):
+        b = [L * j // (2 * members) for j in range(2 * members + 1)]
+        for i in range(members):
+            for c in (i, 2 * members - 1 - i):
+                if b[c + 1] > b[c]:
+                    out[i].append((d, b[c], b[c + 1]))
+    return out
+
+
+def zigzag_case(backend, lengths: Sequence[int], members: int, heads: int, kv_heads: int, dim: int = 16,
+                dtype=torch.bfloat16, device="cpu", seed: int = 0) -> Dict[str, float]:
+    """Relative errors (max |x - ref| / max |ref|) of out, dq, dk, dv against float64."""
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lengths)
+    q, k, v, dout = (torch.randn(t, h, dim, generator=g, dtype=torch.float64) for h in (heads, kv_heads, kv_heads, heads))
+    starts = [sum(lengths[:d]) for d in range(len(lengths))]
+    layout = _layout(lengths, members)
+    rows, row_of = [], {}
+    for segs in layout:  # the zigzag tensor: members' segments concatenated
+        for s in segs:
+            row_of[s] = len(rows)
+            rows.extend(range(starts[s[0]] + s[1], starts[s[0]] + s[2]))
+    idx = torch.tensor(rows, dtype=torch.long)
+    zq, zk, zv, zdo = (x[idx].to(device=device, dtype=dtype) for x in (q, k, v, dout))
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.zeros(zq.shape, dtype=acc, device=device)
+    lse = torch.full(zq.shape[:2], float("-inf"), dtype=acc, device=device)
+
+    def pairs(i, b):
+        for qs in layout[i]:
+            for ks in layout[b]:
+                run, off = segment_mask(qs[1], qs[2], ks[1], ks[2]) if qs[0] == ks[0] else (False, None)
+                if run:
+                    qa, ka = row_of[qs], row_of[ks]
+                    yield slice(qa, qa + qs[2] - qs[1]), slice(ka, ka + ks[2] - ks[1]), off
+
+    steps = [(i, (i - s) % members) for s in range(members) for i in range(members)]
+    for i, b in steps:
+        attend_pairs(zq, zk, zv, list(pairs(i, b)), out, lse, _scale(dim), backend)
+    o = out.to(dtype)
+    dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=device) for x in (zq, zk, zv))
+    for i, b in steps:
+        attend_pairs_backward(zdo, zq, zk, zv, o, lse, list(pairs(i, b)), dq, dk, dv, _scale(dim), backend)
+    rq, rk, rv = (x.clone().requires_grad_(True) for x in (q, k, v))
+    ref = reference_attention(rq, rk, rv, list(lengths), _scale(dim))
+    ref.backward(dout)
+    errs = {}
+    for name, got, want in (("out", o, ref.detach()), ("dq", dq, rq.grad), ("dk", dk, rk.grad), ("dv", dv, rv.grad)):
+        diff = (got.double().cpu() - want[idx]).abs().max()
+        errs[name] = (diff / want.abs().max().clamp_min(1e-30)).item()
+    return errs
+
+
+def _scale(dim: int) -> float:
+    return dim ** -0.5
