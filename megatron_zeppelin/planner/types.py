@@ -155,6 +155,9 @@ class Plan:
     thresholds: Thresholds
     kv_bytes_per_token: int = 0
     meta: Tuple[Tuple[str, str], ...] = field(default=())
+    # The DP gradient all-reduce after the backward (Megatron's default, not overlapped): the same
+    # for every strategy, so not in ``cost`` / ``predicted_iteration_s``; the simulator adds it too.
+    allreduce_s: float = 0.0
 
     # --- derived views ------------------------------------------------------------------------
     @property
@@ -164,6 +167,11 @@ class Plan:
     @property
     def predicted_iteration_s(self) -> float:
         return max(c.total_s for c in self.cost)
+
+    @property
+    def predicted_with_allreduce_s(self) -> float:
+        """The iteration as the simulator times it by default: the slowest rank, then the DP all-reduce."""
+        return self.predicted_iteration_s + self.allreduce_s
 
     @property
     def imbalance(self) -> float:
@@ -215,7 +223,8 @@ class Plan:
                 cost=tuple(RankCost(*c) for c in d["cost"]),
                 lower_bound_s=float(d["lower_bound_s"]), thresholds=Thresholds(**d["thresholds"]),
                 kv_bytes_per_token=int(d.get("kv_bytes_per_token", 0)),
-                meta=tuple((k, v) for k, v in d.get("meta", [])))
+                meta=tuple((k, v) for k, v in d.get("meta", [])),
+                allreduce_s=float(d.get("allreduce_s", 0.0)))
         except (KeyError, TypeError) as e:
             raise PlanError(f"malformed plan JSON: {e}") from None
 
