@@ -29,6 +29,7 @@ import numpy as np
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
 from ..topology import Topology
+from .types import Link
 
 BWD_FLOPS = 2.5  # backward attention FLOPs / forward FLOPs (FlashAttention convention)
 LINEAR_PASSES = 3.0  # forward + backward (input and weight gradients) of a GEMM
@@ -114,11 +115,7 @@ class CostModel:
     def linear_flops_per_token(self, part: str) -> float:
         """Forward FLOPs per token of one linear part on one TP rank: ``qkv`` and ``out`` (the
         projections, per layer), ``mlp`` (SwiGLU, per layer), ``head`` (the vocab head, once)."""
-        m, tp = self.model, self.tp
-        h, d = m.hidden, m.head_dim
-        per = {"qkv": h * m.heads * d + 2 * h * m.kv_heads * d, "out": m.heads * d * h, "mlp": 3 * h * m.ffn,
-               "head": h * m.vocab}
-        return 2.0 * per[part] / tp
+        return 2.0 * self.model.matmul_params()[part] / self.tp
 
     def gemm_s(self, tokens, part: str):
         """Forward seconds of one linear part for ``tokens`` (scalar or array; per layer, or once
@@ -163,14 +160,15 @@ class CostModel:
     def hidden_bytes_per_token(self) -> int:
         return self.model.hidden * self.model.dtype_bytes
 
-    def link_of(self, src: int, dst: int) -> str:
-        return "nvlink" if self.topology.same_node(src, dst) else "nic"
+    def link_of(self, src: int, dst: int) -> Link:
+        return Link.NVLINK if self.topology.same_node(src, dst) else Link.NIC
 
     def bandwidth(self, link: str) -> float:
-        return (self.profile.nvlink_GBps if link == "nvlink" else self.profile.nic_GBps) * 1e9
+        """Bytes per second of one link of class ``link``, from the profile's link table."""
+        return self.profile.links[link][0] * 1e9
 
     def latency(self, link: str) -> float:
-        return (self.profile.nvlink_latency_us if link == "nvlink" else self.profile.nic_latency_us) * 1e-6
+        return self.profile.links[link][1] * 1e-6
 
     def tp_allreduce_s(self, tokens, latency: bool = True):
         """One ring all-reduce of ``tokens`` hidden states over the TP group (NVLink; Megatron TP

@@ -25,7 +25,7 @@ from typing import Dict, List, Sequence, Tuple
 from .cost_model import LINEAR_PASSES, CostModel
 from .program import AttentionWork, Compute, Post, attention_program
 from .remap import remap_exchange_s, remap_exchanges
-from .types import STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
+from .types import MIRROR, STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
 
 
 def _link_keys(op: CommOp, cost: CostModel):
@@ -49,9 +49,6 @@ def step_message_times(ops: Sequence[CommOp], cost: CostModel, scale: float = 1.
     return {k: sum(v.get(s, 0.0) for s in STAGES) for k, v in per_msg_stage.items()}
 
 
-_MIRROR = {"direct": "direct", "dispatch": "combine", "transfer": "transfer", "combine": "dispatch"}
-
-
 def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None):
     """(stage, src, dst, bytes, (out-link key, in-link key), link, own, piece) as the simulator's
     LinkTable keys it; ``own``: (the sender originates the message, the receiver is its
@@ -69,7 +66,7 @@ def _op_hops(ops, cost, reverse=False):
     if not reverse:
         return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost, (o.src == o.msg_src, o.dst == o.msg_dst),
                      ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)) for o in ops]
-    return [_hop(_MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link == "nic" else -1, cost,
+    return [_hop(MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link == "nic" else -1, cost,
                  (o.dst == o.msg_dst, o.src == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop))
             for o in ops]
 

@@ -27,7 +27,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .types import DocPlan, Ring
+from .types import RING_QUEUES, DocPlan, Ring
 
 
 def ring_step_blocks(ring: Ring, docs: Dict[int, DocPlan], member: int, step: int) -> List[Tuple[int, int, bool]]:
@@ -92,6 +92,9 @@ class Compute:
     rings: Tuple[int, ...] = ()
     steps: Tuple[int, ...] = ()
 
+    def __str__(self) -> str:
+        return f"compute {self.queue}" + (f" rings {list(self.rings)} steps {list(self.steps)}" if self.rings else "")
+
 
 @dataclass(frozen=True)
 class Post:
@@ -105,11 +108,18 @@ class Post:
     reverse: bool = False
     shares: Tuple[str, ...] = ()
 
+    def __str__(self) -> str:
+        return (f"post {self.name}: ops of ({self.queue}, step {self.step}) of rings {list(self.rings)}"
+                + (" reversed" if self.reverse else "") + (f", sharing links with {', '.join(self.shares)}" if self.shares else ""))
+
 
 @dataclass(frozen=True)
 class Wait:
     """Every rank waits for its part of the exchange ``name``."""
     name: str
+
+    def __str__(self) -> str:
+        return f"wait {self.name}"
 
 
 def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) -> List[object]:
@@ -132,15 +142,15 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) ->
 
     >>> for x in attention_program([Ring(0, (0, 1), "intra", (0,))], has_local=True, backward=True):
     ...     print(x)
-    Post(name='kv intra 0', queue='intra', step=0, rings=(0,), reverse=False, shares=())
-    Compute(queue='intra', rings=(0,), steps=(0,))
-    Compute(queue='local', rings=(), steps=())
-    Post(name='dkv intra 0', queue='intra', step=0, rings=(0,), reverse=False, shares=())
-    Wait(name='kv intra 0')
-    Compute(queue='intra', rings=(0,), steps=(1,))
-    Wait(name='dkv intra 0')
-    Post(name='dkv intra 1', queue='intra', step=1, rings=(0,), reverse=False, shares=())
-    Wait(name='dkv intra 1')
+    post kv intra 0: ops of (intra, step 0) of rings [0]
+    compute intra rings [0] steps [0]
+    compute local
+    post dkv intra 0: ops of (intra, step 0) of rings [0]
+    wait kv intra 0
+    compute intra rings [0] steps [1]
+    wait dkv intra 0
+    post dkv intra 1: ops of (intra, step 1) of rings [0]
+    wait dkv intra 1
     """
     prog: List[object] = []
     pending: List[object] = [True]  # True: the local documents; a name: an exchange waited at the next point
@@ -153,7 +163,7 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) ->
             prog.append(Compute("local"))
         pending[0] = None
 
-    for queue in ("inter", "intra"):
+    for queue in RING_QUEUES:
         qr = [r for r in rings if r.cls == queue]
         ag = tuple(r.id for r in qr if r.comm == "allgather")
         if ag:
