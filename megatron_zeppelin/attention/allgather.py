@@ -17,61 +17,61 @@ from ..distributed.executor import StepExchange
 from .blocks import attend, attend_backward, pack_kv
 
 
-def _rings(eng, queue):
-    return [r for r in eng.plan.rings if r.cls == queue and r.comm == "allgather"]
+def _rings(ctx, queue):
+    return [r for r in ctx.rings if r.cls == queue and r.comm == "allgather"]
 
 
-def _gather(eng, queue, rings, mine, k, v, phase, tag):
+def _gather(ctx, queue, rings, mine, k, v, phase, tag):
     width = 2 * k.shape[1] * k.shape[2]
-    pay = {(r.id, eng.view.member[r.id]): pack_kv(k[eng.view.own_rows(r)], v[eng.view.own_rows(r)]) for r in mine}
-    ex = StepExchange(eng.step_ops(queue, 0, {r.id for r in rings}), eng.rank, eng.group, pay, width,
-                      dtype=k.dtype, device=k.device, counters=eng.counters, phase=phase, tag=tag).start()
+    pay = {(r.id, ctx.view.member[r.id]): pack_kv(k[ctx.view.own_rows(r)], v[ctx.view.own_rows(r)]) for r in mine}
+    ex = StepExchange(ctx.step_ops(queue, 0, {r.id for r in rings}), ctx.rank, ctx.group, pay, width,
+                      dtype=k.dtype, device=k.device, counters=ctx.counters, phase=phase, tag=tag).start()
     return pay, ex
 
 
-def _blocks(eng, r, pay, got, like, width):
-    i = eng.view.member[r.id]
+def _blocks(ctx, r, pay, got, like, width):
+    i = ctx.view.member[r.id]
     for b in range(r.size):
         if b == i:
             yield b, pay[(r.id, i)]
-        elif eng.view.block_rows(r, b):
+        elif ctx.view.block_rows(r, b):
             yield b, got[(r.id, b, r.ranks[b])]
 
 
-def allgather_forward(eng, queue: str, q, k, v, out, lse, overlap: Optional[Callable] = None):
-    rings = _rings(eng, queue)
+def allgather_forward(ctx, queue: str, q, k, v, out, lse, overlap: Optional[Callable] = None):
+    rings = _rings(ctx, queue)
     if not rings:
         return overlap
-    mine = [r for r in rings if r.id in eng.view.member]
+    mine = [r for r in rings if r.id in ctx.view.member]
     width = 2 * k.shape[1] * k.shape[2]
-    pay, ex = _gather(eng, queue, rings, mine, k, v, "fwd", 2)
-    with eng.counters.timer(queue):  # own block while the gather is in flight
+    pay, ex = _gather(ctx, queue, rings, mine, k, v, "fwd", 2)
+    with ctx.counters.timer(queue):  # own block while the gather is in flight
         for r in mine:
-            i = eng.view.member[r.id]
-            attend(eng.view, r, i, pay[(r.id, i)], q, out, lse, eng.scale, eng.backend)
+            i = ctx.view.member[r.id]
+            attend(ctx.view, r, i, pay[(r.id, i)], q, out, lse, ctx.scale, ctx.backend)
     if overlap is not None:
         overlap()
         overlap = None
     got = ex.wait()
-    with eng.counters.timer(queue):
+    with ctx.counters.timer(queue):
         for r in mine:
-            for b, kv in _blocks(eng, r, pay, got, k, width):
-                if b != eng.view.member[r.id]:
-                    attend(eng.view, r, b, kv, q, out, lse, eng.scale, eng.backend)
+            for b, kv in _blocks(ctx, r, pay, got, k, width):
+                if b != ctx.view.member[r.id]:
+                    attend(ctx.view, r, b, kv, q, out, lse, ctx.scale, ctx.backend)
     return overlap
 
 
-def allgather_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap: Optional[Callable] = None):
+def allgather_backward(ctx, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap: Optional[Callable] = None):
     """Gather K/V (``overlap`` runs meanwhile); compute the other members' blocks first and send
     their partial dK/dV home, then compute the own block while that reduce-scatter is in flight.
     Its wait (and the sum) is returned as the new ``overlap``: it runs after the first compute of
     the next queue or ring kind (or at the end of the backward)."""
-    rings = _rings(eng, queue)
+    rings = _rings(ctx, queue)
     if not rings:
         return overlap
-    mine = [r for r in rings if r.id in eng.view.member]
+    mine = [r for r in rings if r.id in ctx.view.member]
     width = 2 * k.shape[1] * k.shape[2]
-    pay, ex = _gather(eng, queue, rings, mine, k, v, "bwd", 2)
+    pay, ex = _gather(ctx, queue, rings, mine, k, v, "bwd", 2)
     if overlap is not None:
         overlap()
     got = ex.wait()
@@ -79,29 +79,29 @@ def allgather_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, ove
 
     def part(r, b, kv):
         g = torch.zeros_like(kv)
-        attend_backward(eng.view, r, b, kv, g, q, out, lse, dout, dq, eng.scale, eng.backend)
+        attend_backward(ctx.view, r, b, kv, g, q, out, lse, dout, dq, ctx.scale, ctx.backend)
         partial[(r.id, b)] = g
 
-    with eng.counters.timer(queue):
+    with ctx.counters.timer(queue):
         for r in mine:
-            for b, kv in _blocks(eng, r, pay, got, k, width):
-                if b != eng.view.member[r.id]:
+            for b, kv in _blocks(ctx, r, pay, got, k, width):
+                if b != ctx.view.member[r.id]:
                     part(r, b, kv)
     # partial dK/dV of block b go home to member b over the mirrored step-0 ops
-    ex = StepExchange(eng.step_ops(queue, 0, {r.id for r in rings}), eng.rank, eng.group, partial, width,
-                      dtype=k.dtype, device=k.device, reverse=True, counters=eng.counters, phase="bwd",
+    ex = StepExchange(ctx.step_ops(queue, 0, {r.id for r in rings}), ctx.rank, ctx.group, partial, width,
+                      dtype=k.dtype, device=k.device, reverse=True, counters=ctx.counters, phase="bwd",
                       tag=3).start()
-    with eng.counters.timer(queue):  # the own block while the partials travel
+    with ctx.counters.timer(queue):  # the own block while the partials travel
         for r in mine:
-            i = eng.view.member[r.id]
+            i = ctx.view.member[r.id]
             part(r, i, pay[(r.id, i)])
 
     def finish():
         got = ex.wait()
         c = width // 2
         for r in mine:
-            i = eng.view.member[r.id]
-            own = eng.view.own_rows(r)
+            i = ctx.view.member[r.id]
+            own = ctx.view.own_rows(r)
             tot = partial[(r.id, i)]
             for j in range(r.size):
                 if j != i and (r.id, i, r.ranks[j]) in got:

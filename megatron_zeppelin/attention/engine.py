@@ -13,19 +13,37 @@ first queue is in flight. Every rank runs every queue step (proxies of routed me
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ..distributed.counters import CommCounters
-from ..planner.types import CommOp, Plan, PlanError
+from ..planner.types import RING_QUEUES, CommOp, Plan, PlanError, Ring
 from .allgather import allgather_backward, allgather_forward
 from .kernels import block_backward, block_forward
 from .ring import ring_backward, ring_forward
 from .view import RankView
 
-QUEUES = ("inter", "intra")
+
+
+@dataclass(frozen=True)
+class RingContext:
+    """What the queue functions (ring.py, allgather.py) read for one engine call: this rank's view
+    of the plan, its rings and schedule, the group, the counters and the kernel settings."""
+    rank: int
+    group: object
+    view: RankView
+    rings: Tuple[Ring, ...]
+    ops: Mapping[Tuple[str, int], Tuple[CommOp, ...]]  # the schedule by (queue, step)
+    counters: CommCounters
+    scale: float
+    backend: str
+
+    def step_ops(self, queue: str, step: int, rings: Set[int]) -> List[CommOp]:
+        """The ops of (``queue``, ``step``) of the given ring ids, in schedule order."""
+        return [o for o in self.ops.get((queue, step), ()) if o.ring in rings]
 
 
 class AttentionEngine:
@@ -49,8 +67,9 @@ class AttentionEngine:
             self._ops[(o.queue, o.step)] += (o,)
         self.scale = 1.0
 
-    def step_ops(self, queue: str, step: int, rings: Set[int]):
-        return [o for o in self._ops.get((queue, step), ()) if o.ring in rings]
+    def context(self) -> RingContext:
+        return RingContext(self.rank, self.group, self.view, self.plan.rings, self._ops, self.counters, self.scale,
+                           self.backend)
 
     # --- validation -----------------------------------------------------------------------
     def _check(self, q, k, v) -> None:
@@ -98,9 +117,10 @@ class AttentionEngine:
         out = torch.zeros(q.shape, dtype=acc, device=q.device)
         lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
         overlap = lambda: self._local_forward(q, k, v, out, lse)  # noqa: E731
-        for queue in QUEUES:
-            overlap = allgather_forward(self, queue, q, k, v, out, lse, overlap)
-            overlap = ring_forward(self, queue, q, k, v, out, lse, overlap)
+        ctx = self.context()
+        for queue in RING_QUEUES:
+            overlap = allgather_forward(ctx, queue, q, k, v, out, lse, overlap)
+            overlap = ring_forward(ctx, queue, q, k, v, out, lse, overlap)
         if overlap is not None:
             overlap()
         return out.to(q.dtype), lse
@@ -112,9 +132,10 @@ class AttentionEngine:
         dv = torch.zeros(v.shape, dtype=acc, device=q.device)
         dout = dout.to(q.dtype)
         overlap = lambda: self._local_backward(q, k, v, out, lse, dout, dq, dk, dv)  # noqa: E731
-        for queue in QUEUES:
-            overlap = allgather_backward(self, queue, q, k, v, out, lse, dout, dq, dk, dv, overlap)
-            overlap = ring_backward(self, queue, q, k, v, out, lse, dout, dq, dk, dv, overlap)
+        ctx = self.context()
+        for queue in RING_QUEUES:
+            overlap = allgather_backward(ctx, queue, q, k, v, out, lse, dout, dq, dk, dv, overlap)
+            overlap = ring_backward(ctx, queue, q, k, v, out, lse, dout, dq, dk, dv, overlap)
         if overlap is not None:
             overlap()
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

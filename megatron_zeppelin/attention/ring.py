@@ -25,41 +25,41 @@ from ..distributed.executor import StepExchange
 from .blocks import attend, attend_backward, pack_kv
 
 
-def _rings(eng, queue):
-    return [r for r in eng.plan.rings if r.cls == queue and r.comm == "p2p"]
+def _rings(ctx, queue):
+    return [r for r in ctx.rings if r.cls == queue and r.comm == "p2p"]
 
 
-def _take(eng, got, ring, b, width, like):
-    i = eng.view.member[ring.id]
+def _take(ctx, got, ring, b, width, like):
+    i = ctx.view.member[ring.id]
     t = got.get((ring.id, b, ring.ranks[(i - 1) % ring.size]))
     if t is None:
-        if eng.view.block_rows(ring, b):
-            raise RuntimeError(f"rank {eng.rank}: block {b} of ring {ring.id} did not arrive")  # plan bug
+        if ctx.view.block_rows(ring, b):
+            raise RuntimeError(f"rank {ctx.rank}: block {b} of ring {ring.id} did not arrive")  # plan bug
         return like.new_zeros((0, width))
     return t
 
 
-def ring_forward(eng, queue: str, q, k, v, out, lse, overlap: Optional[Callable] = None):
+def ring_forward(ctx, queue: str, q, k, v, out, lse, overlap: Optional[Callable] = None):
     """Returns ``overlap`` if it was not run (no p2p ring in this queue)."""
-    rings = _rings(eng, queue)
+    rings = _rings(ctx, queue)
     if not rings:
         return overlap
     n = max(r.size for r in rings) - 1
-    mine = [r for r in rings if r.id in eng.view.member]
+    mine = [r for r in rings if r.id in ctx.view.member]
     width = 2 * k.shape[1] * k.shape[2]
-    cur = {r.id: pack_kv(k[eng.view.own_rows(r)], v[eng.view.own_rows(r)]) for r in mine}
+    cur = {r.id: pack_kv(k[ctx.view.own_rows(r)], v[ctx.view.own_rows(r)]) for r in mine}
     for s in range(n + 1):
         ex = None
         if s < n:
             active = {r.id for r in rings if s < r.size - 1}
-            pay = {(r.id, (eng.view.member[r.id] - s) % r.size): cur[r.id] for r in mine if r.id in active}
-            ex = StepExchange(eng.step_ops(queue, s, active), eng.rank, eng.group, pay, width, dtype=k.dtype,
-                              device=k.device, counters=eng.counters, phase="fwd", tag=0).start()
-        with eng.counters.timer(queue):
+            pay = {(r.id, (ctx.view.member[r.id] - s) % r.size): cur[r.id] for r in mine if r.id in active}
+            ex = StepExchange(ctx.step_ops(queue, s, active), ctx.rank, ctx.group, pay, width, dtype=k.dtype,
+                              device=k.device, counters=ctx.counters, phase="fwd", tag=0).start()
+        with ctx.counters.timer(queue):
             for r in mine:
                 if s < r.size:
-                    attend(eng.view, r, (eng.view.member[r.id] - s) % r.size, cur[r.id], q, out, lse,
-                           eng.scale, eng.backend)
+                    attend(ctx.view, r, (ctx.view.member[r.id] - s) % r.size, cur[r.id], q, out, lse,
+                           ctx.scale, ctx.backend)
         if overlap is not None:
             overlap()
             overlap = None
@@ -67,11 +67,11 @@ def ring_forward(eng, queue: str, q, k, v, out, lse, overlap: Optional[Callable]
             got = ex.wait()
             for r in mine:
                 if s < r.size - 1:
-                    cur[r.id] = _take(eng, got, r, (eng.view.member[r.id] - 1 - s) % r.size, width, k)
+                    cur[r.id] = _take(ctx, got, r, (ctx.view.member[r.id] - 1 - s) % r.size, width, k)
     return overlap
 
 
-def ring_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap: Optional[Callable] = None):
+def ring_backward(ctx, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap: Optional[Callable] = None):
     """Pipelined as ring-flash-attention: at step s a member computes its share of the block it now
     holds into a fresh buffer while the dK/dV partial it will add (sent by its predecessor at step
     s-1) is in flight; then it waits, adds, and starts sending the sum (step s's ops). Step G-1's
@@ -80,13 +80,13 @@ def ring_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap:
     Exchanges in flight together: K/V of step s (tag 0) and dK/dV of step s-1 (tag 1), then K/V of
     s and dK/dV of s; two dK/dV exchanges never overlap on a rank (one is waited before the next
     starts), and every rank posts and waits them in the same order, so they cannot deadlock."""
-    rings = _rings(eng, queue)
+    rings = _rings(ctx, queue)
     if not rings:
         return overlap
     n = max(r.size for r in rings)
-    mine = [r for r in rings if r.id in eng.view.member]
+    mine = [r for r in rings if r.id in ctx.view.member]
     width = 2 * k.shape[1] * k.shape[2]
-    own = {r.id: eng.view.own_rows(r) for r in mine}
+    own = {r.id: ctx.view.own_rows(r) for r in mine}
     cur = {r.id: pack_kv(k[own[r.id]], v[own[r.id]]) for r in mine}
     c = width // 2
 
@@ -99,26 +99,26 @@ def ring_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap:
         if ex_d is None:
             return {}
         got = ex_d.wait()
-        return {r.id: _take(eng, got, r, (eng.view.member[r.id] - s) % r.size, width, k)
+        return {r.id: _take(ctx, got, r, (ctx.view.member[r.id] - s) % r.size, width, k)
                 for r in mine if 1 < r.size and s <= r.size}
 
     ex_d = None
     for s in range(n):
         kv_active = {r.id for r in rings if s < r.size - 1}
         d_active = {r.id for r in rings if s < r.size}
-        blk = {r.id: (eng.view.member[r.id] - s) % r.size for r in mine}
+        blk = {r.id: (ctx.view.member[r.id] - s) % r.size for r in mine}
         ex_kv = None
         if kv_active:
             pay = {(rid, blk[rid]): cur[rid] for rid in blk if rid in kv_active}
-            ex_kv = StepExchange(eng.step_ops(queue, s, kv_active), eng.rank, eng.group, pay, width,
-                                 dtype=k.dtype, device=k.device, counters=eng.counters, phase="bwd", tag=0).start()
+            ex_kv = StepExchange(ctx.step_ops(queue, s, kv_active), ctx.rank, ctx.group, pay, width,
+                                 dtype=k.dtype, device=k.device, counters=ctx.counters, phase="bwd", tag=0).start()
         fresh = {}
-        with eng.counters.timer(queue):  # overlaps K/V of step s and dK/dV of step s-1
+        with ctx.counters.timer(queue):  # overlaps K/V of step s and dK/dV of step s-1
             for r in mine:
                 if s < r.size:
                     fresh[r.id] = torch.zeros_like(cur[r.id])
-                    attend_backward(eng.view, r, blk[r.id], cur[r.id], fresh[r.id], q, out, lse, dout, dq,
-                                    eng.scale, eng.backend)
+                    attend_backward(ctx.view, r, blk[r.id], cur[r.id], fresh[r.id], q, out, lse, dout, dq,
+                                    ctx.scale, ctx.backend)
         if overlap is not None:
             overlap()
             overlap = None
@@ -131,12 +131,12 @@ def ring_backward(eng, queue: str, q, k, v, out, lse, dout, dq, dk, dv, overlap:
             if r.size == 1 and s == 0:
                 home(r, fresh[r.id])  # a one-member ring: nothing travels
         pay = {(rid, blk[rid]): fresh[rid] for rid in blk if rid in d_active and rid in fresh}
-        ex_d = StepExchange(eng.step_ops(queue, s, d_active), eng.rank, eng.group, pay, width, dtype=k.dtype,
-                            device=k.device, counters=eng.counters, phase="bwd", tag=1).start()
+        ex_d = StepExchange(ctx.step_ops(queue, s, d_active), ctx.rank, ctx.group, pay, width, dtype=k.dtype,
+                            device=k.device, counters=ctx.counters, phase="bwd", tag=1).start()
         got = ex_kv.wait() if ex_kv is not None else {}
         for r in mine:
             if s < r.size - 1:
-                cur[r.id] = _take(eng, got, r, (eng.view.member[r.id] - 1 - s) % r.size, width, k)
+                cur[r.id] = _take(ctx, got, r, (ctx.view.member[r.id] - 1 - s) % r.size, width, k)
 
     def finish(ex_d=ex_d):  # step G-1's dK/dV of the longest rings comes home
         part = arrived(ex_d, n)
