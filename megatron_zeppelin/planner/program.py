@@ -124,7 +124,8 @@ class Wait:
 
 def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) -> List[object]:
     """The ordered program of one layer's core attention, forward or backward, as the engine runs
-    it (attention/engine.py, ring.py, allgather.py); the prediction and the simulator interpret it.
+    it (attention/engine.py runs it with attention/runner.py); the prediction and the simulator
+    interpret it too.
 
     Queues inter, then intra; in a queue the all-gather rings, then the zigzag (p2p) rings, all
     rings of a queue stepping together. The *overlap point* is right after the first compute of
