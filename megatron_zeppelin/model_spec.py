@@ -46,20 +46,26 @@ class ModelSpec:
         """Bytes of K and V for one token of one layer on one TP rank."""
         return 2 * max(1, self.kv_heads // tp) * self.head_dim * self.dtype_bytes
 
+    def matmul_params(self) -> dict:
+        """Weights of each linear part: ``qkv``, ``out`` (the attention projections) and ``mlp``
+        (SwiGLU) per layer, ``head`` (the vocab head) once; the cost model's FLOPs come from here."""
+        h, d = self.hidden, self.head_dim
+        return {"qkv": h * self.heads * d + 2 * h * self.kv_heads * d, "out": self.heads * d * h,
+                "mlp": 3 * h * self.ffn, "head": h * self.vocab}
+
     def linear_flops_per_token(self, tp: int = 1) -> float:
         """Forward matmul FLOPs per token per layer on one TP rank (QKV, out proj, SwiGLU MLP)."""
-        h, d = self.hidden, self.head_dim
-        params = h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h + 3 * h * self.ffn
-        return 2.0 * params / tp
+        p = self.matmul_params()
+        return 2.0 * (p["qkv"] + p["out"] + p["mlp"]) / tp
 
     def head_flops_per_token(self, tp: int = 1) -> float:
         """Forward FLOPs per token of the vocab head (embedding lookup is free)."""
-        return 2.0 * self.hidden * self.vocab / tp
+        return 2.0 * self.matmul_params()["head"] / tp
 
     def params(self) -> int:
-        h, d = self.hidden, self.head_dim
-        per_layer = h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h + 3 * h * self.ffn + 2 * h
-        return self.layers * per_layer + 2 * self.vocab * h + h
+        p = self.matmul_params()
+        per_layer = p["qkv"] + p["out"] + p["mlp"] + 2 * self.hidden  # + the two layer norms
+        return self.layers * per_layer + 2 * p["head"] + self.hidden  # embedding, head, final norm
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -96,6 +96,11 @@ class HardwareProfile:
         if not self.host_copy_GBps >= 0:
             raise ProfileError(f"profile {self.name}: host_copy_GBps must be >= 0 (0: messages take no CPU)")
 
+    @property
+    def links(self):
+        """Per link class (planner/types.py ``Link``): (GB/s per direction, latency in us)."""
+        return {"nvlink": (self.nvlink_GBps, self.nvlink_latency_us), "nic": (self.nic_GBps, self.nic_latency_us)}
+
     def attn_tflops(self, length: float, backward: bool = False) -> float:
         xs, ys = self.attn_seqlen, (self.attn_bwd_tflops if backward else self.attn_fwd_tflops)
         if length <= xs[0]:

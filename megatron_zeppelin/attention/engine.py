@@ -4,28 +4,47 @@
     out = engine(q, k, v)   # q [t, heads, d], k/v [t, kv_heads, d], t = plan.tokens(rank)
 
 Rows are this rank's attention-layout segments concatenated. The result equals per-document causal
-attention run on each whole document alone (reference.py), and is differentiable. Queues run in
-Plan order: inter rings, then intra rings (all-gather rings of a queue first, then zigzag p2p
-rings), then local documents; the local documents are computed while the first transfer of the
-first queue is in flight. Every rank runs every queue step (proxies of routed messages included).
+attention run on each whole document alone (reference.py), and is differentiable. The order of the
+work is the layer program (planner/program.py, the same one the prediction prices and the simulator
+times), run by runner.py: queues inter, then intra (all-gather rings of a queue first, then zigzag
+p2p rings), the local documents while the first transfer of the first queue is in flight, the
+pipelined dK/dV. Every rank runs every queue step (proxies of routed messages included).
 ``counters`` (CommCounters) accumulate bytes per link/NIC/step and compute seconds per queue.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ..distributed.counters import CommCounters
-from ..planner.types import CommOp, Plan, PlanError
-from .allgather import allgather_backward, allgather_forward
+from ..planner.program import attention_program
+from ..planner.types import CommOp, Plan, PlanError, Ring
 from .kernels import attend_pairs, attend_pairs_backward
-from .ring import ring_backward, ring_forward
+from .runner import LayerRun
 from .view import RankView
 
-QUEUES = ("inter", "intra")
+
+
+@dataclass(frozen=True)
+class RingContext:
+    """What the program runner (runner.py) reads for one engine call: this rank's view
+    of the plan, its rings and schedule, the group, the counters and the kernel settings."""
+    rank: int
+    group: object
+    view: RankView
+    rings: Tuple[Ring, ...]
+    ops: Mapping[Tuple[str, int], Tuple[CommOp, ...]]  # the schedule by (queue, step)
+    counters: CommCounters
+    scale: float
+    backend: str
+
+    def step_ops(self, queue: str, step: int, rings: Set[int]) -> List[CommOp]:
+        """The ops of (``queue``, ``step``) of the given ring ids, in schedule order."""
+        return [o for o in self.ops.get((queue, step), ()) if o.ring in rings]
 
 
 class AttentionEngine:
@@ -48,9 +67,12 @@ class AttentionEngine:
             self._ops.setdefault((o.queue, o.step), ())
             self._ops[(o.queue, o.step)] += (o,)
         self.scale = 1.0
+        has_local = any(d.cls == "local" for d in plan.docs)  # the plan's, not this rank's: one program
+        self.program = {bw: attention_program(plan.rings, has_local, bw) for bw in (False, True)}
 
-    def step_ops(self, queue: str, step: int, rings: Set[int]):
-        return [o for o in self._ops.get((queue, step), ()) if o.ring in rings]
+    def context(self) -> RingContext:
+        return RingContext(self.rank, self.group, self.view, self.plan.rings, self._ops, self.counters, self.scale,
+                           self.backend)
 
     # --- validation -----------------------------------------------------------------------
     def _check(self, q, k, v) -> None:
@@ -91,12 +113,8 @@ class AttentionEngine:
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
         out = torch.zeros(q.shape, dtype=acc, device=q.device)
         lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
-        overlap = lambda: self._local_forward(q, k, v, out, lse)  # noqa: E731
-        for queue in QUEUES:
-            overlap = allgather_forward(self, queue, q, k, v, out, lse, overlap)
-            overlap = ring_forward(self, queue, q, k, v, out, lse, overlap)
-        if overlap is not None:
-            overlap()
+        LayerRun(self.context(), q, k, v, out, lse, lambda: self._local_forward(q, k, v, out, lse)
+                 ).run(self.program[False])
         return out.to(q.dtype), lse
 
     def backward(self, q, k, v, out, lse, dout):
@@ -105,12 +123,8 @@ class AttentionEngine:
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros(v.shape, dtype=acc, device=q.device)
         dout = dout.to(q.dtype)
-        overlap = lambda: self._local_backward(q, k, v, out, lse, dout, dq, dk, dv)  # noqa: E731
-        for queue in QUEUES:
-            overlap = allgather_backward(self, queue, q, k, v, out, lse, dout, dq, dk, dv, overlap)
-            overlap = ring_backward(self, queue, q, k, v, out, lse, dout, dq, dk, dv, overlap)
-        if overlap is not None:
-            overlap()
+        LayerRun(self.context(), q, k, v, out, lse, lambda: self._local_backward(q, k, v, out, lse, dout, dq, dk, dv),
+                 grads=(dout, dq, dk, dv)).run(self.program[True])
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

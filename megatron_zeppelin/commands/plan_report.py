@@ -79,6 +79,8 @@ def print_plan(out, plan: Plan, max_ranks: int = 16) -> None:
     print(f"predicted iteration {plan.predicted_iteration_s:.4g} s; imbalance (max/mean) {plan.imbalance:.3f}; "
           f"lower bound {lb:.4g} s (perfect balance, communication hidden); "
           f"ratio to lower bound {plan.predicted_iteration_s / lb:.3f}", file=out)
+    print(f"  both without the DP gradient all-reduce after the backward ({plan.allreduce_s:.4g} s, the same for "
+          f"every strategy): {plan.predicted_with_allreduce_s:.4g} s with it", file=out)
     nic = sum(o.nbytes for o in plan.schedule if o.link == "nic")
     nvl = sum(o.nbytes for o in plan.schedule if o.link == "nvlink")
     print(f"remap moves {remap_tokens(plan)} tokens; ring schedule: {len(plan.schedule)} ops, "
@@ -211,7 +213,7 @@ def strategy_record(p: Plan, zeppelin) -> dict:
                         "total_s": [x.total_s for x in c],
                         "attention_tokens": [p.tokens(r) for r in range(p.world_size)],
                         "linear_tokens": [p.tokens(r, "linear") for r in range(p.world_size)]},
-           "meta": dict(p.meta), "digest": p.digest()}
+           "allreduce_s": p.allreduce_s, "meta": dict(p.meta), "digest": p.digest()}
     if isinstance(zeppelin, Plan):
         rec["zeppelin_speedup"] = p.predicted_iteration_s / zeppelin.predicted_iteration_s
     return rec

@@ -39,8 +39,8 @@ from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .layout import attention_layout, zigzag_bounds
-from .schedule import block_tokens
-from .types import CLASSES, LINKS, STAGES, Plan, PlanError, Segment
+from .schedule import ring_messages
+from .types import CLASSES, COMMS, LINKS, RING_QUEUES, STAGES, Plan, PlanError, Segment
 
 
 def check_plan(plan: Plan, capacity: Optional[int] = None) -> None:
@@ -60,7 +60,7 @@ def check_docs_and_rings(plan: Plan) -> None:
         if ring.id != i or ring.size < 1 or len(set(ring.ranks)) != ring.size \
                 or not all(0 <= r < W for r in ring.ranks):
             raise PlanError(f"rings: ring {i} has a bad id {ring.id} or ranks {ring.ranks}")
-        if ring.cls not in ("inter", "intra") or ring.comm not in ("p2p", "allgather"):
+        if ring.cls not in RING_QUEUES or ring.comm not in COMMS:
             raise PlanError(f"rings: ring {i} has class {ring.cls!r} / comm {ring.comm!r}")
         nodes = {topo.node_of(r) for r in ring.ranks}
         if ring.cls == "intra" and len(nodes) != 1:
@@ -183,25 +183,7 @@ def check_remap(plan: Plan) -> None:
 # --- schedule --------------------------------------------------------------------------------
 def expected_messages(plan: Plan) -> Dict[Tuple, int]:
     """{(queue, step, ring, block, msg_src, msg_dst): rows} of every message the rings need."""
-    dmap = {d.doc: d for d in plan.docs}
-    out: Dict[Tuple, int] = {}
-    for ring in plan.rings:
-        G = ring.size
-        if G < 2:
-            continue
-        sizes = block_tokens(ring, dmap)
-        if ring.comm == "allgather":
-            for i in range(G):
-                for k in range(1, G):
-                    if sizes[i]:
-                        out[(ring.cls, 0, ring.id, i, ring.ranks[i], ring.ranks[(i + k) % G])] = sizes[i]
-            continue
-        for s in range(G):
-            for i in range(G):
-                b = (i - s) % G
-                if sizes[b]:
-                    out[(ring.cls, s, ring.id, b, ring.ranks[i], ring.ranks[(i + 1) % G])] = sizes[b]
-    return out
+    return {m[:6]: m[6] for m in ring_messages(plan.rings, {d.doc: d for d in plan.docs})}
 
 
 def _contained(held: List[Tuple[int, int]], a: int, b: int) -> bool:
@@ -213,7 +195,7 @@ def check_schedule(plan: Plan) -> None:
     want = expected_messages(plan)
     by_msg: Dict[Tuple, list] = defaultdict(list)
     for o in plan.schedule:
-        if o.stage not in STAGES or o.link not in LINKS or o.queue not in ("inter", "intra"):
+        if o.stage not in STAGES or o.link not in LINKS or o.queue not in RING_QUEUES:
             raise PlanError(f"schedule: op {o} has a bad stage, link or queue")
         if not (0 <= o.src < W and 0 <= o.dst < W) or o.src == o.dst:
             raise PlanError(f"schedule: op {o} has bad ranks")

@@ -1,11 +1,18 @@
 """Cost model: predicted seconds of attention, linear modules and transfers on a profile.
 
+The one place a cost formula is written: the partitioner, the prediction (predict.py) and the
+simulator (sim/compute.py) all price work here, so the planner optimises what the simulator times.
+
 Units: one *block* is a (query chunk, key/value chunk) pair of one document in one layer; costs of
-an iteration are forward + backward over all layers. Attention FLOPs count the causal triangle once
-(4*q*k*heads*head_dim for a full block, half of the square for a diagonal block); the backward is 2.5x
-the forward FLOPs at the profile's backward rate. Linear modules cost 3x their forward FLOPs at the
-GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a node, one NIC
-across nodes).
+an iteration are forward + backward over all layers. ``block_pass_s`` is the one block-cost
+function (vectorised over query length, key length and causal-or-full, forward or backward):
+attention FLOPs count the causal triangle once (4*q*k*heads*head_dim for a full block, half of the
+square for a diagonal block); the backward is 2.5x the forward FLOPs at the profile's backward
+rate; full blocks run at the profile's full-block table when it has one
+(``attention.full_fwd_tflops`` / ``full_bwd_tflops``); every block call adds the profile's fixed
+seconds per call. ``gemm_s`` is the one linear function: linear modules cost 3x their forward
+FLOPs at the GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a
+node, one NIC across nodes); the DP gradient all-reduce is ``dp_allreduce_s``.
 
 Why thresholds are not constants: a document split over a ring of G ranks computes about
 attn(L)/G^2 per ring step while it moves L/G tokens of K/V; splitting pays only when the compute of a
@@ -16,10 +23,14 @@ follow from the model and the cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
 from ..topology import Topology
+from .types import Link
 
 BWD_FLOPS = 2.5  # backward attention FLOPs / forward FLOPs (FlashAttention convention)
 LINEAR_PASSES = 3.0  # forward + backward (input and weight gradients) of a GEMM
@@ -32,49 +43,93 @@ class CostModel:
     topology: Topology
     tp: int = 1
 
-    # --- attention ------------------------------------------------------------------------
+    # --- attention: the one block-cost function -----------------------------------------------
     @property
     def _heads(self) -> int:
         return max(1, self.model.heads // self.tp)
 
-    def block_flops(self, q: int, kv: int, causal: bool) -> float:
-        """Forward FLOPs of one attention block in one layer."""
+    def block_flops(self, q, kv, causal):
+        """Forward FLOPs of attention blocks in one layer (arrays or scalars): a causal (diagonal)
+        block, q == kv, counts its lower triangle with the diagonal; a full block q x kv."""
         hd = self._heads * self.model.head_dim
-        if causal:  # diagonal block: q == kv, lower triangle incl. diagonal
-            return 2.0 * q * (q + 1) * hd
-        return 4.0 * q * kv * hd
+        q = np.asarray(q, dtype=np.float64)
+        out = np.where(causal, 2.0 * q * (q + 1) * hd, 4.0 * q * np.asarray(kv, dtype=np.float64) * hd)
+        return float(out) if out.ndim == 0 else out
 
-    def block_s(self, q: int, kv: int, causal: bool, layers: int = 0) -> float:
-        """Forward + backward seconds of one block summed over ``layers`` (0 = all layers)."""
-        if q <= 0 or kv <= 0:
-            return 0.0
-        f = self.block_flops(q, kv, causal)
+    def attn_rate(self, q, causal=True, backward: bool = False):
+        """FLOP/s of attention blocks with ``q`` query rows: the profile's causal table, or its
+        full-block table for full blocks when it has one (a kernel that does not skip masked tiles
+        makes the two differ); interpolated in log2(length) and clamped, as ``profile.attn_tflops``."""
         p = self.profile
-        t = f / (p.attn_tflops(q) * 1e12) + BWD_FLOPS * f / (p.attn_tflops(q, backward=True) * 1e12)
-        return t * (layers or self.model.layers)
+        xs = np.log2(np.asarray(p.attn_seqlen, dtype=np.float64))
+        x = np.log2(np.maximum(np.asarray(q, dtype=np.float64), 1.0))
+        rate = np.interp(x, xs, np.asarray(p.attn_bwd_tflops if backward else p.attn_fwd_tflops, dtype=np.float64))
+        if p.attn_full_fwd_tflops:
+            full = np.interp(x, xs, np.asarray(p.attn_full_bwd_tflops if backward else p.attn_full_fwd_tflops,
+                                               dtype=np.float64))
+            rate = np.where(causal, rate, full)
+        return rate * 1e12
+
+    def block_pass_s(self, q, kv, causal, backward: bool = False):
+        """Seconds of attention blocks in one layer, one pass (forward, or backward: 2.5x the
+        forward FLOPs at the backward rate), plus the profile's fixed seconds per kernel call;
+        0 where q or kv is 0. Vectorised over q, kv and causal: the partitioner, the prediction and
+        the simulator all price attention here.
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> c = toy_context().cost
+        >>> c.block_pass_s([300, 0], [300, 5], [True, False]).tolist()[1], c.block_fwd_s(300, 300, True) > 0
+        (0.0, True)
+        """
+        q = np.asarray(q, dtype=np.float64)
+        kv = np.asarray(kv, dtype=np.float64)
+        f = self.block_flops(q, kv, causal) * (BWD_FLOPS if backward else 1.0)
+        call = (self.profile.attn_call_bwd_us if backward else self.profile.attn_call_fwd_us) * 1e-6
+        return np.where((q > 0) & (kv > 0), f / self.attn_rate(q, causal, backward) + call, 0.0)
 
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:
         """Forward seconds of one block in one layer."""
-        if q <= 0 or kv <= 0:
-            return 0.0
-        return self.block_flops(q, kv, causal) / (self.profile.attn_tflops(q) * 1e12)
+        return float(self.block_pass_s(q, kv, causal))
+
+    def block_bwd_s(self, q: int, kv: int, causal: bool) -> float:
+        """Backward seconds of one block in one layer."""
+        return float(self.block_pass_s(q, kv, causal, True))
+
+    def block_s_np(self, q, kv, causal):
+        """Forward + backward seconds of blocks summed over all layers (arrays)."""
+        return (self.block_pass_s(q, kv, causal) + self.block_pass_s(q, kv, causal, True)) * self.model.layers
+
+    def block_s(self, q: int, kv: int, causal: bool, layers: int = 0) -> float:
+        """Forward + backward seconds of one block summed over ``layers`` (0 = all layers)."""
+        one = float(self.block_pass_s(q, kv, causal) + self.block_pass_s(q, kv, causal, True))
+        return one * (layers or self.model.layers)
 
     def doc_attention_s(self, length: int) -> float:
         """Whole document on one GPU, iteration (fwd + bwd, all layers)."""
         return self.block_s(length, length, causal=True)
 
-    # --- linear modules -----------------------------------------------------------------------
-    def linear_s(self, tokens: int) -> float:
-        """Iteration seconds of QKV/out projections, MLP (all layers) and the vocab head for ``tokens``."""
-        m = self.model
-        flops = tokens * (m.layers * m.linear_flops_per_token(self.tp) + m.head_flops_per_token(self.tp))
-        return LINEAR_PASSES * flops / (self.profile.gemm_tflops * 1e12)
+    def doc_attention_np(self, lengths):
+        """``doc_attention_s`` for an array of lengths."""
+        return self.block_s_np(lengths, lengths, True)
+
+    # --- linear modules: the one FLOPs function ------------------------------------------------
+    def linear_flops_per_token(self, part: str) -> float:
+        """Forward FLOPs per token of one linear part on one TP rank: ``qkv`` and ``out`` (the
+        projections, per layer), ``mlp`` (SwiGLU, per layer), ``head`` (the vocab head, once)."""
+        return 2.0 * self.model.matmul_params()[part] / self.tp
+
+    def gemm_s(self, tokens, part: str):
+        """Forward seconds of one linear part for ``tokens`` (scalar or array; per layer, or once
+        for ``head``); its backward is twice that (input and weight gradients)."""
+        return np.asarray(tokens, dtype=np.float64) * self.linear_flops_per_token(part) / (self.profile.gemm_tflops * 1e12)
 
     def proj_flops_per_token(self) -> float:
         """Forward FLOPs per token per layer of the QKV and output projections (one TP rank)."""
-        m = self.model
-        return 2.0 * (m.hidden * m.heads * m.head_dim + 2 * m.hidden * m.kv_heads * m.head_dim
-                      + m.heads * m.head_dim * m.hidden) / self.tp
+        return self.linear_flops_per_token("qkv") + self.linear_flops_per_token("out")
+
+    def linear_s(self, tokens: int) -> float:
+        """Iteration seconds of QKV/out projections, MLP (all layers) and the vocab head for ``tokens``."""
+        return self.proj_s(tokens) + self.mlp_s(tokens)
 
     def proj_s(self, tokens: int) -> float:
         """Iteration seconds of the QKV and output projections (all layers) for ``tokens``: the
@@ -85,15 +140,17 @@ class CostModel:
 
         >>> from megatron_zeppelin.planner.testing import toy_context
         >>> c = toy_context().cost
+        >>> c.proj_flops_per_token(), c.linear_flops_per_token("mlp")
+        (24576.0, 49152.0)
         >>> abs(c.proj_s(1000) + c.mlp_s(1000) - c.linear_s(1000)) < 1e-18
         True
         """
-        return LINEAR_PASSES * tokens * self.model.layers * self.proj_flops_per_token() / (self.profile.gemm_tflops * 1e12)
+        return LINEAR_PASSES * self.model.layers * float(self.gemm_s(tokens, "qkv") + self.gemm_s(tokens, "out"))
 
     def mlp_s(self, tokens: int) -> float:
         """Iteration seconds of the MLP (all layers) and the vocab head for ``tokens``: the linear
         work on the LINEAR layout, the only part the remap can move."""
-        return self.linear_s(tokens) - self.proj_s(tokens)
+        return LINEAR_PASSES * float(self.model.layers * self.gemm_s(tokens, "mlp") + self.gemm_s(tokens, "head"))
 
     # --- communication ------------------------------------------------------------------------
     @property
@@ -104,14 +161,19 @@ class CostModel:
     def hidden_bytes_per_token(self) -> int:
         return self.model.hidden * self.model.dtype_bytes
 
-    def link_of(self, src: int, dst: int) -> str:
-        return "nvlink" if self.topology.same_node(src, dst) else "nic"
+    def link_of(self, src: int, dst: int) -> Link:
+        return Link.NVLINK if self.topology.same_node(src, dst) else Link.NIC
+
+    @cached_property
+    def _links(self):  # {link: (bytes per second, seconds of latency)}: a hot path of predict
+        return {k: (gbps * 1e9, us * 1e-6) for k, (gbps, us) in self.profile.links.items()}
 
     def bandwidth(self, link: str) -> float:
-        return (self.profile.nvlink_GBps if link == "nvlink" else self.profile.nic_GBps) * 1e9
+        """Bytes per second of one link of class ``link``, from the profile's link table."""
+        return self._links[link][0]
 
     def latency(self, link: str) -> float:
-        return (self.profile.nvlink_latency_us if link == "nvlink" else self.profile.nic_latency_us) * 1e-6
+        return self._links[link][1]
 
     def tp_allreduce_s(self, tokens, latency: bool = True):
         """One ring all-reduce of ``tokens`` hidden states over the TP group (NVLink; Megatron TP
@@ -124,12 +186,19 @@ class CostModel:
         >>> c.tp_allreduce_s(0), c.tp_allreduce_s(1000, latency=False) == 1000 * c.hidden_bytes_per_token / c.bandwidth("nvlink")
         (0.0, True)
         """
-        import numpy as np
         tp = self.tp
         t = np.asarray(tokens, dtype=np.float64)
         lat = self.latency("nvlink") if latency else 0.0
         out = 2 * (tp - 1) * (lat + t * self.hidden_bytes_per_token / tp / self.bandwidth("nvlink")) * (t > 0)
         return float(out) if out.ndim == 0 else out
+
+    def dp_allreduce_s(self, grad_bytes_per_param: int = 4) -> float:
+        """The data-parallel gradient all-reduce of one iteration over every rank of the domain
+        (the same for every strategy: it depends on the model and the domain, not on the plan),
+        gradients in fp32 as Megatron reduces them by default for bf16 training."""
+        nbytes = self.model.params() / self.tp * grad_bytes_per_param
+        return ring_allreduce_s(nbytes, self.topology, self.bandwidth("nvlink"), self.bandwidth("nic"),
+                                self.latency("nvlink"), self.latency("nic"))
 
     def transfer_s(self, nbytes: float, link: str, share: float = 1.0) -> float:
         """One message over ``link`` whose bandwidth is shared ``share`` ways."""
@@ -169,35 +238,7 @@ class CostModel:
                 lo = mid
         return hi
 
-    # --- vectorised and ring-member estimates (the partitioner's hot path) --------------------
-    def attn_tflops_np(self, lengths, backward: bool = False):
-        """``profile.attn_tflops`` for an array of lengths (same clamped log2 interpolation)."""
-        import numpy as np
-        p = self.profile
-        ys = p.attn_bwd_tflops if backward else p.attn_fwd_tflops
-        x = np.log2(np.maximum(np.asarray(lengths, dtype=np.float64), 1.0))
-        return np.interp(x, np.log2(np.asarray(p.attn_seqlen, dtype=np.float64)), np.asarray(ys, dtype=np.float64))
-
-    def block_s_np(self, q, kv, causal: bool):
-        """``block_s`` (all layers) for arrays of block shapes; 0 where q or kv is 0.
-
-        >>> from megatron_zeppelin.planner.testing import toy_context
-        >>> c = toy_context().cost
-        >>> abs(float(c.block_s_np([300], [300], True)[0]) - c.block_s(300, 300, True)) < 1e-15
-        True
-        """
-        import numpy as np
-        q = np.asarray(q, dtype=np.float64)
-        kv = np.asarray(kv, dtype=np.float64)
-        hd = self._heads * self.model.head_dim
-        f = 2.0 * q * (q + 1) * hd if causal else 4.0 * q * kv * hd
-        t = f / (self.attn_tflops_np(q) * 1e12) + BWD_FLOPS * f / (self.attn_tflops_np(q, True) * 1e12)
-        return np.where((q > 0) & (kv > 0), t * self.model.layers, 0.0)
-
-    def doc_attention_np(self, lengths):
-        """``doc_attention_s`` for an array of lengths."""
-        return self.block_s_np(lengths, lengths, True)
-
+    # --- ring-member estimates (the partitioner's hot path) ---------------------------------
     def ring_member_attention_s(self, length: int, ring: int) -> float:
         """Iteration attention seconds of one member of a zigzag ring of ``ring`` ranks on one
         document: chunks of c = L/(2G); each member computes 2 diagonal and 2G-1 full c x c blocks
@@ -219,3 +260,23 @@ class CostModel:
         """Iteration seconds to remap one token over ``link`` (4 exchanges per layer: there and back,
         forward and backward), without latency."""
         return 4 * self.model.layers * self.hidden_bytes_per_token / self.bandwidth(link)
+
+
+def ring_allreduce_s(nbytes: float, topo: Topology, nvlink_Bps: float, nic_Bps: float,
+                     nvlink_lat: float, nic_lat: float) -> float:
+    """NCCL's ring all-reduce of ``nbytes`` over every rank of ``topo``: 2(W-1)/W of the bytes
+    through every rank. Inside a node the ring runs on NVLink; across nodes each channel crosses a
+    node boundary on one NIC and NCCL runs one channel per NIC, so the bus bandwidth is
+    min(NVLink, NICs per node x NIC bandwidth).
+
+    >>> ring_allreduce_s(8e9, Topology(2, 8, 4), nvlink_Bps=155e9, nic_Bps=22e9, nvlink_lat=0.0, nic_lat=0.0)  # 2*15/16*8e9 / 88e9
+    0.17045454545454544
+    """
+    w = topo.world_size
+    if w <= 1 or nbytes <= 0:
+        return 0.0
+    if topo.nodes == 1:
+        bw, lat = nvlink_Bps, nvlink_lat
+    else:
+        bw, lat = min(nvlink_Bps, topo.nics_per_node * nic_Bps), nic_lat
+    return 2 * (w - 1) * lat + 2 * (w - 1) / w * nbytes / bw

@@ -52,7 +52,6 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from .context import Placement, PlanContext
-from .cost_model import BWD_FLOPS
 from .layout import zigzag_bounds
 from .thresholds import inter_share, zeppelin_thresholds
 from .types import DocPlan, PlanError, Ring
@@ -66,18 +65,17 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     cost = ctx.cost
     G = sizes.astype(np.float64)
     c = np.maximum(1, length // (2 * sizes)).astype(np.float64)  # zigzag chunk tokens
-    full = cost.block_s_np(c, c, False)
+    step_c = 2 * cost.block_pass_s(c, c, False)  # forward compute of one ring step (2 full blocks, one layer)
+    step_b = 2 * cost.block_pass_s(c, c, False, backward=True)
+    full = (step_c + step_b) / 2 * cost.model.layers
     member_att = 2 * cost.block_s_np(c, c, True) + (2 * G - 1) * full
     need = 2 * -(-length // (2 * sizes))  # tokens of a member's two chunks, at most
-    fwd_full = full / cost.model.layers / (1.0 + BWD_FLOPS * cost.attn_tflops_np(c) / cost.attn_tflops_np(c, True))
-    step_c = 2 * fwd_full  # forward compute of one ring step (2 full blocks, one layer)
     nbytes = cost.kv_bytes_per_token * length / G
     x_nv = cost.latency("nvlink") + nbytes / cost.bandwidth("nvlink")
     x_nic = cost.latency("nic") + nbytes * inter_share(ctx) / cost.bandwidth("nic")
     hide_nv, hide_nic = step_c >= x_nv, step_c >= x_nic
     # What a member waits for the ring's transfers, all layers: per step, the forward K/V transfer
     # beyond the forward compute and the backward K/V + dK/dV beyond the backward compute.
-    step_b = 2 * full / cost.model.layers - step_c
     steps = cost.model.layers * (G - 1)
     wait_nv = steps * (np.maximum(0, x_nv - step_c) + np.maximum(0, 2 * x_nv - step_b))
     wait_nic = steps * (np.maximum(0, x_nic - step_c) + np.maximum(0, 2 * x_nic - step_b))

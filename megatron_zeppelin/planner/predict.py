@@ -1,23 +1,18 @@
 """The planner's prediction of one iteration per rank, from the parts of a Plan.
 
-It follows one layer as the runtime runs it (design.md "Where Zeppelin sits"; the engine's
-attention/ring.py and allgather.py; sim/layer.py times the same structure with an event model):
-QKV projection on the attention layout -> queues inter, intra (all-gather rings, then zigzag rings,
-every ring of a queue stepping together) with the local documents inside the first exchange ->
-output projection -> remap -> MLP on the linear layout -> remap back; the backward mirrors it.
+One layer: QKV projection on the attention layout -> the core attention, the layer program of
+program.py (queues inter, intra; the local documents inside the first exchange; the engine's
+overlap points and pipelined dK/dV) -> output projection -> remap -> MLP on the linear layout ->
+remap back; the backward mirrors it. Every cost comes from the cost model (cost_model.py).
 
 Each rank has a clock (its compute stream). An exchange (a ring step's CommOps, a remap's moves) runs
 stage by stage; an op starts when both its ends have posted it, so a rank waits for its ring
 partners, the proxies of its routed messages and its remap partners: that waiting is charged as
 exposed communication (or remap time), as the runtime pays it. Message time: latency + the busiest
-link (NVLink port or NIC) of the op's stage / bandwidth. Zigzag forward: step s's K/V exchange is
-posted before the compute of step s (overlapped). Zigzag backward (ring-flash-attention order,
-as the engine runs it): step s's K/V and step s-1's dK/dV fly together (sharing the links) during
-step s's compute; the last dK/dV goes home during the next queue's first compute (or is exposed).
-All-gather: gather, compute the own block meanwhile (forward), the rest after; backward: gather,
-compute the other blocks, reduce-scatter their dK/dV during the own block and the next queue's
-first compute.
-Every layer starts with all ranks together (the simulator's ``scale`` mode).
+link (NVLink port or NIC) of the op's stage / bandwidth, the links loaded also by the exchanges the
+program says fly with it (a backward step's K/V with the previous step's dK/dV).
+Every layer starts with all ranks together (the simulator's ``scale`` mode). The DP gradient
+all-reduce is the Plan's own term (``Plan.allreduce_s``), not in the per-rank costs.
 """
 
 from __future__ import annotations
@@ -27,24 +22,10 @@ from collections import defaultdict
 import numpy as np
 from typing import Dict, List, Sequence, Tuple
 
-from .cost_model import BWD_FLOPS, CostModel
+from .cost_model import LINEAR_PASSES, CostModel
+from .program import AttentionWork, Compute, Post, attention_program
 from .remap import remap_exchange_s, remap_exchanges
-from .types import STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
-
-
-def ring_step_blocks(ring: Ring, docs: Dict[int, DocPlan], member: int, step: int):
-    """(q_len, kv_len, causal) blocks member computes at ``step`` (zigzag: kv of member (i - s) mod G)."""
-    g = ring.size
-    kv_member = (member - step) % g
-    out = []
-    for d in ring.docs:
-        b = docs[d].bounds
-        for qa in (member, 2 * g - 1 - member):
-            for kb in (kv_member, 2 * g - 1 - kv_member):
-                q, k = b[qa + 1] - b[qa], b[kb + 1] - b[kb]
-                if q and k and kb <= qa:
-                    out.append((q, k, kb == qa))
-    return out
+from .types import MIRROR, STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
 
 
 def _link_keys(op: CommOp, cost: CostModel):
@@ -68,19 +49,6 @@ def step_message_times(ops: Sequence[CommOp], cost: CostModel, scale: float = 1.
     return {k: sum(v.get(s, 0.0) for s in STAGES) for k, v in per_msg_stage.items()}
 
 
-def _arrivals(msgs: Dict[Tuple, float]) -> Dict[int, float]:
-    """Latest message arrival per destination rank."""
-    out: Dict[int, float] = {}
-    for (_, _, _, md), t in msgs.items():
-        if t > out.get(md, -1.0):
-            out[md] = t
-    return out
-
-
-
-_MIRROR = {"direct": "direct", "dispatch": "combine", "transfer": "transfer", "combine": "dispatch"}
-
-
 def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None):
     """(stage, src, dst, bytes, (out-link key, in-link key), link, own, piece) as the simulator's
     LinkTable keys it; ``own``: (the sender originates the message, the receiver is its
@@ -98,7 +66,7 @@ def _op_hops(ops, cost, reverse=False):
     if not reverse:
         return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost, (o.src == o.msg_src, o.dst == o.msg_dst),
                      ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)) for o in ops]
-    return [_hop(_MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link == "nic" else -1, cost,
+    return [_hop(MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link == "nic" else -1, cost,
                  (o.dst == o.msg_dst, o.src == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop))
             for o in ops]
 
@@ -162,128 +130,53 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=()) -> Di
     return own
 
 
-def _ring_compute(qrings, dmap, cost: CostModel, steps: int, world: int):
-    """Per global step and rank, forward and backward compute seconds (one layer) of ``qrings``, as
-    [steps, world] arrays: member i at step s attends its chunks to those of member (i - s) mod G."""
-    qs, ks, cs, at = [], [], [], []
-    for r in qrings:
-        for s in range(r.size):
-            for i, rank in enumerate(r.ranks):
-                for q, k, c in ring_step_blocks(r, dmap, i, s):
-                    qs.append(q)
-                    ks.append(k)
-                    cs.append(c)
-                    at.append(s * world + rank)
-    comp_f = np.zeros(steps * world)
-    comp_b = np.zeros(steps * world)
-    if qs:
-        q, k, c = np.array(qs, dtype=np.float64), np.array(ks, dtype=np.float64), np.array(cs, dtype=bool)
-        hd = max(1, cost.model.heads // cost.tp) * cost.model.head_dim
-        flops = np.where(c, 2.0 * q * (q + 1) * hd, 4.0 * q * k * hd)
-        p = cost.profile
-        fwd = flops / (cost.attn_tflops_np(q) * 1e12) + p.attn_call_fwd_us * 1e-6  # one kernel call per block
-        bwd = BWD_FLOPS * flops / (cost.attn_tflops_np(q, True) * 1e12) + p.attn_call_bwd_us * 1e-6
-        idx = np.array(at, dtype=np.int64)
-        np.add.at(comp_f, idx, fwd)
-        np.add.at(comp_b, idx, bwd)
-    return comp_f.reshape(steps, world), comp_b.reshape(steps, world)
-
-
 class _Attention:
-    """The core attention of one layer on every rank (forward or backward), advancing per-rank clocks."""
+    """The core attention of one layer on every rank (forward or backward), advancing per-rank
+    clocks: the layer program (program.py) priced by the cost model and ``_exchange``."""
 
     def __init__(self, docs, rings, schedule, cost: CostModel):
         self.cost, self.world = cost, cost.topology.world_size
-        dmap = {d.doc: d for d in docs}
-        ring_of = {r.id: r for r in rings}
-        by_step: Dict[Tuple[str, int, str], List[CommOp]] = defaultdict(list)
+        self.work = AttentionWork(cost, docs, rings, self.world)
+        self.ops: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
         for o in schedule:
-            by_step[(o.queue, o.step, ring_of[o.ring].comm)].append(o)
-        self.queues = []  # (comm, steps, ring sizes, comp_f, comp_b, ops per step)
-        for queue in ("inter", "intra"):
-            for comm in ("allgather", "p2p"):
-                qr = [r for r in rings if r.cls == queue and r.comm == comm]
-                if not qr:
-                    continue
-                steps = max(r.size for r in qr)
-                cf, cb = _ring_compute(qr, dmap, cost, steps, self.world)
-                size = {r.id: r.size for r in qr}
-                ops = [by_step.get((queue, s, comm), []) for s in range(steps)]
-                self.queues.append((comm, steps, size, cf, cb, ops))
-        p = cost.profile
-        self.local_f, self.local_b = np.zeros(self.world), np.zeros(self.world)
-        loc = [d for d in docs if d.cls == "local"]
-        if loc:
-            L = np.array([d.length for d in loc], dtype=np.float64)
-            tot = cost.block_s_np(L, L, True) / cost.model.layers
-            hd = max(1, cost.model.heads // cost.tp) * cost.model.head_dim
-            f = 2.0 * L * (L + 1) * hd / (cost.attn_tflops_np(L) * 1e12)
-            own = np.array([d.owner for d in loc], dtype=np.int64)
-            np.add.at(self.local_f, own, f + p.attn_call_fwd_us * 1e-6)
-            np.add.at(self.local_b, own, tot - f + p.attn_call_bwd_us * 1e-6)
+            self.ops[(o.queue, o.step)].append(o)
+        has_local = any(d.cls == "local" for d in docs)
+        self.program = {bw: attention_program(rings, has_local, bw) for bw in (False, True)}
+        self._hops: Dict[Tuple[bool, str], list] = {}
+        self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
+
+    def hops(self, backward: bool, name: str):
+        """The hops of the exchange ``name`` (cached: a layer runs the same program every time)."""
+        key = (backward, name)
+        if key not in self._hops:
+            x = self._posts[backward][name]
+            rings = set(x.rings)
+            self._hops[key] = _op_hops([o for o in self.ops[(x.queue, x.step)] if o.ring in rings], self.cost,
+                                       reverse=x.reverse)
+        return self._hops[key]
 
     def run(self, clock: np.ndarray, backward: bool, busy: np.ndarray) -> None:
-        """Advance ``clock`` through the layer's attention; add compute seconds to ``busy``.
+        """Advance ``clock`` through the layer's attention program; add compute seconds to ``busy``.
 
-        Backward zigzag ring (the engine's ring-flash-attention order): step s's K/V is posted
-        before step s's compute and loads the links with step s-1's dK/dV, still in flight; after
-        the compute the rank waits for that dK/dV and sends step s's on (it loads the links with
-        step s+1's K/V). Compute-bound, per member: max(c_0, T) + sum_{s=1}^{G-2} max(c_s, 2T) +
-        max(c_{G-1}, T), then step G-1's dK/dV (T), waited at the next queue's overlap point (after
-        its first compute) or at the end (tests/unit/test_predict_backward.py checks this rule).
+        An exchange is timed when posted (``_exchange``), with the exchanges the program says it
+        shares its links with loading them. Backward zigzag ring, compute-bound, per member:
+        max(c_0, T) + sum_{s=1}^{G-2} max(c_s, 2T) + max(c_{G-1}, T), then step G-1's dK/dV (T),
+        waited at the next queue's overlap point or at the end (tests/unit/test_predict_backward.py).
         """
-        cost = self.cost
-        local = self.local_b if backward else self.local_f
-        pending = [True]  # True: the local documents; {rank: end}: the previous queue's last dK/dV
-
-        def compute(t):
-            clock[:] += t
-            busy[:] += t
-
-        def exchange(hops, also=()):
-            return _exchange(hops, clock, cost, also=also) if hops else {}
-
-        def wait(done):
-            for r, t in done.items():
-                if t > clock[r]:
-                    clock[r] = t
-
-        def overlap_point():  # the engine's: right after the first compute of each queue
-            p = pending[0]
-            if isinstance(p, dict):
-                wait(p)
-            elif p:
-                compute(local)
-            pending[0] = None
-
-        for comm, steps, size, cf, cb, ops in self.queues:
-            comp = cb if backward else cf
-            if comm == "allgather":
-                ex = exchange(_op_hops(ops[0], cost))  # gather K/V (again in the backward)
-                if not backward:
-                    compute(comp[0])  # own block while the gather flies
-                overlap_point()
-                wait(ex)
-                compute(comp[1:].sum(axis=0))  # the other members' blocks
-                if backward:  # their partial dK/dV home while the own block computes; waited later
-                    pending[0] = exchange(_op_hops(ops[0], cost, reverse=True))
-                    compute(comp[0])
-                continue
-            kv = [_op_hops([o for o in ops[s] if s < size[o.ring] - 1], cost) for s in range(steps)] + [[]]
-            dkv = [_op_hops(o, cost) for o in ops] if backward else []
-            ex_d = {}  # backward: the dK/dV exchange of the previous step, in flight
-            for s in range(steps):
-                # step s's K/V, posted before the compute (overlapped), shares the links with ex_d
-                ex = exchange(kv[s], also=dkv[s - 1] if backward and s else ())
-                compute(comp[s])
-                overlap_point()
-                if backward:  # add to the dK/dV received, send it on (flies with step s+1's K/V)
-                    wait(ex_d)
-                    ex_d = exchange(dkv[s], also=kv[s + 1])
-                wait(ex)
-            if backward:
-                pending[0] = ex_d  # the last dK/dV comes home, waited at the next overlap point
-        overlap_point()
+        done: Dict[str, Dict[int, float]] = {}
+        for x in self.program[backward]:
+            if isinstance(x, Compute):
+                t = self.work.seconds(x, backward)
+                clock[:] += t
+                busy[:] += t
+            elif isinstance(x, Post):
+                h = self.hops(backward, x.name)
+                also = [o for n in x.shares for o in self.hops(backward, n)]
+                done[x.name] = _exchange(h, clock, self.cost, also=also) if h else {}
+            else:
+                for r, t in done.pop(x.name).items():
+                    if t > clock[r]:
+                        clock[r] = t
 
 
 class RingParts(tuple):
@@ -331,16 +224,12 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     (its transfers and the wait for its partners)); ``total_s`` is when the rank finishes.
     ``parts``: ``ring_costs``'s result when the caller already has it (its attention model is reused)."""
     world = cost.topology.world_size
-    m, L, tp = cost.model, cost.model.layers, cost.tp
+    L = cost.model.layers
     att = parts.attention if isinstance(parts, RingParts) else _Attention(docs, rings, schedule, cost)
     t_att = _attention_tokens(docs, rings, world)
     t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
-    rate = cost.profile.gemm_tflops * 1e12
-    h, d = m.hidden, m.head_dim
-    qkv = t_att * 2.0 * (h * m.heads * d + 2 * h * m.kv_heads * d) / tp / rate  # forward, one layer
-    out = t_att * 2.0 * m.heads * d * h / tp / rate
-    mlp = t_lin * 2.0 * 3 * h * m.ffn / tp / rate
-    head = 3.0 * t_lin * m.head_flops_per_token(tp) / rate
+    qkv, out, mlp = cost.gemm_s(t_att, "qkv"), cost.gemm_s(t_att, "out"), cost.gemm_s(t_lin, "mlp")  # forward, one layer
+    head = LINEAR_PASSES * cost.gemm_s(t_lin, "head")
 
     tp_ar = cost.tp_allreduce_s  # Megatron TP (no sequence parallelism): 2 all-reduces per layer and pass
 

@@ -43,9 +43,8 @@ from dataclasses import replace
 from typing import Dict, List, Sequence, Tuple
 
 from ..topology import Topology
-from .types import STAGES, CommOp
+from .types import RING_QUEUES, STAGES, CommOp
 
-_QUEUES = ("inter", "intra")
 NEVER = 1 << 62  # threshold when routing can never pay (NVLink not twice a NIC's bandwidth)
 
 
@@ -182,7 +181,7 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
     for o in ops:
         groups[(o.queue, o.step)].append(o)
     out: List[CommOp] = []
-    for k in sorted(groups, key=lambda k: (_QUEUES.index(k[0]) if k[0] in _QUEUES else len(_QUEUES), k)):
+    for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
         step_ops = groups[k]
         router = _StepRouter(topo, threshold)
         routed: List[CommOp] = []

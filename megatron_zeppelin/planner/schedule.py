@@ -19,10 +19,10 @@ tokens, member 1 holds 3), 4 bytes of K/V per token:
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from ..topology import Topology
-from .types import CommOp, DocPlan, Ring
+from .types import RING_QUEUES, Comm, CommOp, DocPlan, Link, Ring, Stage
 
 
 def block_tokens(ring: Ring, docs: Dict[int, DocPlan]) -> List[int]:
@@ -35,29 +35,31 @@ def block_tokens(ring: Ring, docs: Dict[int, DocPlan]) -> List[int]:
 def _op(topo: Topology, ring: Ring, step: int, block: int, src: int, dst: int, tokens: int, kvb: int) -> CommOp:
     inter = not topo.same_node(src, dst)
     return CommOp(queue=ring.cls, step=step, ring=ring.id, block=block, msg_src=src, msg_dst=dst, src=src,
-                  dst=dst, start=0, stop=tokens, nbytes=tokens * kvb, link="nic" if inter else "nvlink",
-                  nic=topo.nic_of(src) if inter else -1, stage="direct")
+                  dst=dst, start=0, stop=tokens, nbytes=tokens * kvb, link=Link.NIC if inter else Link.NVLINK,
+                  nic=topo.nic_of(src) if inter else -1, stage=Stage.DIRECT)
 
 
-def ring_ops(rings: Sequence[Ring], docs: Dict[int, DocPlan], topo: Topology, kv_bytes_per_token: int) -> List[CommOp]:
-    ops: List[CommOp] = []
+def ring_messages(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> List[Tuple]:
+    """Every message the rings need, (queue, step, ring, block, msg_src, msg_dst, tokens), in ring,
+    step, member order: the one statement of who sends which K/V block when (ring_ops turns them
+    into direct CommOps; checks.py holds a schedule to them)."""
+    out: List[Tuple] = []
     for ring in rings:
         g = ring.size
         if g < 2:
             continue
         sizes = block_tokens(ring, docs)
-        if ring.comm == "allgather":
-            for i in range(g):
-                for k in range(1, g):
-                    j = (i + k) % g
-                    if sizes[i]:
-                        ops.append(_op(topo, ring, 0, i, ring.ranks[i], ring.ranks[j], sizes[i], kv_bytes_per_token))
-            continue
-        for s in range(g):
-            for i in range(g):
-                blk = (i - s) % g
-                if sizes[blk]:
-                    ops.append(_op(topo, ring, s, blk, ring.ranks[i], ring.ranks[(i + 1) % g], sizes[blk],
-                                   kv_bytes_per_token))
-    ops.sort(key=lambda o: (("inter", "intra").index(o.queue), o.step, o.ring, o.src))
+        if ring.comm == Comm.ALLGATHER:  # one step: every member's block to every other member
+            sends = [(0, i, i, (i + k) % g) for i in range(g) for k in range(1, g)]
+        else:  # zigzag: at step s member i passes block (i - s) mod G on to member i + 1
+            sends = [(s, (i - s) % g, i, (i + 1) % g) for s in range(g) for i in range(g)]
+        out += [(ring.cls, s, ring.id, b, ring.ranks[i], ring.ranks[j], sizes[b]) for s, b, i, j in sends if sizes[b]]
+    return out
+
+
+def ring_ops(rings: Sequence[Ring], docs: Dict[int, DocPlan], topo: Topology, kv_bytes_per_token: int) -> List[CommOp]:
+    ring_of = {r.id: r for r in rings}
+    ops = [_op(topo, ring_of[rid], s, b, src, dst, n, kv_bytes_per_token)
+           for _, s, rid, b, src, dst, n in ring_messages(rings, docs)]
+    ops.sort(key=lambda o: (RING_QUEUES.index(o.queue), o.step, o.ring, o.src))
     return ops

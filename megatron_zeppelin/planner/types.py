@@ -20,13 +20,53 @@ from ..errors import ZeppelinError
 import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass
+from enum import StrEnum
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..topology import Topology
 
-CLASSES = ("inter", "intra", "local")  # also the queue order of the attention engine
-STAGES = ("direct", "dispatch", "transfer", "combine")  # routing stages run in this order per step
-LINKS = ("nvlink", "nic")
+
+# The Plan's words: closed sets as string enums, so a Plan's JSON (and its digest) keeps the plain
+# words while code compares and iterates typed members.
+class _Word(StrEnum):
+    def __repr__(self) -> str:  # shown as the word it is in a plan: 'nvlink', not <Link.NVLINK: 'nvlink'>
+        return repr(self.value)
+
+
+class DocClass(_Word):
+    """Where a document runs; also the name of the engine's queue that runs it."""
+    INTER = "inter"  # a ring spanning nodes
+    INTRA = "intra"  # a ring inside one node
+    LOCAL = "local"  # whole on one rank
+
+
+class Stage(_Word):
+    """A hop of a message: a direct send, or dispatch -> transfer -> combine when routed."""
+    DIRECT = "direct"
+    DISPATCH = "dispatch"
+    TRANSFER = "transfer"
+    COMBINE = "combine"
+
+
+class Link(_Word):
+    NVLINK = "nvlink"  # inside a node
+    NIC = "nic"  # across nodes
+
+
+class Comm(_Word):
+    """How a ring moves K/V: zigzag point-to-point steps, or one all-gather (Llama-3)."""
+    P2P = "p2p"
+    ALLGATHER = "allgather"
+
+
+CLASSES = tuple(DocClass)  # (inter, intra, local): also the one queue order of the attention layer
+RING_QUEUES = (DocClass.INTER, DocClass.INTRA)  # the queues that run rings, in that order
+STAGES = tuple(Stage)  # routing stages run in this order per step
+LINKS = tuple(Link)
+COMMS = tuple(Comm)
+# A reversed exchange (dK/dV home, a remap's backward) runs each hop the other way round.
+MIRROR = {Stage.DIRECT: Stage.DIRECT, Stage.DISPATCH: Stage.COMBINE, Stage.TRANSFER: Stage.TRANSFER,
+          Stage.COMBINE: Stage.DISPATCH}
 
 
 class PlanError(ZeppelinError):
@@ -155,6 +195,9 @@ class Plan:
     thresholds: Thresholds
     kv_bytes_per_token: int = 0
     meta: Tuple[Tuple[str, str], ...] = field(default=())
+    # The DP gradient all-reduce after the backward (Megatron's default, not overlapped): the same
+    # for every strategy, so not in ``cost`` / ``predicted_iteration_s``; the simulator adds it too.
+    allreduce_s: float = 0.0
 
     # --- derived views ------------------------------------------------------------------------
     @property
@@ -164,6 +207,11 @@ class Plan:
     @property
     def predicted_iteration_s(self) -> float:
         return max(c.total_s for c in self.cost)
+
+    @property
+    def predicted_with_allreduce_s(self) -> float:
+        """The iteration as the simulator times it by default: the slowest rank, then the DP all-reduce."""
+        return self.predicted_iteration_s + self.allreduce_s
 
     @property
     def imbalance(self) -> float:
@@ -184,6 +232,25 @@ class Plan:
     def ops(self, queue: Optional[str] = None, step: Optional[int] = None) -> Tuple[CommOp, ...]:
         return tuple(o for o in self.schedule
                      if (queue is None or o.queue == queue) and (step is None or o.step == step))
+
+    def __getstate__(self):  # a pickled plan carries its contract, not its derived views
+        d = dict(self.__dict__)
+        d.pop("_derived", None)
+        return d
+
+    def derived(self, key, build):
+        """A view derived from this plan (a rank's remap index, ...), built once and kept with the
+        plan, so it lives exactly as long as the plan does. Not part of the contract: not compared,
+        serialised or digested.
+
+        >>> p = Plan("x", Topology(1, 1), (), (), (), ((),), ((),), (), (), (), 0.0, Thresholds(0, 0))
+        >>> p.derived("n", lambda: [1]) is p.derived("n", lambda: [2])
+        True
+        """
+        memo = self.__dict__.setdefault("_derived", {})  # frozen: only the fields are immutable
+        if key not in memo:
+            memo[key] = build()
+        return memo[key]
 
     def class_counts(self) -> Dict[str, int]:
         out = {c: 0 for c in CLASSES}
@@ -215,7 +282,8 @@ class Plan:
                 cost=tuple(RankCost(*c) for c in d["cost"]),
                 lower_bound_s=float(d["lower_bound_s"]), thresholds=Thresholds(**d["thresholds"]),
                 kv_bytes_per_token=int(d.get("kv_bytes_per_token", 0)),
-                meta=tuple((k, v) for k, v in d.get("meta", [])))
+                meta=tuple((k, v) for k, v in d.get("meta", [])),
+                allreduce_s=float(d.get("allreduce_s", 0.0)))
         except (KeyError, TypeError) as e:
             raise PlanError(f"malformed plan JSON: {e}") from None
 
@@ -244,6 +312,8 @@ def _encode(x):
         return {f.name: _encode(getattr(x, f.name)) for f in fields(x)}
     if isinstance(x, (tuple, list)):
         return [_encode(v) for v in x]
+    if isinstance(x, StrEnum):  # the plain word, so a plan and its JSON round trip compare equal
+        return x.value
     if isinstance(x, float):
         return float(repr(float(x))) if x == x else None  # float(): numpy floats repr as np.float64(...)
     return x

@@ -16,7 +16,6 @@ step keys ("remap", "fwd" | "bwd", 0 for to-linear | 1 for to-attention).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -25,22 +24,10 @@ import torch.distributed as dist
 from ..distributed.all_to_all import all_to_all_v
 from .index import RemapIndex, RemapLayoutError, build_index
 
-_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
-_CACHE_SIZE = 16  # a few plans (micro-batches in flight) x two directions
-
-
 def remap_index(plan, rank: int, direction: str) -> RemapIndex:
-    """The (cached) row bookkeeping of ``rank`` for ``plan``; keyed by the plan object itself."""
-    key = (id(plan), rank, direction)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is plan:
-        _CACHE.move_to_end(key)
-        return hit[1]
-    ix = build_index(plan.attention_layout, plan.linear_layout, plan.remap, rank, direction)
-    _CACHE[key] = (plan, ix)  # holding the plan keeps its id from being reused while cached
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return ix
+    """The row bookkeeping of ``rank`` for ``plan``, built once and kept with the plan."""
+    return plan.derived(("remap_index", rank, direction), lambda: build_index(
+        plan.attention_layout, plan.linear_layout, plan.remap, rank, direction))
 
 
 def _rows(t: torch.Tensor, runs) -> torch.Tensor:

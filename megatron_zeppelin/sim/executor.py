@@ -50,13 +50,10 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..planner.types import STAGES
+from ..planner.types import MIRROR, STAGES
 from ..topology import Topology
 from .events import TaskGraph
 from .network import LinkTable
-
-_MIRROR = {"direct": "direct", "dispatch": "combine", "transfer": "transfer", "combine": "dispatch"}
-
 
 @dataclass(frozen=True)
 class Hop:
@@ -87,7 +84,7 @@ class Hop:
 
 
 def reverse_hops(hops: Sequence[Hop], topo: Topology) -> List[Hop]:
-    return [replace(h, stage=_MIRROR[h.stage], src=h.dst, dst=h.src,
+    return [replace(h, stage=MIRROR[h.stage], src=h.dst, dst=h.src,
                     nic=topo.nic_of(h.dst) if h.link == "nic" else -1,
                     msg_src=h.msg_dst, msg_dst=h.msg_src) for h in hops]
 

@@ -29,7 +29,7 @@ from ..model_spec import ModelSpec
 from ..planner.cost_model import CostModel
 from ..planner.types import Plan
 from ..profile import HardwareProfile
-from .allreduce import allreduce_s, exposed_s
+from .allreduce import exposed_s
 from .compute import LayerCosts
 from .events import FLOW, TaskGraph
 from .host import shared_makespan
@@ -127,9 +127,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
         total = run.res.makespan
         layer_ends = [float(end[m]) for m in marks]
         bwd = total - fwd - head_s  # the head is inside the chained graph; report it separately
-    grad = model.params() / tp * opt.grad_bytes_per_param
-    ar = allreduce_s(grad, topo, cost.bandwidth("nvlink"), cost.bandwidth("nic"), cost.latency("nvlink"),
-                     cost.latency("nic")) if opt.allreduce else 0.0
+    ar = cost.dp_allreduce_s(opt.grad_bytes_per_param) if opt.allreduce else 0.0
     backward_end = fwd + head_s + bwd
     ar_exp = exposed_s(ar, layer_ends, backward_end, opt.overlap_grad_reduce)
     iteration = backward_end + ar_exp

@@ -6,22 +6,11 @@ layout -> MLP (linear-layout tokens) [-> TP all-reduce] -> remap back. The backw
 remap back's gradient, MLP, remap, output projection, attention queues (same order: the slowest
 communication starts first), QKV projection.
 
-Attention follows the engine (attention/engine.py, ring.py, allgather.py) step by step; each rank
-runs every step of a queue and waits for the step's exchanges before the next (its stream is
-synchronous with its communication). Queues inter, then intra; in a queue the all-gather rings,
-then the zigzag (p2p) rings, all rings of a queue stepping together (global step s = step s of
-each ring). The engine's *overlap point* is right after the first compute of each queue (ring
-kind): the first one runs the local documents (inside the first exchange of the layer); in the
-backward the later ones wait for the previous queue's last dK/dV exchange.
-- zigzag forward: step s starts the K/V exchange of step s (rings with s < G-1), computes the block
-  received in step s-1, waits. Backward (pipelined, as ring-flash-attention): step s starts its K/V
-  exchange, computes, waits for the dK/dV exchange of step s-1 (in flight during that compute),
-  starts step s's dK/dV exchange (rings with s < G), waits for the K/V; step G-1's dK/dV is waited
-  at the next overlap point (or at the end of the attention).
-- all-gather (Llama-3): gather K/V; forward computes its own block meanwhile, the rest after;
-  backward gathers again, computes the other members' blocks, sends their partial dK/dV home over
-  the reversed ops while it computes its own block, and waits at the next overlap point.
-Every exchange moves the Plan's CommOps (executor.run_step), so routed schedules are timed as run.
+Attention is the layer program (planner/program.py ``attention_program``: the engine's order of
+compute, posted exchanges and waits, with its overlap points and the pipelined dK/dV), turned into
+tasks: each Compute is a kernel on every rank it involves, each Post a StepExchange of the Plan's
+CommOps (executor.run_step, so routed schedules are timed as run), each Wait a join of the rank's
+stream with its part of that exchange.
 
 Worked example: a 2-member intra ring backward whose compute hides its transfers. Step 0's dK/dV
 flies during step 1's compute, so only the last dK/dV exchange (T) is exposed: time = c0 + c1 + T
@@ -50,13 +39,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional
 
+from ..planner.program import AttentionWork, Compute, Post, attention_program
 from ..planner.types import Plan
 from .compute import LayerCosts
 from .events import TaskGraph
 from .executor import Hop, reverse_hops, run_step
 from .network import LinkTable
 
-RING_QUEUES = ("inter", "intra")
 REMAP_POINTS = ("attention_output", "core_attention")
 
 
@@ -70,16 +59,11 @@ class LayerBuilder:
         self.tp_comm = tp_comm
         self.lat = {"nvlink": costs.cost.latency("nvlink"), "nic": costs.cost.latency("nic")}
         self.docs = {d.doc: d for d in plan.docs}
-        self.ring_of = {r.id: r for r in plan.rings}
         self.ops = defaultdict(list)
         for o in plan.schedule:
             self.ops[(o.queue, o.step)].append(o)
         self.t_att = [plan.tokens(r, "attention") for r in range(self.world)]
         self.t_lin = [plan.tokens(r, "linear") for r in range(self.world)]
-        self.local_tokens = defaultdict(list)
-        for d in plan.docs:
-            if d.cls == "local":
-                self.local_tokens[d.owner].append(d.length)
         if remap_point not in REMAP_POINTS:
             from ..errors import ZeppelinError
             raise ZeppelinError(f"unknown remap point '{remap_point}' (set --remap-point to one of {REMAP_POINTS})")
@@ -89,7 +73,11 @@ class LayerBuilder:
                             "qkv": (max(1, m.heads // tp) + 2 * max(1, m.kv_heads // tp)) * m.head_dim * db,
                             "ctx": max(1, m.heads // tp) * m.head_dim * db}
         self.cursor: List[Optional[int]] = [None] * self.world
-        self._ring_cache: Dict[int, tuple] = {} if ring_cache is None else ring_cache  # shared fwd/bwd
+        if ring_cache is None or "work" not in ring_cache:  # priced once per plan (shared fwd/bwd)
+            work = AttentionWork(costs.cost, plan.docs, plan.rings, self.world)
+            ring_cache = {} if ring_cache is None else ring_cache
+            ring_cache["work"] = work
+        self.work = ring_cache["work"]
 
     # --- helpers -----------------------------------------------------------------------------
     def compute(self, rank: int, seconds: float, cat: str, deps=(), cpu: bool = True) -> int:
@@ -130,20 +118,6 @@ class LayerBuilder:
         return [Hop(o.stage, o.src, o.dst, o.nbytes * scale, o.link, o.nic, f"ring_{o.queue}",
                     o.msg_src, o.msg_dst, o.start, o.stop, (o.ring, o.block)) for o in ops]
 
-    def _step_costs(self, ring):
-        if ring.id not in self._ring_cache:
-            self._ring_cache[ring.id] = self.k.ring_step_s(ring, self.docs)
-        return self._ring_cache[ring.id]
-
-    def _members(self, rings, fn) -> Dict[int, float]:
-        """Per rank, the sum of ``fn(ring costs (fwd, bwd), member index)`` over its rings."""
-        out: Dict[int, float] = defaultdict(float)
-        for ring in rings:
-            c = self._step_costs(ring)
-            for i, rank in enumerate(ring.ranks):
-                out[rank] += fn(c, i)
-        return out
-
     def _exchange(self, ops, reverse: bool = False) -> Dict[int, int]:
         """Start a StepExchange of ``ops`` on every rank it involves, gated by each rank's stream."""
         hops = self._hops(ops, 1.0)
@@ -152,68 +126,21 @@ class LayerBuilder:
         ranks = {h.src for h in hops} | {h.dst for h in hops}
         return run_step(self.g, self.links, self.topo, hops, {r: [self.cursor[r]] for r in ranks}, self.lat)
 
-    def _computes(self, per_rank: Dict[int, float], cat: str):
-        for r in sorted(per_rank):
-            self.compute(r, per_rank[r], cat)
-
-    def _allgather(self, q, rings, backward: bool, pending):
-        ops = [o for o in self.ops.get((q, 0), ()) if self.ring_of[o.ring].comm == "allgather"]
-        ex = self._exchange(ops)  # gather K/V (again in the backward: nothing is kept)
-        if not backward:  # own block while the gather is in flight
-            self._computes(self._members(rings, lambda c, i: c[0][i, 0]), f"attn_{q}")
-        pending = self._run_pending(pending, backward)
-        self._wait(ex)
-        if not backward:
-            self._computes(self._members(rings, lambda c, i: c[0][i, 1:].sum()), f"attn_{q}")
-            return pending
-        # the other members' blocks, their partial dK/dV home (reduce-scatter) while the own block
-        # is computed; that exchange is waited at the next overlap point (engine: the returned finish)
-        self._computes(self._members(rings, lambda c, i: c[1][i, 1:].sum()), f"attn_{q}")
-        ex = self._exchange(ops, reverse=True)
-        self._computes(self._members(rings, lambda c, i: c[1][i, 0]), f"attn_{q}")
-        return ex
-
-    def _p2p(self, q, rings, backward: bool, pending):
-        size = {r.id: r.size for r in rings}
-        steps = max(size.values()) - (0 if backward else 1)
-        ex_d = {}
-        for s in range(steps + (0 if backward else 1)):
-            ops = [o for o in self.ops.get((q, s), ()) if o.ring in size]
-            kv = [o for o in ops if s < size[o.ring] - 1]
-            ex_kv = self._exchange(kv) if kv else {}  # started before the compute: overlapped
-            active = [r for r in rings if s < r.size]
-            self._computes(self._members(active, lambda c, i: c[1 if backward else 0][i, s]), f"attn_{q}")
-            pending = self._run_pending(pending, backward)
-            if backward:  # pipelined: step s-1's dK/dV flew during this compute; add, send the sum on
-                self._wait(ex_d)
-                ex_d = self._exchange(ops) if ops else {}
-            self._wait(ex_kv)
-        return ex_d if backward else pending  # the last dK/dV comes home at the next overlap point
-
-    def _run_pending(self, pending, backward: bool):
-        """What the engine runs at its overlap point (after the first compute of a queue): the local
-        documents (``True``, once per pass) or the wait of the previous queue's last dK/dV exchange
-        (a ``{rank: end}`` dict, backward only). Returns what is still pending (nothing)."""
-        if isinstance(pending, dict):
-            self._wait(pending)
-        elif pending:
-            f = self.k.block_bwd_s if backward else self.k.block_fwd_s
-            for r in range(self.world):
-                if self.local_tokens[r]:
-                    self.compute(r, sum(f(L, L, True) for L in self.local_tokens[r]), "attn_local")
-        return None
-
     def _attention(self, backward: bool):
-        pending = True  # the local documents
-        for q in RING_QUEUES:  # inter, then intra; in a queue all-gather rings, then zigzag rings
-            rings = [r for r in self.plan.rings if r.cls == q]
-            ag = [r for r in rings if r.comm == "allgather"]
-            p2p = [r for r in rings if r.comm == "p2p"]
-            if ag:
-                pending = self._allgather(q, ag, backward, pending)
-            if p2p:
-                pending = self._p2p(q, p2p, backward, pending)
-        self._run_pending(pending, backward)
+        """The layer program's attention (planner/program.py), as a task graph."""
+        work = self.work
+        done: Dict[str, Dict[int, int]] = {}
+        for x in attention_program(self.plan.rings, bool(work.local_ranks), backward):
+            if isinstance(x, Compute):
+                t = work.seconds(x, backward)
+                for r in work.ranks(x):
+                    self.compute(r, float(t[r]), f"attn_{x.queue}")
+            elif isinstance(x, Post):
+                rings = set(x.rings)
+                ops = [o for o in self.ops.get((x.queue, x.step), ()) if o.ring in rings]
+                done[x.name] = self._exchange(ops, x.reverse) if ops else {}
+            else:
+                self._wait(done.pop(x.name))
 
     def attention(self, backward: bool = False):
         """Only the core attention (the engine alone), for validation against measured engine runs."""

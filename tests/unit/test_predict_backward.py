@@ -7,6 +7,7 @@ import pytest
 
 from megatron_zeppelin.attention.testing import hand_plan
 from megatron_zeppelin.planner.predict import _Attention, ring_costs
+from megatron_zeppelin.planner.program import Compute
 from megatron_zeppelin.planner.testing import toy_context
 from megatron_zeppelin.sim.compute import LayerCosts
 from megatron_zeppelin.sim.events import TaskGraph
@@ -35,7 +36,7 @@ def test_zigzag_backward_closed_form():
     cost = toy_context(1, 4).cost
     plan = hand_plan([65536], topo, [(0, 1, 2, 3)])
     att, clock, busy = _backward(plan, cost)
-    c = att.queues[0][4]  # [step, rank] backward compute seconds
+    c = np.stack([att.work.seconds(Compute("intra", (0,), (s,)), True) for s in range(4)])  # [step, rank]
     nb = plan.schedule[0].nbytes
     lat, bw = cost.latency("nvlink"), cost.bandwidth("nvlink")
     one, two = lat + nb / bw, lat + 2 * nb / bw  # a block alone; K/V and dK/dV sharing the link

@@ -1,0 +1,159 @@
+"""The engine's interpreter of the layer program (planner/program.py): one layer's core attention
+on this rank, forward or backward, with tensors.
+
+The program fixes the order (queues, steps, overlap points, the pipelined dK/dV); this module says
+what each instruction does with the rank's tensors:
+- ``Compute``: the kernels of this member's queries against the block it holds at that ring step
+  (zigzag: the block of member (i - s) mod G, which travelled here; all-gather: step 0 is the own
+  block, the others come from the gather), or the local documents. Backward, a zigzag step
+  computes the block's dK/dV share into a fresh buffer (a one-member ring's goes home at once).
+- ``Post``: a StepExchange of the Plan's CommOps of (queue, step) of its rings, carrying: ``kv``
+  the blocks held now; ``dkv`` the fresh dK/dV (plus what arrived from the predecessor);
+  ``gather`` the own block to every member; ``scatter`` the partial dK/dV of the others' blocks
+  home (mirrored ops).
+- ``Wait``: ``kv``: the next block to hold; ``dkv``: the predecessor's partial, added to the fresh
+  buffer, or, one step after a ring's last, the finished dK/dV of the own block (home);
+  ``gather``: the others' blocks; ``scatter``: the partials of the own block, summed, home.
+No autograd runs through communication. Every rank runs every instruction (proxies of routed
+messages included): all ranks post the same exchanges in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from ..distributed.executor import StepExchange
+from ..planner.program import Compute, Post, Wait
+from .blocks import attend, attend_backward, pack_kv
+
+TAGS = {"kv": 0, "dkv": 1, "gather": 2, "scatter": 3}  # exchanges a rank may keep in flight together
+
+
+class LayerRun:
+    """One pass of the program on this rank. ``grads``: (dout, dq, dk, dv) in the backward."""
+
+    def __init__(self, ctx, q, k, v, out, lse, local, grads=None):
+        self.ctx, self.q, self.k, self.out, self.lse, self.local = ctx, q, k, out, lse, local
+        self.backward = grads is not None
+        self.dout, self.dq, self.dk, self.dv = grads if grads is not None else (None,) * 4
+        self.ring_of = {r.id: r for r in ctx.rings}
+        self.mine = {r.id: ctx.view.member[r.id] for r in ctx.rings if r.id in ctx.view.member}
+        self.width = 2 * k.shape[1] * k.shape[2]
+        self.own = {rid: ctx.view.own_rows(self.ring_of[rid]) for rid in self.mine}
+        self.held = {rid: pack_kv(k[o], v[o]) for rid, o in self.own.items()}  # zigzag: the block held now
+        self.fresh: Dict[int, torch.Tensor] = {}  # zigzag backward: dK/dV of the block held now
+        self.partial: Dict[tuple, torch.Tensor] = {}  # all-gather backward: (ring, block) -> dK/dV
+        self.gathered: Dict[tuple, torch.Tensor] = {}
+        self.ex: Dict[str, tuple] = {}  # name -> (exchange, its Post)
+
+    def run(self, program) -> None:
+        for x in program:
+            if isinstance(x, Compute):
+                self.compute(x)
+            elif isinstance(x, Post):
+                self.post(x)
+            else:
+                self.wait(x)
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _blk(self, rid: int, s: int) -> int:
+        return (self.mine[rid] - s) % self.ring_of[rid].size
+
+    def _take(self, got, rid: int, b: int, sender: int):
+        t = got.get((rid, b, sender))
+        if t is None:
+            if self.ctx.view.block_rows(self.ring_of[rid], b):
+                raise RuntimeError(f"rank {self.ctx.rank}: block {b} of ring {rid} did not arrive")  # plan bug
+            return self.k.new_zeros((0, self.width))
+        return t
+
+    def _home(self, rid: int, fin) -> None:  # this member's own block's finished dK/dV
+        c, kh, d = self.width // 2, self.k.shape[1], self.k.shape[2]
+        self.dk[self.own[rid]] += fin[:, :c].view(-1, kh, d)  # [rows, 2*kvh*d] -> [rows, kvh, d]
+        self.dv[self.own[rid]] += fin[:, c:].view(-1, kh, d)
+
+    def _attend(self, rid: int, b: int, kv) -> None:
+        c, r = self.ctx, self.ring_of[rid]
+        if not self.backward:
+            attend(c.view, r, b, kv, self.q, self.out, self.lse, c.scale, c.backend)
+            return
+        g = torch.zeros_like(kv)
+        attend_backward(c.view, r, b, kv, g, self.q, self.out, self.lse, self.dout, self.dq, c.scale, c.backend)
+        return g
+
+    # --- instructions ------------------------------------------------------------------------
+    def compute(self, x: Compute) -> None:
+        if x.queue == "local":
+            self.local()
+            return
+        with self.ctx.counters.timer(x.queue):
+            for rid in x.rings:
+                if rid not in self.mine:
+                    continue
+                r, i = self.ring_of[rid], self.mine[rid]
+                for s in x.steps:
+                    if s >= r.size:
+                        continue
+                    b = self._blk(rid, s)
+                    if r.comm == "p2p":
+                        g = self._attend(rid, b, self.held[rid])
+                        if self.backward:
+                            self.fresh[rid] = g
+                            if r.size == 1:  # a one-member ring: nothing travels
+                                self._home(rid, g)
+                        continue
+                    if b != i and not self.ctx.view.block_rows(r, b):
+                        continue
+                    kv = self.held[rid] if b == i else self.gathered[(rid, b, r.ranks[b])]
+                    g = self._attend(rid, b, kv)
+                    if self.backward:
+                        self.partial[(rid, b)] = g
+
+    def post(self, x: Post) -> None:
+        kind = x.name.split()[0]
+        rings = set(x.rings)
+        if kind == "kv":
+            pay = {(rid, self._blk(rid, x.step)): self.held[rid] for rid in self.mine if rid in rings}
+        elif kind == "dkv":
+            pay = {(rid, self._blk(rid, x.step)): self.fresh[rid] for rid in self.mine
+                   if rid in rings and rid in self.fresh}
+        elif kind == "gather":
+            pay = {(rid, self.mine[rid]): self.held[rid] for rid in self.mine if rid in rings}
+        else:  # scatter: the others' blocks' partial dK/dV
+            pay = {key: g for key, g in self.partial.items() if key[0] in rings and key[1] != self.mine[key[0]]}
+        c = self.ctx
+        ex = StepExchange(c.step_ops(x.queue, x.step, rings), c.rank, c.group, pay, self.width, dtype=self.k.dtype,
+                          device=self.k.device, reverse=x.reverse, counters=c.counters,
+                          phase="bwd" if self.backward else "fwd", tag=TAGS[kind]).start()
+        self.ex[x.name] = (ex, x)
+
+    def wait(self, x: Wait) -> None:
+        ex, p = self.ex.pop(x.name)
+        got = ex.wait()
+        kind, s = p.name.split()[0], p.step
+        for rid in self.mine:
+            if rid not in p.rings:
+                continue
+            r, i = self.ring_of[rid], self.mine[rid]
+            sender = r.ranks[(i - 1) % r.size]
+            if kind == "kv":  # the block the predecessor held: the one to hold at step s + 1
+                if s < r.size - 1:
+                    self.held[rid] = self._take(got, rid, self._blk(rid, s + 1), sender)
+            elif kind == "dkv":  # the predecessor's partial of the block held at step s + 1
+                if r.size < 2:
+                    continue
+                part = self._take(got, rid, self._blk(rid, s + 1), sender)
+                if s + 1 == r.size:  # the own block's, finished
+                    self._home(rid, part)
+                else:  # added, it travels on at step s + 1 (fresh is not read by any send yet)
+                    self.fresh[rid] += part
+            elif kind == "gather":
+                self.gathered.update({k: t for k, t in got.items() if k[0] == rid})
+            else:  # scatter: the own block's partials from every other member, summed
+                tot = self.partial[(rid, i)]
+                for j in range(r.size):
+                    if j != i and (rid, i, r.ranks[j]) in got:
+                        tot = tot + got[(rid, i, r.ranks[j])]
+                self._home(rid, tot)

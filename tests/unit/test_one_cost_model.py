@@ -1,0 +1,91 @@
+"""One cost model: the partitioner, the prediction and the simulator price the same work the same
+way on every kind of profile, not only on the toy one (a profile with full-block tables once had a
+plan predicted at 2.16 ms and simulated at 7.77 ms: the prediction ignored those tables)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from megatron_zeppelin.config import ZeppelinConfig
+from megatron_zeppelin.planner import make_context, plan_batch
+from megatron_zeppelin.planner.assemble import assemble
+from megatron_zeppelin.planner.baselines.static_cp import cp_placement
+from megatron_zeppelin.planner.cost_model import CostModel
+from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
+from megatron_zeppelin.sim.compute import LayerCosts
+from megatron_zeppelin.sim.iteration import SimOptions, simulate
+from megatron_zeppelin.topology import Topology
+
+# Full blocks twice as fast per FLOP as the causal table at every length (a GPU flash kernel's
+# causal tiles are half masked; the causal table pays for them).
+FULL = replace(TOY_PROFILE, name="full", attn_full_fwd_tflops=(40.0, 200.0), attn_full_bwd_tflops=(32.0, 160.0))
+# As `calibrate --device cpu` and the CPU validation write one: slow single-core rates that barely
+# grow with length, full blocks faster than causal ones at short lengths (the CPU kernel does not
+# skip masked tiles), a fixed cost per kernel call, a gloo-like link.
+CPU_LIKE = replace(TOY_PROFILE, name="cpu", gemm_tflops=0.05, attn_seqlen=(16, 64, 256, 1024),
+                   attn_fwd_tflops=(0.004, 0.012, 0.02, 0.025), attn_bwd_tflops=(0.003, 0.008, 0.015, 0.02),
+                   attn_full_fwd_tflops=(0.008, 0.02, 0.025, 0.027),
+                   attn_full_bwd_tflops=(0.006, 0.014, 0.018, 0.021),
+                   attn_call_fwd_us=40.0, attn_call_bwd_us=90.0, nvlink_GBps=1.0, nvlink_latency_us=60.0,
+                   nic_GBps=1.0, nic_latency_us=60.0)
+PROFILES = [TOY_PROFILE, FULL, CPU_LIKE]
+
+
+def _lengths(n, seed=0, hi=5000):
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in np.clip(rng.lognormal(np.log(800), 1.0, n), 50, hi)]
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_block_costs_are_the_simulators(profile):
+    """The planner's block and ring-member costs are the simulator's kernels, summed."""
+    topo = Topology(1, 4)
+    cost, k = CostModel(TOY_MODEL, profile, topo), LayerCosts(CostModel(TOY_MODEL, profile, topo))
+    for q, kv, causal in [(100, 100, True), (300, 200, False), (5000, 5000, False), (0, 10, False)]:
+        sim = (k.block_fwd_s(q, kv, causal) + k.block_bwd_s(q, kv, causal)) * TOY_MODEL.layers
+        assert cost.block_s(q, kv, causal) == pytest.approx(sim, rel=1e-12, abs=0)
+        assert float(cost.block_s_np([q], [kv], causal)[0]) == pytest.approx(sim, rel=1e-12, abs=0)
+    c = 3000 // 4
+    member = (2 * (k.block_fwd_s(c, c, True) + k.block_bwd_s(c, c, True))
+              + 3 * (k.block_fwd_s(c, c, False) + k.block_bwd_s(c, c, False))) * TOY_MODEL.layers
+    assert cost.ring_member_attention_s(3000, 2) == pytest.approx(member, rel=1e-12)
+    if profile.attn_full_fwd_tflops:  # the full-block table is read, not the causal one
+        plain = CostModel(TOY_MODEL, replace(profile, attn_full_fwd_tflops=(), attn_full_bwd_tflops=()), topo)
+        assert cost.block_fwd_s(500, 500, False) < plain.block_fwd_s(500, 500, False)
+        assert cost.block_fwd_s(500, 500, True) == plain.block_fwd_s(500, 500, True)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_local_plans_predicted_exactly_with_the_allreduce(profile):
+    """Local documents only: the prediction is the simulator's iteration (every layer chained),
+    the DP all-reduce included as its own term."""
+    topo = Topology(2, 2, 2)
+    plan = plan_batch(_lengths(20, hi=3000), topo, profile, TOY_MODEL, strategy="packed_dp")
+    res = simulate(plan, profile, TOY_MODEL, options=SimOptions(layers="all"))
+    assert plan.allreduce_s == res.allreduce_s > 0
+    assert res.iteration_s == pytest.approx(plan.predicted_with_allreduce_s, rel=1e-9)
+
+
+def _ring_plan(lengths, topo, cp, profile):
+    ctx = make_context(topo, profile, TOY_MODEL, ZeppelinConfig(gpus_per_node=topo.gpus_per_node),
+                       total_tokens=sum(lengths))
+    return assemble("static_cp", lengths, ctx, cp_placement(lengths, ctx, cp=cp, comm="p2p"))
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_ring_plans_predicted_as_simulated(profile):
+    """Zigzag rings whose blocks are mostly full ones: prediction and simulator agree (they time
+    the same steps; the simulator's per-layer barrier is the only difference)."""
+    topo = Topology(1, 4)
+    plan = _ring_plan([6000, 3000, 800], topo, cp=4, profile=profile)
+    res = simulate(plan, profile, TOY_MODEL)
+    assert res.iteration_s == pytest.approx(plan.predicted_with_allreduce_s, rel=0.02)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_zeppelin_plans_predicted_as_simulated(profile):
+    topo = Topology(2, 4, 2)
+    plan = plan_batch(_lengths(40, seed=5, hi=12000), topo, profile, TOY_MODEL, strategy="zeppelin")
+    res = simulate(plan, profile, TOY_MODEL)
+    assert res.iteration_s == pytest.approx(plan.predicted_with_allreduce_s, rel=0.05)
