@@ -1,7 +1,6 @@
 """The launcher never hangs and names the rank that caused a failure: an exception with its traceback,
 a signal or exit code with the rank's pid, a hang with the rank's last progress marker."""
 
-import os
 import signal
 import time
 
@@ -9,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fault_workers import die, kill_launcher
 from megatron_zeppelin.distributed.launch import DistributedFailure, run_distributed
 
 
@@ -50,43 +50,27 @@ def test_user_error_comes_back_as_itself():
         run_distributed(_user_error, 2, timeout=120)
 
 
-def _die(rank, world, victim, how):
-    """Every rank meets once; then ``victim`` dies (``how``) while the others wait in all_reduce."""
-    dist.barrier()
-    if rank == victim:
-        if how == "kill9":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif how == "exit3":
-            os._exit(3)
-        elif how == "hang":
-            time.sleep(3600)  # no collective: the peers' all_reduce times out
-        raise RuntimeError(f"injected exception on rank {rank}")
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    return t.item()
-
-
 @pytest.mark.parametrize("how,kind,first", [
     ("kill9", "signal", "rank 2 (pid {pid}) killed by signal 9 (SIGKILL)"),
     ("exit3", "exit", "rank 2 (pid {pid}) exited with code 3"),
 ])
 def test_a_dead_rank_is_named_before_its_peers_errors(how, kind, first):
     with pytest.raises(DistributedFailure) as e:
-        run_distributed(_die, 3, 2, how, timeout=120)
+        run_distributed(die, 3, 2, how, timeout=120)
     d = e.value.diagnosis
     assert (d.rank, d.kind) == (2, kind), str(e.value)
     pid = str(e.value).split("(pid ", 1)[1].split(")", 1)[0]
     assert str(e.value).startswith(first.format(pid=pid)), str(e.value)
-    assert "last entered barrier at test_launch.py" in d.headline  # its last collective
+    assert "last entered barrier at fault_workers.py" in d.headline  # its last collective
 
 
 def test_a_hung_rank_is_named_with_where_it_stopped():
     with pytest.raises(DistributedFailure) as e:
-        run_distributed(_die, 3, 1, "hang", timeout=15)
+        run_distributed(die, 3, 1, "hang", timeout=15)
     d = e.value.diagnosis
     assert (d.rank, d.kind) == (1, "hang"), str(e.value)
     assert "rank 1 (pid" in d.headline and "stopped making progress" in d.headline
-    assert "last entered barrier at test_launch.py" in d.headline and "(_die)" in d.headline
+    assert "last entered barrier at fault_workers.py" in d.headline and "(die)" in d.headline
     # the peers were further on: in the all_reduce the hung rank never entered
     assert all("rank 1" not in o for o in d.others)
 
@@ -107,3 +91,10 @@ def test_step_and_phase_markers_name_where_a_rank_stopped():
     d = e.value.diagnosis
     assert (d.rank, d.kind) == (1, "hang"), str(e.value)
     assert "step 7, last entered saving checkpoint" in d.headline
+
+
+@pytest.mark.parametrize("sig,rc", [(signal.SIGTERM, 128 + 15), (signal.SIGKILL, -9)])
+def test_ranks_die_with_their_launcher(tmp_path, sig, rc):
+    r = kill_launcher(str(tmp_path), 2, sig)
+    assert r["seconds"] is not None, f"ranks {r['pids']} outlived the launcher by 60s: {r['output'][-2000:]}"
+    assert r["rc"] == rc, r["output"][-2000:]
