@@ -90,7 +90,7 @@ def _worker(fn, rank, world_size, port, backend, q, args, timeout, start_timeout
     torch.set_num_threads(1)  # more ranks than cores: keep each rank to one thread
     install(board, rank)
     try:
-        board.write(rank, "start barrier (waiting for every rank to start)")
+        board.set_phase(rank, "start-up (waiting for every rank at the start barrier)")
         store = dist.TCPStore("127.0.0.1", port, is_master=False,
                               timeout=datetime.timedelta(seconds=max(start_timeout, timeout)))
         if store.add("zeppelin/started", 1) == world_size:
@@ -98,6 +98,7 @@ def _worker(fn, rank, world_size, port, backend, q, args, timeout, start_timeout
         store.wait(["zeppelin/go"])
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
+        board.set_phase(rank, "")
         out = fn(rank, world_size, *args)
         q.put((rank, "ok", out))
     except ZeppelinError as e:  # a user error (bad flag or input): re-raised as itself in the parent
@@ -170,7 +171,8 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
                           wait_for_workers=False)  # port 0: the OS picks a free one, no race with other jobs
     procs = [ctx.Process(target=_worker, name=f"zeppelin-rank-{r}",
                          args=(fn, r, world_size, store.port, backend, q, args, timeout, start_timeout, env,
-                               board, os.getpid()), daemon=True) for r in range(world_size)]
+                               board, os.getpid()), daemon=False)  # a rank may start helpers (checkpoint writers)
+             for r in range(world_size)]
     results: Dict[int, Any] = {}
     errors: Dict[int, tuple] = {}
     exitcodes: Dict[int, int] = {}

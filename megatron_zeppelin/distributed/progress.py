@@ -30,15 +30,18 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 @dataclass(frozen=True)
 class Marker:
     rank: int
-    label: str  # "" before the rank wrote anything
+    label: str  # the last collective entered; "" before any
+    phase: str  # the last named phase (mark), "" if none or the step started since
     step: int  # -1 before the first mark_step
     t: float  # time.time() of the last write, 0.0 if none
 
     def describe(self, now: float) -> str:
         if not self.t:
             return "never started (no marker)"
-        step = f"step {self.step}, " if self.step >= 0 else ""
-        return f"{step}last entered {self.label} ({now - self.t:.0f}s ago)"
+        where = [f"step {self.step}"] if self.step >= 0 else []
+        where += [f"in {self.phase}"] if self.phase else []
+        where += [f"last entered {self.label}"] if self.label else []
+        return ", ".join(where) + f" ({now - self.t:.0f}s ago)"
 
 
 class Board:
@@ -49,19 +52,32 @@ class Board:
         self.times = ctx.RawArray("d", world)
         self.steps = ctx.RawArray("q", [-1] * world)
         self.labels = ctx.RawArray("c", world * _LABEL)
+        self.phases = ctx.RawArray("c", world * _LABEL)
+
+    @staticmethod
+    def _put(arr, rank: int, text: str) -> None:
+        arr[rank * _LABEL:(rank + 1) * _LABEL] = text.encode("utf-8", "replace")[:_LABEL - 1].ljust(_LABEL, b"\0")
+
+    @staticmethod
+    def _get(arr, rank: int) -> str:
+        return bytes(arr[rank * _LABEL:(rank + 1) * _LABEL]).split(b"\0", 1)[0].decode("utf-8", "replace")
 
     def write(self, rank: int, label: str) -> None:
-        raw = label.encode("utf-8", "replace")[:_LABEL - 1].ljust(_LABEL, b"\0")
-        self.labels[rank * _LABEL:(rank + 1) * _LABEL] = raw
+        self._put(self.labels, rank, label)
+        self.times[rank] = time.time()
+
+    def set_phase(self, rank: int, phase: str) -> None:
+        self._put(self.phases, rank, phase)
         self.times[rank] = time.time()
 
     def set_step(self, rank: int, step: int) -> None:
         self.steps[rank] = step
+        self._put(self.phases, rank, "")
         self.times[rank] = time.time()
 
     def read(self, rank: int) -> Marker:
-        raw = bytes(self.labels[rank * _LABEL:(rank + 1) * _LABEL]).split(b"\0", 1)[0]
-        return Marker(rank, raw.decode("utf-8", "replace"), int(self.steps[rank]), float(self.times[rank]))
+        return Marker(rank, self._get(self.labels, rank), self._get(self.phases, rank), int(self.steps[rank]),
+                      float(self.times[rank]))
 
     def last_activity(self) -> float:
         return max(self.times[r] for r in range(self.world))
@@ -106,10 +122,11 @@ def install(board: Board, rank: int) -> None:
                 setattr(mod, name, _wrap(name, op))
 
 
-def mark(label: str) -> None:
-    """Record a named phase (e.g. "saving checkpoint") for this rank; no-op outside a launched rank."""
+def mark(phase: str) -> None:
+    """Record the phase this rank is in (e.g. "saving checkpoint DIR"; "" = none) until the next
+    mark or step; no-op outside a launched rank."""
     if _mine is not None:
-        _mine[0].write(_mine[1], label)
+        _mine[0].set_phase(_mine[1], phase)
 
 
 def mark_step(step: int) -> None:

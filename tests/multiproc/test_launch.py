@@ -90,7 +90,7 @@ def test_step_and_phase_markers_name_where_a_rank_stopped():
         run_distributed(_stuck_in_a_phase, 2, timeout=15)
     d = e.value.diagnosis
     assert (d.rank, d.kind) == (1, "hang"), str(e.value)
-    assert "step 7, last entered saving checkpoint" in d.headline
+    assert "step 7, in saving checkpoint, last entered barrier at test_launch.py" in d.headline
 
 
 @pytest.mark.parametrize("sig,rc", [(signal.SIGTERM, 128 + 15), (signal.SIGKILL, -9)])
