@@ -35,7 +35,8 @@ def _launcher_fault(tmp_path, sig):
     r = kill_launcher(str(piddir), WORLD, sig)
     return {"named": "launcher", "ok": r["seconds"] is not None, "status": f"launcher {exit_status(r['rc'])}"
             if r["rc"] < 0 else f"launcher exited {r['rc']}", "seconds": r["seconds"] if r["seconds"] is not None
-            else float("nan"), "first line": (r["output"].strip().splitlines() or [""])[-1]}
+            else float("nan"), "first line": next((ln for ln in r["output"].splitlines() if ln.startswith("launcher:")),
+                                  "(killed: no output)")}
 
 
 @pytest.mark.slow
