@@ -66,7 +66,7 @@ def test_a_dead_rank_is_named_before_its_peers_errors(how, kind, first):
 
 def test_a_hung_rank_is_named_with_where_it_stopped():
     with pytest.raises(DistributedFailure) as e:
-        run_distributed(die, 3, 1, "hang", timeout=15)
+        run_distributed(die, 3, 1, "hang", timeout=30)
     d = e.value.diagnosis
     assert (d.rank, d.kind) == (1, "hang"), str(e.value)
     assert "rank 1 (pid" in d.headline and "stopped making progress" in d.headline
@@ -87,7 +87,7 @@ def _stuck_in_a_phase(rank, world):
 
 def test_step_and_phase_markers_name_where_a_rank_stopped():
     with pytest.raises(DistributedFailure) as e:
-        run_distributed(_stuck_in_a_phase, 2, timeout=15)
+        run_distributed(_stuck_in_a_phase, 2, timeout=30)
     d = e.value.diagnosis
     assert (d.rank, d.kind) == (1, "hang"), str(e.value)
     assert "step 7, in saving checkpoint, last entered barrier at test_launch.py" in d.headline
