@@ -14,6 +14,7 @@ setup(
         "PyYAML>=6",
         "rich>=13",
         "matplotlib>=3.7",
+        "psutil>=5",  # megatron-core's dist_checkpointing writer measures memory with it
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "tensorboard>=2.14"],

@@ -100,8 +100,18 @@ def plots(histories: Dict[str, List[dict]], rows: Dict[str, Dict], out: str) -> 
 
 
 def run(args) -> int:
+    from ..distributed.launch import LaunchInterrupted
+    try:
+        return _run(args)
+    except LaunchInterrupted as e:  # SIGTERM/SIGINT during calibration or training: every rank was stopped
+        print(f"zeppelin demo: {e}", file=sys.stderr, flush=True)
+        return 128 + e.signum
+
+
+def _run(args) -> int:
     import torch
 
+    from ..distributed.launch import DistributedFailure
     from ..integration.data import default_corpus
     from ..integration.trainer import TrainOptions, run_local
 
@@ -142,7 +152,11 @@ def run(args) -> int:
                             log_path=os.path.join(args.out, f"{name}.jsonl"), zeppelin=z)
         if os.path.exists(opts.log_path):
             os.remove(opts.log_path)
-        histories[name] = run_local(opts, args.ranks, timeout=args.timeout)
+        try:
+            histories[name] = run_local(opts, args.ranks, timeout=args.timeout)
+        except DistributedFailure as e:  # the first line names the rank that caused it
+            print(f"zeppelin demo: {name} failed: {e}", file=sys.stderr, flush=True)
+            return 1
         rows[name] = summarize(histories[name])
         print(f"    done in {time.time() - t:.0f}s", flush=True)
     print()

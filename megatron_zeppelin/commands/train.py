@@ -10,9 +10,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import statistics
+import sys
+import time
 from dataclasses import asdict
 
 from ..errors import ZeppelinError
+from .plan import parse_tokens
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,8 +27,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g = p.add_argument_group("training")
     g.add_argument("--model", default="tiny", help="model preset (configs/models) or YAML path")
     g.add_argument("--train-iters", type=int, default=100)
-    g.add_argument("--global-batch-tokens", type=int, default=8192, help="trained tokens per global micro-batch")
-    g.add_argument("--max-doc-tokens", type=int, default=2048, help="documents longer than this are cut")
+    g.add_argument("--global-batch-tokens", type=parse_tokens, default=8192,
+                   help="trained tokens per global micro-batch (8192, 32K, ...)")
+    g.add_argument("--max-doc-tokens", type=parse_tokens, default=2048,
+                   help="documents longer than this are cut (2048, 4K, ...)")
     g.add_argument("--lr", type=float, default=2e-3)
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr x this")
     g.add_argument("--lr-warmup-iters", type=int, default=5)
@@ -38,10 +44,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--save", default="")
     g.add_argument("--save-interval", type=int, default=0)
     g.add_argument("--load", default="")
-    g.add_argument("--log-jsonl", default="", help="per-iteration metrics as JSON lines")
+    g.add_argument("--log-jsonl", default="", help="per-iteration metrics as JSON lines; an existing file is "
+                   "refused unless --load resumes the run, which appends to it")
     g.add_argument("--tensorboard-dir", default="")
     g.add_argument("--nproc", type=int, default=0, help="spawn this many local ranks (0 = torchrun env, else 1)")
-    g.add_argument("--timeout", type=float, default=3600.0)
+    g.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds any collective may wait for a peer before the run fails (default 3600)")
     g.add_argument("--debug", action="store_true")
     add_zeppelin_args(p)
     p.set_defaults(func=run)
@@ -65,6 +73,89 @@ def options_from_args(args):
                         log_path=args.log_jsonl, tensorboard_dir=args.tensorboard_dir, zeppelin=z)
 
 
+def _writable_dir(flag: str, path: str) -> None:
+    """``path`` is, or can be created as, a directory this user may write: checked without writing."""
+    p = os.path.abspath(path)
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise ZeppelinError(f"{flag} {path}: exists and is not a directory")
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    if not os.path.isdir(p) or not os.access(p, os.W_OK | os.X_OK):
+        raise ZeppelinError(f"{flag} {path}: {p} is not writable; pick another path")
+
+
+def check_args(args) -> None:
+    """Every flag is checked before any rank starts or anything is written: one line naming the flag."""
+    positive = {"--train-iters": args.train_iters, "--global-batch-tokens": args.global_batch_tokens,
+                "--max-doc-tokens": args.max_doc_tokens, "--lr": args.lr, "--timeout": args.timeout,
+                "--tensor-model-parallel-size": args.tensor_model_parallel_size}
+    for flag, v in positive.items():
+        if not v > 0:
+            raise ZeppelinError(f"{flag} {v}: must be > 0")
+    non_negative = {"--nproc": args.nproc, "--lr-warmup-iters": args.lr_warmup_iters, "--clip-grad": args.clip_grad,
+                    "--weight-decay": args.weight_decay, "--save-interval": args.save_interval}
+    for flag, v in non_negative.items():
+        if not v >= 0:
+            raise ZeppelinError(f"{flag} {v}: must be >= 0" + (" (0 = the torchrun environment, else 1 rank)"
+                                                               if flag == "--nproc" else ""))
+    if not 0 <= args.min_lr_ratio <= 1:
+        raise ZeppelinError(f"--min-lr-ratio {args.min_lr_ratio}: must be between 0 and 1")
+    if args.save_interval and not args.save:
+        raise ZeppelinError("--save-interval needs --save DIR")
+    if args.save:
+        _writable_dir("--save", args.save)
+    if args.tensorboard_dir:
+        _writable_dir("--tensorboard-dir", args.tensorboard_dir)
+    if args.load:
+        from ..integration.checkpoint import latest_step
+        latest_step(args.load)  # a missing checkpoint is named before any rank starts
+    if args.log_jsonl:
+        if os.path.isdir(args.log_jsonl):
+            raise ZeppelinError(f"--log-jsonl {args.log_jsonl}: is a directory; give a file path")
+        _writable_dir("--log-jsonl", os.path.dirname(args.log_jsonl) or ".")
+        if os.path.exists(args.log_jsonl) and os.path.getsize(args.log_jsonl) and not args.load:
+            raise ZeppelinError(f"--log-jsonl {args.log_jsonl}: the file exists; remove it or pick another path "
+                                "(only a run resumed with --load appends to it)")
+
+
+def header(args, opts, world: int, backend: str) -> str:
+    from ..model_spec import load_model
+
+    m = load_model(args.model)
+    z = opts.zeppelin
+    tp = args.tensor_model_parallel_size
+    data = args.data_path or "the embedded corpus (Python sources, byte tokens)"
+    strategy = z["strategy"] + ("" if args.zeppelin_balance else " (stock Megatron packing: --zeppelin-balance plans "
+                                                                 "the batch with --zeppelin-strategy)")
+    lines = [f"zeppelin train: strategy {strategy}, {world} ranks (TP {tp} x DP {world // max(1, tp)}, {backend}, "
+             f"{z.get('gpus_per_node')} GPUs per node), model {m.name} ({m.layers} layers, hidden {m.hidden}, "
+             f"{m.heads} heads)",
+             f"  data: {data}; {args.train_iters} iterations x {args.global_batch_tokens} tokens, documents cut at "
+             f"{args.max_doc_tokens}; lr {args.lr:g} (warmup {args.lr_warmup_iters}, cosine to x{args.min_lr_ratio:g}), "
+             f"seed {args.seed}"]
+    if args.load:
+        from ..integration.checkpoint import latest_step
+        lines.append(f"  resuming from {args.load} (step {latest_step(args.load)})")
+    if args.save:
+        every = f"every {args.save_interval} iterations and " if args.save_interval else ""
+        lines.append(f"  checkpoints: {args.save} ({every}at the end; Megatron dist_checkpointing format)")
+    if args.log_jsonl:
+        lines.append(f"  metrics: {args.log_jsonl} ({'appending: resumed run' if args.load else 'new file'})")
+    return "\n".join(lines)
+
+
+def summary(history, seconds: float, save: str) -> str:
+    if not history:
+        return f"zeppelin train: nothing to train (already at the last iteration) in {seconds:.0f}s"
+    steady = [h["tokens_per_s"] for h in history[1:]] or [history[0]["tokens_per_s"]]
+    out = (f"zeppelin train: done, iterations {history[0]['step']}-{history[-1]['step']} in {seconds:.0f}s; loss "
+           f"{history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}; median {statistics.median(steady):.0f} tokens/s")
+    if save:
+        from ..integration.checkpoint import latest_step, step_dir
+        out += f"; latest checkpoint {step_dir(save, latest_step(save))}"
+    return out
+
+
 def run(args) -> int:
     import torch
     import torch.distributed as dist
@@ -75,6 +166,7 @@ def run(args) -> int:
         if not args.zeppelin_balance:  # with it, config_from_args names the flag
             raise ZeppelinError("zeppelin train runs TP x DP only: set --context-parallel-size 1 and "
                                 "--pipeline-model-parallel-size 1 (use --zeppelin-strategy static_cp for CP)")
+    check_args(args)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and not args.nproc
     if not torchrun and args.zeppelin_gpus_per_node is None:
         # local spawn: one simulated node holding the whole domain unless told otherwise
@@ -83,13 +175,39 @@ def run(args) -> int:
     if args.data_path:
         from ..integration.data import DocumentDataset
         DocumentDataset(args.data_path)  # a clear error here rather than a traceback from every rank
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    t0 = time.time()
     if torchrun:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        lead = int(os.environ["RANK"]) == 0
+        if lead:
+            print(header(args, opts, int(os.environ["WORLD_SIZE"]), backend), flush=True)
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
         try:
-            train_worker(dist.get_rank(), dist.get_world_size(), asdict(opts))
+            out = train_worker(dist.get_rank(), dist.get_world_size(), asdict(opts))
         finally:
             dist.destroy_process_group()
+        if lead:
+            print(summary(out["history"], time.time() - t0, args.save), flush=True)
         return 0
-    run_local(opts, max(1, args.nproc), timeout=args.timeout)
+    from ..distributed.launch import DistributedFailure, LaunchInterrupted
+    world = max(1, args.nproc)
+    print(header(args, opts, world, backend), flush=True)
+    try:
+        history = run_local(opts, world, timeout=args.timeout)
+    except LaunchInterrupted as e:
+        print(f"zeppelin train: {e}" + (f"; latest complete checkpoint: {_latest(args.save)}" if args.save else ""),
+              file=sys.stderr, flush=True)
+        return 128 + e.signum
+    except DistributedFailure as e:
+        print(f"zeppelin train: failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(summary(history, time.time() - t0, args.save), flush=True)
     return 0
+
+
+def _latest(save: str) -> str:
+    from ..integration.checkpoint import CheckpointError, latest_step, step_dir
+    try:
+        return step_dir(save, latest_step(save))
+    except CheckpointError:
+        return "none"

@@ -1,8 +1,19 @@
-"""Run a function on N local processes with torch.distributed, never hanging.
+"""Run a function on N local processes with torch.distributed, never hanging, never orphaning a rank.
 
-Used by tests, benchmarks and the CPU demo. Every process group gets a timeout; the parent waits with a
-deadline; the first failing rank's traceback is raised in the parent and the other ranks are
-terminated (they may be blocked in a collective with the dead rank); every process is joined.
+Used by tests, benchmarks, ``zeppelin train`` and ``zeppelin demo``. The launcher knows each rank's
+pid and exit status and reads a per-rank progress marker (progress.py: the last collective or step
+each rank entered). When a rank fails, the error names the cause first (failure.py): a rank killed by
+a signal or exiting non-zero, else a rank's own exception, else the rank that stopped making progress,
+and where; peers' secondary errors ("Connection reset by peer", "Application timeout") come after.
+
+No ports are guessed: the launcher holds the rendezvous store on a port the OS gives it (port 0), so
+concurrent jobs cannot collide. Ranks first meet at a start barrier with a generous start-up timeout
+(imports on a loaded machine are slow); ``timeout`` then bounds every collective, and the launcher
+gives up when no rank has entered a collective for ``timeout + 60`` s.
+
+Ranks die with their launcher: SIGTERM/SIGINT to the launcher stops every rank (SIGTERM, then SIGKILL
+after a grace period) and raises :class:`LaunchInterrupted`; a SIGKILLed launcher is noticed by the
+ranks through ``PR_SET_PDEATHSIG`` on Linux and a parent-pid watchdog everywhere, and they exit.
 
 ``fn(rank, world_size, *args)`` must be importable (module level) because children are spawned.
 """
@@ -12,7 +23,8 @@ from __future__ import annotations
 import datetime
 import os
 import queue as _queue
-import socket
+import signal
+import threading
 import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional
@@ -20,19 +32,54 @@ from typing import Any, Callable, Dict, List, Optional
 import torch.multiprocessing as mp
 
 from ..errors import ZeppelinError
+from .failure import Diagnosis, diagnose
+from .progress import Board, install
+
+GRACE_S = 5.0  # after the first failure, time for the other ranks' reports and exits to arrive
+STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
+START_TIMEOUT_S = 600.0  # all ranks up and at the start barrier (imports on a loaded machine)
 
 
 class DistributedFailure(RuntimeError):
-    pass
+    """A run failed; ``diagnosis`` says which rank caused it and how (None for a launcher error)."""
+
+    def __init__(self, message: str, diagnosis: Optional[Diagnosis] = None):
+        super().__init__(message)
+        self.diagnosis = diagnosis
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class LaunchInterrupted(KeyboardInterrupt):
+    """The launcher got SIGTERM or SIGINT; every rank was stopped. ``signum`` is the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: every rank was stopped")
+        self.signum = signum
 
 
-def _worker(fn, rank, world_size, port, backend, q, args, timeout, env):
+def _die_with_parent(ppid: int) -> None:
+    """Exit when the launcher dies, even by SIGKILL: the kernel's parent-death signal on Linux, and a
+    watchdog on the parent pid (other systems, or a parent that died before prctl ran)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch():
+        while os.getppid() == ppid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if os.getppid() != ppid:
+        os._exit(1)
+    threading.Thread(target=watch, name="zeppelin-parent-watchdog", daemon=True).start()
+
+
+def _worker(fn, rank, world_size, port, backend, q, args, timeout, start_timeout, env, board, ppid):
+    _die_with_parent(ppid)
+    # Ctrl-C reaches the whole foreground process group: the launcher alone handles it and stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     import torch.distributed as dist
 
@@ -41,9 +88,17 @@ def _worker(fn, rank, world_size, port, backend, q, args, timeout, env):
                        "LOCAL_WORLD_SIZE": str(world_size)})
     os.environ.update(env or {})
     torch.set_num_threads(1)  # more ranks than cores: keep each rank to one thread
+    install(board, rank)
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        board.set_phase(rank, "start-up (waiting for every rank at the start barrier)")
+        store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                              timeout=datetime.timedelta(seconds=max(start_timeout, timeout)))
+        if store.add("zeppelin/started", 1) == world_size:
+            store.set("zeppelin/go", "1")
+        store.wait(["zeppelin/go"])
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
+        board.set_phase(rank, "")
         out = fn(rank, world_size, *args)
         q.put((rank, "ok", out))
     except ZeppelinError as e:  # a user error (bad flag or input): re-raised as itself in the parent
@@ -66,58 +121,121 @@ def _worker(fn, rank, world_size, port, backend, q, args, timeout, env):
             pass
 
 
+def stop_ranks(procs, grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM every live rank, SIGKILL what is left after ``grace`` seconds, join all."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + grace
+    for p in procs:
+        p.join(timeout=max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+
+
+class _Signals:
+    """While the launcher waits, SIGTERM/SIGINT raise LaunchInterrupted (main thread only)."""
+
+    def __enter__(self):
+        self.saved = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self.saved[s] = signal.signal(s, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise LaunchInterrupted(signum)
+
+    def __exit__(self, *exc):
+        for s, h in self.saved.items():
+            signal.signal(s, h)
+
+
 def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 180.0,
-                    backend: str = "gloo", env: Optional[Dict[str, str]] = None) -> List[Any]:
-    """Run ``fn`` on ``world_size`` spawned ranks; return the per-rank results in rank order."""
+                    backend: str = "gloo", env: Optional[Dict[str, str]] = None,
+                    start_timeout: float = START_TIMEOUT_S) -> List[Any]:
+    """Run ``fn`` on ``world_size`` spawned ranks; return the per-rank results in rank order.
+
+    ``timeout`` bounds each collective (the process-group timeout) and the launcher's wait for any
+    progress; ``start_timeout`` bounds start-up (spawn, imports) until every rank is at the barrier.
+    """
+    import torch.distributed as dist
+
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, q, args, timeout, env),
-                         daemon=True) for r in range(world_size)]
-    for p in procs:
-        p.start()
+    board = Board(ctx, world_size)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=max(timeout, 60)),
+                          wait_for_workers=False)  # port 0: the OS picks a free one, no race with other jobs
+    procs = [ctx.Process(target=_worker, name=f"zeppelin-rank-{r}",
+                         args=(fn, r, world_size, store.port, backend, q, args, timeout, start_timeout, env,
+                               board, os.getpid()), daemon=False)  # a rank may start helpers (checkpoint writers)
+             for r in range(world_size)]
     results: Dict[int, Any] = {}
-    error: Optional[str] = None
-    user_error: Optional[BaseException] = None
-    deadline = time.monotonic() + timeout + 60  # process start-up and imports on top of the collectives
-    try:
-        while len(results) < world_size and error is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                error = f"timed out after {timeout + 60:.0f}s with ranks {sorted(set(range(world_size)) - set(results))} unfinished"
-                break
-            try:
-                rank, status, payload = q.get(timeout=min(left, 1.0))
-            except _queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
-                if dead:
-                    # Give a dying rank a moment to flush its traceback to the queue.
-                    try:
-                        rank, status, payload = q.get(timeout=5.0)
-                    except _queue.Empty:
-                        error = f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} and no traceback"
+    errors: Dict[int, tuple] = {}
+    exitcodes: Dict[int, int] = {}
+    events: List[tuple] = []
+    user_errors: Dict[int, BaseException] = {}
+    failed_at: Optional[float] = None
+    timed_out = ""
+    t0 = time.monotonic()
+    launched = time.time()
+    with _Signals():
+        try:
+            for p in procs:
+                p.start()
+            while len(results) < world_size:
+                try:
+                    rank, status, payload = q.get(timeout=0.2)
+                    if status == "ok":
+                        results[rank] = payload
+                    else:
+                        if status == "user":
+                            user_errors[rank], payload = payload
+                        errors[rank] = (status, payload)
+                        events.append(("error", rank))
+                    continue  # drain the queue before looking at processes
+                except _queue.Empty:
+                    pass
+                for r, p in enumerate(procs):
+                    if r not in exitcodes and p.exitcode not in (None, 0):
+                        exitcodes[r] = p.exitcode
+                        events.append(("exit", r))
+                now = time.monotonic()
+                if events and failed_at is None:
+                    failed_at = now
+                if failed_at is not None:
+                    settled = all(r in results or r in errors or procs[r].exitcode is not None
+                                  for r in range(world_size))
+                    if settled or now - failed_at > GRACE_S:
                         break
-                else:
                     continue
-            if status == "ok":
-                results[rank] = payload
-            elif status == "user":
-                user_error, tb = payload
-                error = f"rank {rank} failed:\n{tb}"
-            else:
-                error = f"rank {rank} failed:\n{payload}"
-    finally:
-        for p in procs:
-            if error is not None and p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        q.close()
-    if user_error is not None:
-        raise user_error  # the CLI prints it as one line; the child's traceback is in error
-    if error is not None:
-        raise DistributedFailure(error)
-    return [results[r] for r in range(world_size)]
+                if not store.check(["zeppelin/go"]):
+                    if now - t0 > start_timeout + 30:
+                        timed_out = f"not every rank started within {start_timeout:.0f}s"
+                        break
+                elif time.time() - max(board.last_activity(), launched) > timeout + 60:
+                    timed_out = f"no rank entered a collective for {timeout + 60:.0f}s"
+                    break
+        except LaunchInterrupted:
+            stop_ranks(procs)
+            raise
+        finally:
+            markers = [board.read(r) for r in range(world_size)]
+            now_wall = time.time()
+            if len(results) == world_size:  # every rank returned: let them finish exiting
+                for p in procs:
+                    p.join(timeout=30)
+            stop_ranks(procs)
+            q.close()
+            del store
+    if not events and not timed_out:
+        return [results[r] for r in range(world_size)]
+    d = diagnose(world_size, [p.pid for p in procs], exitcodes, errors, events, set(results), markers,
+                 now_wall, timed_out=bool(timed_out))
+    if d.kind == "exception" and d.rank in user_errors:
+        raise user_errors[d.rank]  # the CLI prints it as one line
+    msg = d.message() if not timed_out else f"{timed_out}: {d.message()}"
+    raise DistributedFailure(msg, d)

@@ -80,6 +80,7 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     from .plan_check import check_plan_agreement
     from .runtime import build_model, init_parallel, wrap_ddp
     from .step import make_optimizer, train_step, warmup_cosine
+    from ..distributed import progress
 
     o = TrainOptions(**options)
     zcfg = ZeppelinConfig(**{**o.zeppelin, "tp": o.tp})
@@ -113,6 +114,7 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     scale = m.head_dim ** -0.5
     history: List[dict] = []
     for step in range(start, o.steps):
+        progress.mark_step(step + 1)  # the launcher names the step a stopped rank was in
         docs = batch_documents(ds, sampler, step)
         plan = plan_batch([d.numel() - 1 for d in docs], topo, profile, m, zcfg)
         if step == start or zcfg.debug_plan:
@@ -154,7 +156,9 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
                       f"nvlink {rec['bytes_nvlink'] / 1e6:6.2f} MB  nic {rec['bytes_nic'] / 1e6:6.2f} MB",
                       flush=True)
         if o.save and ((o.save_interval and (step + 1) % o.save_interval == 0) or step + 1 == o.steps):
-            checkpoint.save(o.save, step + 1, ddp.module, opt, sched, extra={"options": asdict(o)})
+            saved = checkpoint.save(o.save, step + 1, ddp.module, opt, sched, extra={"options": asdict(o)})
+            if lead and o.progress:
+                print(f"  saved checkpoint {saved} (step {step + 1})", flush=True)
     if log:
         log.close()
     if tb:

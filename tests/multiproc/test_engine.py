@@ -111,7 +111,7 @@ def test_engine_world4_2x2_several_strategies_and_faults():
     t = Topology(2, 2)
     plan = hand_plan([9, 4, 6], t, [(0, 2), 1, 3])
     other = hand_plan([9, 4, 7], t, [(0, 2), 1, 3])
-    res = run_distributed(_faults, 4, plan, other, timeout=60)
+    res = run_distributed(_faults, 4, plan, other, timeout=300)
     assert all(r["nan"] for r in res)  # NaN propagated, nobody hung
     assert "first difference at plan.lengths[2]" in res[1]["verify"]
     assert all("digest" in r["verify"] for r in res)

@@ -41,7 +41,7 @@ def _body(rank, world):
 
 
 def test_group_cache_world4():
-    res = run_distributed(_body, 4, timeout=90)
+    res = run_distributed(_body, 4, timeout=300)
     for rank, r in enumerate(res):
         assert r["intra"] == (1.0 if rank < 2 else 5.0)
         assert r["rail"] == (2.0 if rank % 2 == 0 else 4.0)

@@ -137,7 +137,7 @@ def _assert_results(results):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_remap_layer_round_trip_reference_and_gradients(world):
-    _assert_results(run_distributed(_layer_cases, world, timeout=60))
+    _assert_results(run_distributed(_layer_cases, world, timeout=300))
 
 
 @pytest.mark.slow
