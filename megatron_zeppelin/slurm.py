@@ -28,6 +28,7 @@ import yaml
 
 from .errors import ZeppelinError
 from .model_spec import load_model
+from .token_counts import parse_tokens  # one parser for every command
 
 MODES = ("zeppelin", "dp", "cp_p2p", "cp_a2a_p2p")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,16 +42,6 @@ DEFAULTS = {"gpus_per_node": 8, "tp": 1, "cp": 8, "seq_length": 65536, "global_b
 
 class SlurmError(ZeppelinError):
     pass
-
-
-def parse_tokens(x) -> int:
-    """'1M' -> 1048576, '64K' -> 65536, 1000 -> 1000."""
-    s = str(x).strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    try:
-        return int(float(s[:-1] if mult > 1 else s) * mult)
-    except ValueError:
-        raise SlurmError(f"cannot read token count {x!r} (use e.g. 1M, 64K or an integer)") from None
 
 
 def megatron_args(run: Dict, mode: str) -> List[str]:

@@ -17,14 +17,15 @@ from ..errors import ZeppelinError
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from ..integration.args import add_zeppelin_args
+    from ..token_counts import token_count
 
     p = subparsers.add_parser("train", help="train a GPT with megatron-core and Zeppelin (or a baseline)",
                               description=__doc__)
     g = p.add_argument_group("training")
     g.add_argument("--model", default="tiny", help="model preset (configs/models) or YAML path")
     g.add_argument("--train-iters", type=int, default=100)
-    g.add_argument("--global-batch-tokens", type=int, default=8192, help="trained tokens per global micro-batch")
-    g.add_argument("--max-doc-tokens", type=int, default=2048, help="documents longer than this are cut")
+    g.add_argument("--global-batch-tokens", type=token_count, default=8192, help="trained tokens per global micro-batch")
+    g.add_argument("--max-doc-tokens", type=token_count, default=2048, help="documents longer than this are cut")
     g.add_argument("--lr", type=float, default=2e-3)
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr x this")
     g.add_argument("--lr-warmup-iters", type=int, default=5)
