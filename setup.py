@@ -16,7 +16,7 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "tensorboard>=2.14"],
+        "test": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "tensorboard>=2.14", "tokenizers>=0.15"],
         "gpu": ["transformer-engine[pytorch]", "flash-attn"],
     },
     entry_points={"console_scripts": ["zeppelin=megatron_zeppelin.cli:main"]},
