@@ -6,12 +6,17 @@ that a busy moment halved would mislead the planner for the whole run."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, List
 
 import torch
 
 
 def best_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup: int = 1) -> float:
+    return min(all_seconds(fn, device, repeats, warmup))
+
+
+def all_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup: int = 1) -> List[float]:
+    """Every timed repeat (their spread says how noisy the machine was; calibrate/noise.py)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -27,4 +32,4 @@ def best_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
-    return min(times)
+    return times
