@@ -83,7 +83,10 @@ def run(args) -> int:
     opts = options_from_args(args)
     if args.data_path:
         from ..integration.data import DocumentDataset
-        DocumentDataset(args.data_path)  # a clear error here rather than a traceback from every rank
+        from ..model_spec import load_model
+        m = load_model(args.model)
+        # a clear error here rather than a traceback from every rank (a bad file, token ids past the vocab)
+        DocumentDataset(args.data_path).check_vocab(m.vocab, m.name)
     if torchrun:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
