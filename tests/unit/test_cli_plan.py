@@ -250,3 +250,10 @@ def test_token_suffixes_everywhere():
     assert (a.global_batch_tokens, a.max_doc_tokens, a.zeppelin_capacity_tokens) == (32768, 4096, 1 << 20)
     a = p.parse_args(["simulate", "--seq-length", "32K", "--global-batch-tokens", "1M"])
     assert (a.context_length, a.global_batch_tokens) == (32768, 1 << 20)
+    for cmd in ("demo", "compare_dp"):
+        a = p.parse_args([cmd, "--global-batch-tokens", "8K", "--max-doc-tokens", "1k"])
+        assert (a.global_batch_tokens, a.max_doc_tokens) == (8192, 1024)
+    a = p.parse_args(["advise", "--global-batch-tokens", "2M", "--context-length", "32K"])
+    assert (a.global_batch_tokens, a.context_length) == (2 << 20, 32768)
+    a = p.parse_args(["calibrate", "--lengths", "1K", "4k"])
+    assert a.lengths == [1024, 4096]
