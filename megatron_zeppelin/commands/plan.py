@@ -124,9 +124,11 @@ def run(args) -> int:
         print(f"batch size: {batch_flags.note}", file=out)
     report.print_plan(out, main, args.ranks)
     if args.compare:
-        report.print_compare(out, plans)
+        report.print_compare(out, plans, report.per_batch_note(args.cp_size))
     if spread:
         report.print_spread(out, spread, args.seed, args.seeds)
+        if not args.compare and args.strategy in ("static_cp", "allgather_cp") and report.per_batch_note(args.cp_size):
+            print(report.per_batch_note(args.cp_size), file=out)
     if args.explain:
         report.print_explain(out, main, lengths, topo, profile, model, config)
     if args.json:

@@ -38,7 +38,9 @@ def print_header(out, batch: dict, topo, profile, model, args, domain=None) -> N
           f"{batch['tokens']} tokens; length min {batch['min']} / median {batch['median']:.0f} / "
           f"mean {batch['mean']:.0f} / max {batch['max']}"
           + (f"; cut at context length {batch['context_length']}" if batch['context_length'] else ""), file=out)
-    print(f"domain: {topo.describe()} = {topo.world_size} ranks; cluster {profile.name} ({profile.gpu}); "
+    where = (topo.describe() if domain is None or domain.tp == 1 else
+             f"{topo.nodes} node(s) x {topo.gpus_per_node} TP group(s), {topo.nics_per_node} NIC(s)/node")
+    print(f"domain: {where} = {topo.world_size} ranks; cluster {profile.name} ({profile.gpu}); "
           f"model {model.name} ({model.layers} layers, hidden {model.hidden}, {model.heads}/{model.kv_heads} "
           f"heads){'; TP ' + str(args.tp) if args.tp > 1 else ''}", file=out)
     if domain is not None:
@@ -129,7 +131,7 @@ def _print_ranks(con: Console, plan: Plan, max_ranks: int) -> None:
     con.print(t)
 
 
-def print_compare(out, plans: Dict[str, object]) -> None:
+def print_compare(out, plans: Dict[str, object], cp_note: str = "") -> None:
     con = _console(out)
     z = plans.get("zeppelin")
     t = _table("strategy", "iteration s", "imbalance", "x lower bound", "zeppelin speedup",
@@ -150,6 +152,8 @@ def print_compare(out, plans: Dict[str, object]) -> None:
         print(line, file=out)
     print("zeppelin speedup = strategy's predicted iteration / zeppelin's; x lower bound = predicted / "
           "(perfectly balanced work, all communication hidden)", file=out)
+    if cp_note:
+        print(cp_note, file=out)
 
 
 def seed_spread(per_seed, names) -> Dict[str, dict]:
@@ -184,6 +188,12 @@ def print_spread(out, spread: Dict[str, dict], first: int, count: int) -> None:
                   _s(it["min"]), _s(it["max"]), f"{lb['mean']:.3f}",
                   f"{sp['mean']:.3f}x" if sp else "-", f"{sp['min']:.2f}x-{sp['max']:.2f}x" if sp else "-")
     con.print(t)
+
+
+def per_batch_note(cp_size: int) -> str:
+    """Said under a table with the fixed-CP baselines: without --cp-size they get each batch's best size."""
+    return ("" if cp_size else "static_cp / allgather_cp: CP size picked per batch by prediction (--cp-size 0), an "
+            "upper bound on a run with one fixed CP size (give --cp-size N for that)")
 
 
 def print_explain(out, plan: Plan, lengths, topo, profile, model, config) -> None:

@@ -135,7 +135,7 @@ def run(args) -> int:
         print(f"batch size: {b.note}", file=out)
     report.print_detail(out, LABELS[args.strategy], plan, res, describe_choice(dict(plan.meta)), args)
     if args.compare:
-        report.print_compare(out, results, LABELS)
+        report.print_compare(out, results, LABELS, args.cp_size)
     spread = report.seed_spread([r for _, r in batches], variants) if args.seeds > 1 else None
     if spread:
         report.print_spread(out, spread, LABELS, args.seed, args.seeds)

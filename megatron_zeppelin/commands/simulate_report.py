@@ -61,7 +61,7 @@ def compare_records(results: Dict[str, object]) -> Dict[str, dict]:
     return out
 
 
-def print_compare(out, results: Dict[str, object], labels: Dict[str, str]) -> None:
+def print_compare(out, results: Dict[str, object], labels: Dict[str, str], cp_size: int = 0) -> None:
     con = _console(out)
     t = _table("strategy", "simulated s", "planner s", "x lower bound", "zeppelin speedup", "local/intra/inter",
                title="every strategy on the same batch (simulated)")
@@ -81,6 +81,9 @@ def print_compare(out, results: Dict[str, object], labels: Dict[str, str]) -> No
         print(line, file=out)
     print("zeppelin speedup = strategy's simulated iteration / Zeppelin's; x lower bound = simulated / (perfectly "
           "balanced work, all communication hidden, + the DP all-reduce)", file=out)
+    if not cp_size:
+        print("static CP / all-gather CP: CP size picked per batch by prediction (--cp-size 0), an upper bound on a "
+              "run with one fixed CP size (give --cp-size N for that)", file=out)
 
 
 def _stats(v):
