@@ -1,4 +1,5 @@
-"""Timing of a callable on CPU or CUDA: warm-up, then the fastest of repeats (CUDA events on GPUs).
+"""Timing of a callable on CPU or CUDA: warm-up, then every repeat (CUDA events on GPUs); callers keep
+the fastest.
 
 The minimum, not the median: on a shared machine other processes only ever add time, and a rate
 that a busy moment halved would mislead the planner for the whole run."""
@@ -9,10 +10,6 @@ import time
 from typing import Callable, List
 
 import torch
-
-
-def best_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup: int = 1) -> float:
-    return min(all_seconds(fn, device, repeats, warmup))
 
 
 def all_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup: int = 1) -> List[float]:
