@@ -59,7 +59,7 @@ def resolve_batch(args, ranks: int) -> Batch:
     sequences per rank (M x seq-length x ranks tokens), and ``--global-batch-size G`` is then G / (M x
     ranks) such steps; without M the whole global batch is one step."""
     require_at_least(args, (("global_batch_size", "--global-batch-size", 1), ("micro_batch_size", "--micro-batch-size", 1),
-                            ("seeds", "--seeds", 1)))
+                            ("seeds", "--seeds", 1), ("seed", "--seed", 0)))
     seq = args.context_length
     gbs, mbs = args.global_batch_size, args.micro_batch_size
     tokens, note = args.global_batch_tokens, ""

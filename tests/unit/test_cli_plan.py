@@ -139,6 +139,7 @@ def test_npy_dataset_end_to_end(capsys, tmp_path):
     (["--model", "llama-7b", "--tp", "3"], "--tp 3 does not divide llama-7b's 32 attention heads"),
     (["--model", "tiny", "--tensor-model-parallel-size", "4", "--gpus-per-node", "6"], "--tp 4 does not divide"),
     (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--seed", "-1"], "--seed must be >= 0"),
     (["--ranks", "0"], "--ranks must be >= 1"),
     (["--cp-size", "-2"], "--cp-size must be >= 0"),
     (["--global-batch-size", "0"], "--global-batch-size must be >= 1"),

@@ -72,3 +72,16 @@ def test_lengths_file_says_its_own_lengths(capsys, tmp_path):
     rc, out, err = _plan(capsys, "--dataset", str(f))
     assert rc == 0, err
     assert "4 documents, 640 tokens (counted by the file's own lengths); length min 40 / p50 100" in out
+
+
+def test_gpt2_bpe_from_vocab_and_merges(capsys, tmp_path):
+    tk = pytest.importorskip("tokenizers")
+    bpe = tk.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(TEXTS, vocab_size=300, min_frequency=1)
+    vocab, merges = bpe.save_model(str(tmp_path))
+    f, j = _jsonl(tmp_path), tmp_path / "p.json"
+    rc, out, err = _plan(capsys, "--dataset", str(f), "--json", str(j), "--tokenizer-type", "GPT2BPETokenizer",
+                         "--vocab-file", vocab, "--merge-file", merges)
+    assert rc == 0, err
+    assert json.loads(j.read_text())["batch"]["lengths"] == [len(bpe.encode(t).ids) for t in TEXTS]
+    assert f"counted by --tokenizer GPT2BPETokenizer {vocab}" in out
