@@ -66,6 +66,9 @@ def _thresholds_line(plan: Plan) -> str:
     one_node = plan.topology.nodes < 2
     if plan.topology.world_size < 2:
         return "thresholds: one rank: every document is local"
+    if not plan.strategy.startswith("zeppelin"):  # a baseline's thresholds describe what it produced
+        why = th.reason.splitlines()[0] if th.reason else ""
+        return f"thresholds: no cost-model crossovers for {plan.strategy}" + (f" ({why})" if why else "")
     text = (f"thresholds (cost-model crossovers, not class boundaries): documents <= {th.local_max} tokens always "
             f"stay whole on one rank; from {th.local_max + 1} tokens a document may split over an intra-node ring, "
             + ("no document spans nodes (one node)" if one_node else
@@ -81,7 +84,6 @@ def remap_tokens(plan: Plan) -> int:
 
 def print_plan(out, plan: Plan, max_ranks: int = 16) -> None:
     con = _console(out)
-    th = plan.thresholds
     print(f"\nstrategy {plan.strategy} (plan digest {plan.digest()})", file=out)
     print(_thresholds_line(plan), file=out)
     t = _table("class", "documents", "tokens", "shortest", "longest", "rings", "ring sizes",

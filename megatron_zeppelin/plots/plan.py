@@ -58,8 +58,8 @@ def _histogram(ax, x: np.ndarray, plan) -> None:
     tw.step(bins[1:], np.cumsum(tok) / tok.sum(), where="pre", color="#DD8452", label="cumulative token share")
     tw.set_ylim(0, 1.02)
     tw.set_ylabel("cumulative share of tokens")
-    marks = [(th.local_max + 1, "may split intra from")]
-    if plan.topology.nodes > 1:
+    marks = [(th.local_max + 1, "may split intra from")] if plan.strategy.startswith("zeppelin") else []
+    if marks and plan.topology.nodes > 1:
         marks.append((th.intra_max + 1, "may span nodes from"))
     for v, name in marks:  # crossovers of the cost model
         if bins[0] < v < bins[-1]:

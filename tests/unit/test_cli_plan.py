@@ -21,7 +21,7 @@ def _run(capsys, *argv):
 def test_plan_prints_classes_ranks_and_bounds(capsys):
     rc, out, err = _run(capsys, *SMALL, "--strategy", "packed_dp", "--seed", "1")
     assert rc == 0, err
-    for needle in ("documents", "24576 tokens", "thresholds (cost-model crossovers, not class boundaries)", "classes the plan chose", "local", "intra", "inter", "attention s",
+    for needle in ("documents", "24576 tokens", "thresholds: no cost-model crossovers for packed_dp (", "classes the plan chose", "local", "intra", "inter", "attention s",
                    "comm s", "remap s", "imbalance (max/mean)", "lower bound", "ratio to lower bound"):
         assert needle in out, needle
     assert out.count("\n 3 ") + out.count("\n3 ") >= 1  # every rank listed for a small domain
