@@ -17,7 +17,7 @@ setup(
         "psutil>=5",  # megatron-core's dist_checkpointing writer measures memory with it
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "tensorboard>=2.14"],
+        "test": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "tensorboard>=2.14", "tokenizers>=0.15"],
         "gpu": ["transformer-engine[pytorch]", "flash-attn"],
     },
     entry_points={"console_scripts": ["zeppelin=megatron_zeppelin.cli:main"]},

@@ -165,14 +165,15 @@ class HardwareProfile:
             yaml.safe_dump(self.to_dict(), f, sort_keys=False)
 
 
-def load_profile(name_or_path: str) -> HardwareProfile:
-    """A preset (``a800``/``h800``/``h200``, or the paper's cluster letters ``a``/``b``/``c``) or a YAML path."""
+def load_profile(name_or_path: str, flag: str = "--cluster") -> HardwareProfile:
+    """A preset (``a800``/``h800``/``h200``, or the paper's cluster letters ``a``/``b``/``c``) or a YAML path;
+    an unknown one is an error naming ``flag``."""
     path = name_or_path
     if not os.path.exists(path):
         path = os.path.join(CLUSTERS_DIR, f"{ALIASES.get(name_or_path.lower(), name_or_path)}.yaml")
     if not os.path.exists(path):
         known = sorted(f[:-5] for f in os.listdir(CLUSTERS_DIR) if f.endswith(".yaml"))
-        raise ProfileError(f"unknown cluster '{name_or_path}' (set --cluster to one of {known}, a/b/c, "
+        raise ProfileError(f"unknown cluster '{name_or_path}' (set {flag} to one of {known}, a/b/c, "
                            "or a profile YAML path)")
     try:
         with open(path) as f:

@@ -59,14 +59,7 @@ class SlurmError(ZeppelinError):
     pass
 
 
-def parse_tokens(x) -> int:
-    """'1M' -> 1048576, '64K' -> 65536, 1000 -> 1000."""
-    s = str(x).strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    try:
-        return int(float(s[:-1] if mult > 1 else s) * mult)
-    except ValueError:
-        raise SlurmError(f"cannot read token count {x!r} (use e.g. 1M, 64K or an integer)") from None
+from .token_counts import parse_tokens  # noqa: E402  one parser for every command
 
 
 def _full(run: Dict) -> Dict:

@@ -6,8 +6,8 @@ github, prolong64k, fineweb, openwebmath, stackexchange) or a path:
 - ``*.yaml`` / ``*.yml``: a distribution written like the presets;
 - ``*.npy``: a 1-D integer array of lengths;
 - ``*.jsonl[:FIELD]``: one JSON object per line; FIELD (default ``length``, else ``text``) holds an
-  integer length, or a string whose length is *estimated* as ceil(UTF-8 bytes / 4) tokens (~4 bytes
-  per token of English prose, reference section 6.1);
+  integer length, or a string whose tokens ``--tokenizer`` counts (text_tokens.py; by default an
+  *estimate*, ceil(UTF-8 bytes / 4) tokens, ~4 bytes per token of English prose);
 - a Megatron indexed dataset prefix (``PREFIX.idx`` / ``.bin``, or either file's path);
 - any other file: integers separated by whitespace (e.g. one per line).
 
@@ -47,7 +47,6 @@ from .errors import ZeppelinError
 
 DATASETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "datasets")
 PRESETS = ("arxiv", "github", "prolong64k", "fineweb", "openwebmath", "stackexchange")
-TEXT_BYTES_PER_TOKEN = 4  # estimate for a .jsonl text field (reference section 6.1)
 
 
 class WorkloadError(ZeppelinError):
@@ -159,7 +158,9 @@ def load_distribution(name_or_path: str, flag: str = "--dataset") -> Distributio
 
 
 # --- real lengths from files ------------------------------------------------------------------
-def _jsonl_lengths(path: str, field: Optional[str], flag: str) -> np.ndarray:
+def _jsonl_lengths(path: str, field: Optional[str], flag: str, tokenizer=None) -> np.ndarray:
+    from .text_tokens import make_tokenizer
+    count = (tokenizer or make_tokenizer()).count
     out = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -173,8 +174,8 @@ def _jsonl_lengths(path: str, field: Optional[str], flag: str) -> np.ndarray:
             if not isinstance(rec, dict) or key not in rec:
                 raise WorkloadError(f"{path} line {n}: no field '{key}' (name the field as {flag} {path}:FIELD)")
             v = rec[key]
-            if isinstance(v, str):  # a text: estimated tokens (see module docstring)
-                v = -(-len(v.encode()) // TEXT_BYTES_PER_TOKEN)
+            if isinstance(v, str):  # a text: its tokens as --tokenizer counts them
+                v = count(v)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
                 raise WorkloadError(f"{path} line {n}: field '{key}' = {v!r} is not an integer length (fix {flag})")
             out.append(int(v))
@@ -207,7 +208,7 @@ def is_file_spec(spec: str) -> bool:
         (":" in spec and os.path.isfile(spec.rsplit(":", 1)[0]))
 
 
-def read_lengths(spec: str, flag: str = "--dataset") -> np.ndarray:
+def read_lengths(spec: str, flag: str = "--dataset", tokenizer=None) -> np.ndarray:
     """Document lengths from a file (see the module docstring for formats), validated: a non-empty
     1-D array of positive integers in file order."""
     prefix = _indexed_prefix(spec)
@@ -231,7 +232,7 @@ def read_lengths(spec: str, flag: str = "--dataset") -> np.ndarray:
                 raise WorkloadError(f"{path}: expected a 1-D array of integer lengths, got {x.dtype} "
                                     f"shape {x.shape} (fix {flag})")
         elif path.endswith(".jsonl"):
-            x = _jsonl_lengths(path, field, flag)
+            x = _jsonl_lengths(path, field, flag, tokenizer)
         else:
             x = _text_lengths(path, flag)
     x = np.asarray(x).astype(np.int64)
@@ -265,28 +266,40 @@ def fill_budget(lengths: np.ndarray, tokens: int) -> np.ndarray:
     return out
 
 
-def sample_batch(name_or_path: str, tokens: int, seed: int, max_len: Optional[int] = None,
-                 flag: str = "--dataset") -> np.ndarray:
+def load_source(name_or_path: str, flag: str = "--dataset", tokenizer=None):
+    """What batches are drawn from: a file's document lengths (int64 array, in file order) or a
+    preset / YAML length distribution. Load it once to sample many batches (``--seeds``)."""
+    if is_file_spec(name_or_path) and not name_or_path.endswith((".yaml", ".yml")):
+        return read_lengths(name_or_path, flag, tokenizer)
+    return load_distribution(name_or_path, flag)
+
+
+def sample_batch(source, tokens: int, seed: int, max_len: Optional[int] = None,
+                 flag: str = "--dataset", tokenizer=None) -> np.ndarray:
     """Lengths of one global batch of exactly ``tokens`` tokens (int64), reproducible from ``seed``.
 
-    A preset draws documents from its distribution. A file's documents are visited in a seeded
-    random order (a new permutation each pass, like Megatron's shuffled document index); with
-    ``tokens == 0`` the whole file is the batch, in file order.
+    ``source`` is a ``--dataset`` spec or what ``load_source`` returned. A preset draws documents
+    from its distribution. A file's documents are visited in a seeded random order (a new permutation
+    each pass, like Megatron's shuffled document index); with ``tokens == 0`` the whole file is the
+    batch, in file order.
     """
     if max_len is not None and max_len < 0:
         raise WorkloadError(f"context length must be >= 0 (0 = no cut), got {max_len} (fix --context-length)")
-    lengths_file = is_file_spec(name_or_path) and not name_or_path.endswith((".yaml", ".yml"))
+    lengths_file = (isinstance(source, np.ndarray) or
+                    (isinstance(source, str) and is_file_spec(source) and not source.endswith((".yaml", ".yml"))))
     if tokens < 0 or (tokens == 0 and not lengths_file):
         raise WorkloadError(f"global batch must be > 0 tokens, got {tokens} (fix --global-batch-tokens; "
                             "0 means 'the whole file' only for a file of lengths)")
+    if isinstance(source, str):
+        source = load_source(source, flag, tokenizer)
     rng = np.random.default_rng(seed)
     if lengths_file:
-        src = read_lengths(name_or_path, flag)
+        src = source
         if tokens == 0:
             return cut_to_context(src, max_len)
         draw = lambda: src[rng.permutation(src.size)]  # noqa: E731 - one pass over the file
     else:
-        dist = load_distribution(name_or_path, flag)
+        dist = source
         block = int(tokens / dist.mean_tokens() * 1.25) + 16  # enough for one block most of the time
         draw = lambda: dist.draw(rng, block)  # noqa: E731
     parts, total = [], 0
@@ -295,6 +308,22 @@ def sample_batch(name_or_path: str, tokens: int, seed: int, max_len: Optional[in
         parts.append(p)
         total += int(p.sum())
     return fill_budget(np.concatenate(parts), tokens)
+
+
+def describe_source(source) -> dict:
+    """Whole-dataset numbers of what batches are drawn from: for a file, its documents, tokens and
+    length percentiles (before any cut to the context length); for a distribution, its mean.
+
+    >>> describe_source(np.arange(1, 101))["p90"], describe_source(np.arange(1, 101))["tokens"]
+    (90, 5050)
+    """
+    if isinstance(source, np.ndarray):
+        x = source
+        pct = {f"p{q}": int(np.percentile(x, q, method="inverted_cdf")) for q in (50, 90, 99)}
+        return {"kind": "file", "documents": int(x.size), "tokens": int(x.sum()), "min": int(x.min()), **pct,
+                "max": int(x.max()), "mean": float(x.mean())}
+    return {"kind": "distribution", "name": source.name, "mean": source.mean_tokens(),
+            "components": len(source.components)}
 
 
 def describe_batch(lengths: np.ndarray) -> dict:

@@ -13,12 +13,13 @@ import torch
 
 from ..attention.kernels import block_backward, block_forward
 from ..planner.cost_model import BWD_FLOPS
-from .timing import best_seconds
+from .timing import all_seconds
 
 
 def attention_rates(lengths: Sequence[int], heads: int, kv_heads: int, head_dim: int, device: str,
                     dtype: torch.dtype, repeats: int = 5) -> List[Dict[str, float]]:
-    """[{seqlen, fwd_tflops, bwd_tflops, fwd_s, bwd_s}] for one causal document of each length."""
+    """[{seqlen, fwd_tflops, bwd_tflops, fwd_s, bwd_s, fwd_spread, bwd_spread}] for one causal document of
+    each length; a spread is the slowest repeat over the fastest (how much the machine's load varied)."""
     out = []
     scale = head_dim ** -0.5
     for L in lengths:
@@ -28,12 +29,18 @@ def attention_rates(lengths: Sequence[int], heads: int, kv_heads: int, head_dim:
         v = torch.randn(L, kv_heads, head_dim, generator=g).to(device, dtype)
         o, lse = block_forward(q, k, v, scale, causal_offset=0)
         do = torch.randn_like(o)
-        fwd = best_seconds(lambda: block_forward(q, k, v, scale, causal_offset=0), device, repeats)
-        bwd = best_seconds(lambda: block_backward(do, q, k, v, o, lse, scale, causal_offset=0), device, repeats)
-        flops = 2.0 * L * (L + 1) * heads * head_dim
-        out.append({"seqlen": int(L), "fwd_s": fwd, "bwd_s": bwd, "fwd_tflops": flops / fwd / 1e12,
-                    "bwd_tflops": BWD_FLOPS * flops / bwd / 1e12})
+        fwd = all_seconds(lambda: block_forward(q, k, v, scale, causal_offset=0), device, repeats)
+        bwd = all_seconds(lambda: block_backward(do, q, k, v, o, lse, scale, causal_offset=0), device, repeats)
+        out.append(attention_record(L, heads, head_dim, min(fwd), min(bwd), max(fwd) / min(fwd), max(bwd) / min(bwd)))
     return out
+
+
+def attention_record(L: int, heads: int, head_dim: int, fwd_s: float, bwd_s: float, fwd_spread: float = 1.0,
+                     bwd_spread: float = 1.0) -> Dict[str, float]:
+    """One length's measurement, with its rates counted as the cost model counts FLOPs."""
+    flops = 2.0 * L * (L + 1) * heads * head_dim
+    return {"seqlen": int(L), "fwd_s": fwd_s, "bwd_s": bwd_s, "fwd_tflops": flops / fwd_s / 1e12,
+            "bwd_tflops": BWD_FLOPS * flops / bwd_s / 1e12, "fwd_spread": fwd_spread, "bwd_spread": bwd_spread}
 
 
 def gemm_rate(shapes: Sequence[Sequence[int]], device: str, dtype: torch.dtype, repeats: int = 5) -> Dict:
@@ -42,8 +49,9 @@ def gemm_rate(shapes: Sequence[Sequence[int]], device: str, dtype: torch.dtype, 
     for m, n, k in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        t = best_seconds(lambda: a @ b, device, repeats)
+        ts = all_seconds(lambda: a @ b, device, repeats)
+        t = min(ts)
         r = 2.0 * m * n * k / t / 1e12
         if r > best["tflops"]:
-            best = {"tflops": r, "shape": [m, n, k], "seconds": t}
+            best = {"tflops": r, "shape": [m, n, k], "seconds": t, "spread": max(ts) / t}
     return best

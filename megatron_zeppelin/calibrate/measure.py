@@ -14,13 +14,17 @@ import torch
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile, load_profile
 from .compute import attention_rates, gemm_rate
+from .noise import gemm_warning, settle
 from .links import cpu_link, ping_pong
 from .profile_builder import build_profile
 
 
 def measure_profile(model: ModelSpec, device: str = "cpu", tp: int = 1, lengths: Optional[Sequence[int]] = None,
                     repeats: int = 5, gpus_per_node: int = 0, nics_per_node: int = 0, base: str = "h200",
-                    name: str = "", log: Callable[[str], None] = print) -> Tuple[HardwareProfile, Dict]:
+                    name: str = "", log: Callable[[str], None] = print,
+                    retries: int = 2) -> Tuple[HardwareProfile, Dict]:
+    """(profile, measurements); ``measurements["warnings"]`` lists what stayed noisy after ``retries``
+    rounds of measuring again (calibrate/noise.py)."""
     cuda = device == "cuda"
     heads, kvh = max(1, model.heads // tp), max(1, model.kv_heads // tp)
     lengths = list(lengths or ([512, 1024, 2048, 4096, 8192, 16384] if cuda else [128, 256, 512, 1024, 2048, 4096]))
@@ -28,12 +32,21 @@ def measure_profile(model: ModelSpec, device: str = "cpu", tp: int = 1, lengths:
     log(f"[calibrate] attention: {model.name} ({heads} heads, {kvh} KV heads, head dim {model.head_dim}), "
         f"{dtype}, lengths {lengths}")
     att = attention_rates(lengths, heads, kvh, model.head_dim, device, dtype, repeats)
+    # A busy machine shows as repeats that disagree or rates that fall with length: measure those again
+    # (more repeats), keep each length's fastest, and say what is still noisy.
+    att, warnings = settle(att, lambda ls: attention_rates(ls, heads, kvh, model.head_dim, device, dtype, 2 * repeats),
+                           retries, log)
     for a in att:
-        log(f"  L={a['seqlen']:>6}: fwd {a['fwd_tflops'] * 1e3:9.3f} GFLOP/s  bwd {a['bwd_tflops'] * 1e3:9.3f} GFLOP/s")
+        log(f"  L={a['seqlen']:>6}: fwd {a['fwd_tflops'] * 1e3:9.3f} GFLOP/s  bwd {a['bwd_tflops'] * 1e3:9.3f} GFLOP/s"
+            f"  (repeats within {a['fwd_spread']:.2f}x / {a['bwd_spread']:.2f}x)")
     toks = 4096  # large enough that one GEMM is not lost in timer noise
     shapes = [(toks, model.ffn // tp, model.hidden), (toks, model.hidden, model.ffn // tp),
               (toks, (model.heads + 2 * model.kv_heads) * model.head_dim // tp, model.hidden)]
     gemm = gemm_rate(shapes, device, dtype, repeats)
+    if gemm_warning(gemm):
+        log(f"[calibrate] noisy GEMM timings ({gemm_warning(gemm)[0]}), measuring again")
+        gemm = max(gemm, gemm_rate(shapes, device, dtype, 2 * repeats), key=lambda g: g["tflops"])
+    warnings += gemm_warning(gemm)
     log(f"[calibrate] GEMM: {gemm['tflops'] * 1e3:.2f} GFLOP/s at {gemm['shape']}")
     intra = inter = None
     if cuda:
@@ -58,4 +71,4 @@ def measure_profile(model: ModelSpec, device: str = "cpu", tp: int = 1, lengths:
     prof = build_profile(name or f"local-{device}", torch.cuda.get_device_name() if cuda else "cpu (gloo)", att, gemm,
                          intra, inter if cuda else None, load_profile(base), gpn, nics_per_node or gpn, memory)
     return prof, {"attention": att, "gemm": gemm, "intra": intra, "inter": inter, "model": model.name, "tp": tp,
-                  "dtype": str(dtype)}
+                  "dtype": str(dtype), "warnings": warnings}

@@ -1,4 +1,5 @@
-"""Timing of a callable on CPU or CUDA: warm-up, then the fastest of repeats (CUDA events on GPUs).
+"""Timing of a callable on CPU or CUDA: warm-up, then every repeat (CUDA events on GPUs); callers keep
+the fastest.
 
 The minimum, not the median: on a shared machine other processes only ever add time, and a rate
 that a busy moment halved would mislead the planner for the whole run."""
@@ -6,12 +7,13 @@ that a busy moment halved would mislead the planner for the whole run."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, List
 
 import torch
 
 
-def best_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup: int = 1) -> float:
+def all_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup: int = 1) -> List[float]:
+    """Every timed repeat (their spread says how noisy the machine was; calibrate/noise.py)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -27,4 +29,4 @@ def best_seconds(fn: Callable[[], object], device: str, repeats: int = 5, warmup
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
-    return min(times)
+    return times

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .plan import parse_tokens
+from ..token_counts import parse_tokens, token_count
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -18,8 +18,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1, help="nodes in the job")
     p.add_argument("--dataset", default="prolong64k", help="length preset, distribution YAML or lengths file")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 141GB (default: the profile's)")
-    p.add_argument("--global-batch-tokens", type=parse_tokens, default=parse_tokens("1M"), help="tokens per global batch")
-    p.add_argument("--context-length", type=parse_tokens, default=parse_tokens("64K"), help="documents cut to this length")
+    p.add_argument("--global-batch-tokens", type=token_count, default=parse_tokens("1M"), help="tokens per global batch")
+    p.add_argument("--context-length", type=token_count, default=parse_tokens("64K"), help="documents cut to this length")
     p.add_argument("--seed", type=int, default=0, help="batch sampler seed")
     p.add_argument("--no-sim", dest="sim", action="store_false", help="use the planner's prediction, not the simulator")
     p.add_argument("--json", default=None, help="also write every candidate to this JSON file")

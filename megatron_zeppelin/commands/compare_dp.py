@@ -10,6 +10,7 @@ import time
 
 from ..dp.base import VARIANTS
 from ..errors import ZeppelinError
+from ..token_counts import token_count
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,8 +28,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="only with Zeppelin balancing (default: both off and on)")
     bal.add_argument("--no-zeppelin-balance", dest="balance", action="store_const", const="off",
                      help="only packed DP batches")
-    p.add_argument("--global-batch-tokens", type=int, default=8192, help="trained tokens per global batch")
-    p.add_argument("--max-doc-tokens", type=int, default=1024, help="documents are cut to this length")
+    p.add_argument("--global-batch-tokens", type=token_count, default=8192, help="trained tokens per global batch")
+    p.add_argument("--max-doc-tokens", type=token_count, default=1024, help="documents are cut to this length")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the tracked memory step")
     p.add_argument("--timeout", type=float, default=900, help="seconds per world size before giving up")
     p.add_argument("--out", default="results/compare_dp", help="output directory (JSON, PNG)")

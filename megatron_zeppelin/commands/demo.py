@@ -21,6 +21,7 @@ import time
 from typing import Dict, List
 
 from ..errors import ZeppelinError
+from ..token_counts import token_count
 
 STRATEGIES = ("zeppelin", "packed_dp", "static_cp")
 
@@ -29,8 +30,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="train a tiny GPT with zeppelin, packed_dp and static_cp and compare",
                               description=__doc__.split("\n\n>>>")[0])
     p.add_argument("--steps", type=int, default=20, help="training steps per strategy (default 20)")
-    p.add_argument("--global-batch-tokens", type=int, default=8192, help="trained tokens per step (default 8192)")
-    p.add_argument("--max-doc-tokens", type=int, default=4096, help="longest document kept whole (default 4096)")
+    p.add_argument("--global-batch-tokens", type=token_count, default=8192, help="trained tokens per step (default 8192)")
+    p.add_argument("--max-doc-tokens", type=token_count, default=4096, help="longest document kept whole (default 4096)")
     p.add_argument("--ranks", type=int, default=4, help="domain ranks (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=2, help="ranks per simulated node (default 2)")
     p.add_argument("--static-cp-size", type=int, default=0,

@@ -33,14 +33,18 @@ def _s(x: float) -> str:
     return f"{x:.4g}"
 
 
-def print_header(out, batch: dict, topo, profile, model, args) -> None:
+def print_header(out, batch: dict, topo, profile, model, args, domain=None) -> None:
     print(f"batch: {batch['dataset']} (seed {batch['seed']}): {batch['documents']} documents, "
           f"{batch['tokens']} tokens; length min {batch['min']} / median {batch['median']:.0f} / "
           f"mean {batch['mean']:.0f} / max {batch['max']}"
           + (f"; cut at context length {batch['context_length']}" if batch['context_length'] else ""), file=out)
-    print(f"domain: {topo.describe()} = {topo.world_size} ranks; cluster {profile.name} ({profile.gpu}); "
+    where = (topo.describe() if domain is None or domain.tp == 1 else
+             f"{topo.nodes} node(s) x {topo.gpus_per_node} TP group(s), {topo.nics_per_node} NIC(s)/node")
+    print(f"domain: {where} = {topo.world_size} ranks; cluster {profile.name} ({profile.gpu}); "
           f"model {model.name} ({model.layers} layers, hidden {model.hidden}, {model.heads}/{model.kv_heads} "
           f"heads){'; TP ' + str(args.tp) if args.tp > 1 else ''}", file=out)
+    if domain is not None:
+        print(f"GPUs: {domain.describe()}", file=out)
 
 
 def class_summary(plan: Plan) -> Dict[str, dict]:
@@ -55,18 +59,35 @@ def class_summary(plan: Plan) -> Dict[str, dict]:
     return out
 
 
+def _thresholds_line(plan: Plan) -> str:
+    """The thresholds as what they are: where splitting starts to pay by the cost model (eligibility),
+    not the lengths of the classes the plan chose (the table below has those)."""
+    th = plan.thresholds
+    one_node = plan.topology.nodes < 2
+    if plan.topology.world_size < 2:
+        return "thresholds: one rank: every document is local"
+    if not plan.strategy.startswith("zeppelin"):  # a baseline's thresholds describe what it produced
+        why = th.reason.splitlines()[0] if th.reason else ""
+        return f"thresholds: no cost-model crossovers for {plan.strategy}" + (f" ({why})" if why else "")
+    text = (f"thresholds (cost-model crossovers, not class boundaries): documents <= {th.local_max} tokens always "
+            f"stay whole on one rank; from {th.local_max + 1} tokens a document may split over an intra-node ring, "
+            + ("no document spans nodes (one node)" if one_node else
+               f"from {th.intra_max + 1} tokens over nodes")
+            + "; a longer document is split only when it does not fit one rank's (one node's) share of the "
+              "batch, so classes overlap these ranges (why: --explain)")
+    return text
+
+
 def remap_tokens(plan: Plan) -> int:
     return sum(m.tokens for m in plan.remap if m.src != m.dst)
 
 
 def print_plan(out, plan: Plan, max_ranks: int = 16) -> None:
     con = _console(out)
-    th = plan.thresholds
     print(f"\nstrategy {plan.strategy} (plan digest {plan.digest()})", file=out)
-    short = th.reason if ("\n" not in th.reason and len(th.reason) < 100) else "why: see --explain"
-    print(f"thresholds: local <= {th.local_max} tokens < intra <= {th.intra_max} tokens < inter"
-          + (f"  ({short})" if th.reason else ""), file=out)
-    t = _table("class", "documents", "tokens", "shortest", "longest", "rings", "ring sizes")
+    print(_thresholds_line(plan), file=out)
+    t = _table("class", "documents", "tokens", "shortest", "longest", "rings", "ring sizes",
+               title="classes the plan chose")
     sizes = defaultdict(list)
     for r in plan.rings:
         sizes[r.cls].append(r.size)
@@ -114,7 +135,7 @@ def _print_ranks(con: Console, plan: Plan, max_ranks: int) -> None:
     con.print(t)
 
 
-def print_compare(out, plans: Dict[str, object]) -> None:
+def print_compare(out, plans: Dict[str, object], cp_note: str = "") -> None:
     con = _console(out)
     z = plans.get("zeppelin")
     t = _table("strategy", "iteration s", "imbalance", "x lower bound", "zeppelin speedup",
@@ -135,6 +156,48 @@ def print_compare(out, plans: Dict[str, object]) -> None:
         print(line, file=out)
     print("zeppelin speedup = strategy's predicted iteration / zeppelin's; x lower bound = predicted / "
           "(perfectly balanced work, all communication hidden)", file=out)
+    if cp_note:
+        print(cp_note, file=out)
+
+
+def seed_spread(per_seed, names) -> Dict[str, dict]:
+    """Per strategy, over the batches of ``per_seed`` ([{strategy: Plan or reason}] one per seed): the
+    predicted iteration, ratio to the lower bound and Zeppelin's speedup (mean, std, min, max)."""
+    def stats(v):
+        a = np.asarray(v, dtype=float)
+        return {"mean": float(a.mean()), "std": float(a.std()), "min": float(a.min()), "max": float(a.max()),
+                "n": int(a.size)} if a.size else None
+    out = {}
+    for n in names:
+        ps = [d[n] for d in per_seed if isinstance(d[n], Plan)]
+        zs = [d.get("zeppelin") for d in per_seed if isinstance(d[n], Plan)]
+        sp = [p.predicted_iteration_s / z.predicted_iteration_s for p, z in zip(ps, zs) if isinstance(z, Plan)]
+        out[n] = {"predicted_iteration_s": stats([p.predicted_iteration_s for p in ps]),
+                  "ratio_to_lower_bound": stats([p.predicted_iteration_s / p.lower_bound_s for p in ps]),
+                  "imbalance": stats([p.imbalance for p in ps]), "zeppelin_speedup": stats(sp),
+                  "failed": len(per_seed) - len(ps)}
+    return out
+
+
+def print_spread(out, spread: Dict[str, dict], first: int, count: int) -> None:
+    con = _console(out)
+    t = _table("strategy", "iteration s mean", "std", "min", "max", "x lower bound mean", "zeppelin speedup mean",
+               "speedup min-max", title=f"over {count} sampled batches (seeds {first}..{first + count - 1})")
+    for n, r in spread.items():
+        it, lb, sp = r["predicted_iteration_s"], r["ratio_to_lower_bound"], r["zeppelin_speedup"]
+        if it is None:
+            t.add_row(n, "-", "-", "-", "-", "-", "-", "-")
+            continue
+        t.add_row(n + (f" ({r['failed']} failed)" if r["failed"] else ""), _s(it["mean"]), _s(it["std"]),
+                  _s(it["min"]), _s(it["max"]), f"{lb['mean']:.3f}",
+                  f"{sp['mean']:.3f}x" if sp else "-", f"{sp['min']:.2f}x-{sp['max']:.2f}x" if sp else "-")
+    con.print(t)
+
+
+def per_batch_note(cp_size: int) -> str:
+    """Said under a table with the fixed-CP baselines: without --cp-size they get each batch's best size."""
+    return ("" if cp_size else "static_cp / allgather_cp: CP size picked per batch by prediction (--cp-size 0), an "
+            "upper bound on a run with one fixed CP size (give --cp-size N for that)")
 
 
 def print_explain(out, plan: Plan, lengths, topo, profile, model, config) -> None:

@@ -1,24 +1,25 @@
-"""``zeppelin simulate``: plan one global batch and simulate one training iteration of the plan."""
+"""``zeppelin simulate``: plan one global batch and simulate one training iteration of the plan
+(``--compare``: every strategy on the same batch; ``--seeds N``: the mean and spread over N batches)."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 
-from ..config import ROUTING, ZeppelinConfig
+from ..config import ROUTING, STRATEGIES, ZeppelinConfig
 from ..errors import ZeppelinError
-from ..sim.matrix import parse_tokens
+from ..token_counts import token_count
+from .domain import build_domain, require_at_least
+from .workload_flags import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
 
-
-def _tokens(x):
-    try:
-        return parse_tokens(x)
-    except ZeppelinError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+# What the output calls each strategy and ablation step (the --strategy values are the flags' words).
+LABELS = {"zeppelin": "Zeppelin", "packed_dp": "packed DP", "static_cp": "static CP", "allgather_cp": "all-gather CP",
+          "hybrid_dp": "hybrid DP/CP", "dynamic_cp": "dynamic CP", "static_cp+routing": "static CP + routing",
+          "zeppelin-noremap": "Zeppelin, no remap"}
 
 
 def _tokens_or_memory(x):
-    return "memory" if str(x).strip().lower() == "memory" else _tokens(x)
+    return "memory" if str(x).strip().lower() == "memory" else token_count(x)
 
 
 def add_parser(subparsers):
@@ -27,22 +28,19 @@ def add_parser(subparsers):
         "simulate", help="simulate one training iteration of a planned batch",
         description="Plan one global batch (as `zeppelin plan`) and replay the plan's schedule on the "
                     "simulator: iteration time, per-rank timelines (Gantt PNG), per-NIC utilisation.")
-    p.add_argument("--dataset", default="arxiv", help="preset (arxiv, github, prolong64k, ...) or a lengths file")
+    add_workload_flags(p, batch_type=_tokens_or_memory)
     p.add_argument("--cluster", default="a800", help="profile preset (a800, h800, h200; a/b/c) or a profile YAML")
     p.add_argument("--model", default="llama-7b", help="model preset (llama-3b/7b/13b/30b, tiny) or YAML")
-    p.add_argument("--nodes", type=int, default=1, help="nodes in the domain (default 1)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: the domain is one TP slice")
+    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    p.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1,
+                   help="tensor-parallel size: each domain rank is a TP group of this many GPUs")
     p.add_argument("--capacity-tokens", "--zeppelin-capacity-tokens", type=_tokens_or_memory, default=0,
                    help="per-rank token capacity every strategy must fit: a count, or 'memory' (what one GPU "
                         "holds: ZeRO-1, no recompute, 90%% of the profile's memory_GB); 0 = the planner's default")
-    p.add_argument("--global-batch-tokens", type=_tokens_or_memory, default=parse_tokens("1M"),
-                   help="tokens in the global batch (1M, 512K, ...)")
-    p.add_argument("--context-length", type=_tokens, default=parse_tokens("64K"),
-                   help="longer documents are cut into pieces of this length (default 64K)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strategy", default="zeppelin", choices=VARIANTS,
                    help="a strategy, or an ablation step (static_cp+routing, zeppelin-noremap)")
-    p.add_argument("--cp-size", type=int, default=0, help="CP size for static_cp/allgather_cp (0 = best)")
+    p.add_argument("--compare", action="store_true", help="simulate every strategy on the same batch")
+    p.add_argument("--cp-size", type=int, default=0, help="CP size for static_cp/allgather_cp (0 = best predicted)")
     p.add_argument("--routing", default="auto", choices=ROUTING, help="Zeppelin's routing layer")
     p.add_argument("--no-remap", dest="remap", action="store_false", help="Zeppelin without the remapping layer")
     p.add_argument("--sim-layers", default="scale", choices=("scale", "all"),
@@ -58,70 +56,112 @@ def add_parser(subparsers):
     return p
 
 
+def describe_choice(meta: dict) -> str:
+    """A baseline's run-level choices in words (e.g. the CP size it was planned with); internal
+    bookkeeping of the planner (its variant, budgets) is left out."""
+    parts = []
+    for key, val in meta.items():
+        if key.endswith("_predicted_s") or key not in ("cp_size", "dp_size") and f"{key}_predicted_s" not in meta:
+            continue
+        if key == "dp_size":
+            parts.append(f"{val} data-parallel replica(s)")
+            continue
+        name = key.replace("_", " ").replace("cp ", "CP ")
+        tried = ", ".join(f"{lb} {float(t):.4g} s" for lb, t in
+                          (x.strip().split(":") for x in meta[f"{key}_predicted_s"].split(",")))
+        parts.append(f"{name} {val} (the fastest predicted for this batch of {name} {tried})")
+    return "; ".join(parts)
+
+
+def _simulate_one(variant, lengths, topo, profile, model, config, args):
+    from ..sim.iteration import SimOptions, simulate
+    from ..sim.runs import make_plan
+    plan = make_plan(variant, [int(x) for x in lengths], topo, profile, model, config)
+    opts = SimOptions(layers=args.sim_layers, overlap_grad_reduce=args.overlap_grad_reduce,
+                      remap_point=args.remap_point)
+    return plan, simulate(plan, profile, model, tp=args.tp, options=opts)
+
+
+def _run_batch(variants, lengths, topo, profile, model, config, args) -> dict:
+    """{variant: (plan, result)} or {variant: reason} where it cannot be planned (--compare only)."""
+    out = {}
+    for v in variants:
+        try:
+            out[v] = _simulate_one(v, lengths, topo, profile, model, config, args)
+        except ZeppelinError as e:
+            if v == args.strategy:
+                raise
+            out[v] = str(e)
+    return out
+
+
 def run(args) -> int:
     from ..model_spec import load_model
     from ..profile import load_profile
-    from ..sim.iteration import SimOptions, simulate
-    from ..sim.runs import domain_topology, make_plan
-    from ..workloads import describe_batch, sample_batch
+    from ..workloads import describe_batch, describe_source, load_source, sample_batch
+    from . import simulate_report as report
 
     profile, model = load_profile(args.cluster), load_model(args.model)
-    topo = domain_topology(profile, args.nodes, args.tp)
-    cap, tokens = args.capacity_tokens, args.global_batch_tokens
+    dom = build_domain(args, profile, model)
+    require_at_least(args, (("cp_size", "--cp-size", 0),))
+    topo = dom.topology
+    b = resolve_batch(args, topo.world_size)
+    cap, tokens = b.capacity, b.tokens
     if "memory" in (cap, tokens):
         from ..sim.matrix import memory_tokens
         per_gpu, mem_cap = memory_tokens(args.cluster, args.model, args.tp, args.nodes)
         cap = mem_cap if cap == "memory" else cap
         tokens = per_gpu * topo.world_size if tokens == "memory" else tokens
         print(f"memory: {mem_cap} tokens fit one rank; batch {tokens} tokens, capacity {cap or 'default'}")
+    tokenizer = tokenizer_from(args)
+    source = load_source(args.dataset, tokenizer=tokenizer)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=args.cluster, routing=args.routing,
                             remap=args.remap, cp_size=args.cp_size, tp=args.tp, capacity_tokens=cap)
-    lengths = sample_batch(args.dataset, tokens, args.seed, max_len=args.context_length or None)
-    plan = make_plan(args.strategy, [int(x) for x in lengths], topo, profile, model, config)
-    opts = SimOptions(layers=args.sim_layers, overlap_grad_reduce=args.overlap_grad_reduce,
-                      remap_point=args.remap_point)
-    res = simulate(plan, profile, model, tp=args.tp, options=opts)
+    variants = tuple(dict.fromkeys((args.strategy,) + (STRATEGIES if args.compare else ())))
+    batches = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        lengths = sample_batch(source, tokens, seed, max_len=args.context_length or None)
+        batches.append((lengths, _run_batch(variants, lengths, topo, profile, model, config, args)))
+    lengths, results = batches[0]
+    plan, res = results[args.strategy]
     batch = describe_batch(lengths)
-    print(f"{args.strategy} on {args.cluster}: {topo.describe()}, {args.model} (tp {args.tp}); "
-          f"{args.dataset}: {batch.get('documents')} documents, {batch.get('tokens')} tokens")
-    print(f"documents per class: {plan.class_counts()}   plan meta: {dict(plan.meta) or '-'}")
-    print(f"simulated iteration  {res.iteration_s:10.4f} s   ({res.mode}: {res.layers} layers)")
-    print(f"  forward            {res.forward_s:10.4f} s")
-    print(f"  vocab head         {res.head_s:10.4f} s")
-    print(f"  backward           {res.backward_s:10.4f} s")
-    print(f"  DP all-reduce      {res.allreduce_exposed_s:10.4f} s exposed of {res.allreduce_s:.4f} s "
-          f"({'overlapped with' if args.overlap_grad_reduce else 'after'} the backward)")
-    print(f"planner prediction   {plan.predicted_iteration_s + res.allreduce_exposed_s:10.4f} s  "
-          f"(plan {plan.predicted_iteration_s:.4f} + the same all-reduce)")
-    lb = plan.lower_bound_s + res.allreduce_exposed_s
-    print(f"lower bound          {lb:10.4f} s   simulated / lower bound = {res.iteration_s / lb:.3f}")
-    busy = [sum(d.values()) for d in res.rank_compute_s]
-    print(f"compute per rank     max {max(busy):.4f} s, mean {sum(busy) / len(busy):.4f} s "
-          f"(max/mean {max(busy) / (sum(busy) / len(busy)):.3f})")
-    print(f"bytes moved          NVLink {res.link_bytes.get('nvlink', 0) / 1e9:.2f} GB, "
-          f"NIC {res.link_bytes.get('nic', 0) / 1e9:.2f} GB")
-    if res.nic and topo.nodes > 1:
-        u = [max(n["util_out"], n["util_in"]) for n in res.nic]
-        print(f"NIC utilisation      max {max(u):.3f}, mean {sum(u) / len(u):.3f}, "
-              f"used {sum(1 for n in res.nic if n['bytes_out'] > 0)} of {len(res.nic)} NICs")
+    out = sys.stdout
+    print(dataset_line(args.dataset, describe_source(source), counted_by(args.dataset, tokenizer)), file=out)
+    print(f"batch (seed {args.seed}): {batch['documents']} documents, {batch['tokens']} tokens; length min "
+          f"{batch['min']} / median {batch['median']:.0f} / max {batch['max']}", file=out)
+    print(f"GPUs: {dom.describe()}; cluster {profile.name}, model {model.name}", file=out)
+    if b.note:
+        print(f"batch size: {b.note}", file=out)
+    report.print_detail(out, LABELS[args.strategy], plan, res, describe_choice(dict(plan.meta)), args)
+    if args.compare:
+        report.print_compare(out, results, LABELS, args.cp_size)
+    spread = report.seed_spread([r for _, r in batches], variants) if args.seeds > 1 else None
+    if spread:
+        report.print_spread(out, spread, LABELS, args.seed, args.seeds)
     if args.gantt:
         from ..sim.plots import gantt
         try:
-            gantt(res, args.gantt, title=f"{args.strategy}: {args.model} on {args.cluster}, {args.dataset}, "
+            gantt(res, args.gantt, title=f"{LABELS[args.strategy]}: {args.model} on {args.cluster}, {args.dataset}, "
                                          f"{topo.world_size} ranks; iteration {res.iteration_s:.3f} s")
         except OSError as e:
             raise ZeppelinError(f"cannot write --gantt {args.gantt}: {e.strerror}") from None
-        print(f"wrote {args.gantt}")
+        print(f"wrote {args.gantt}", file=out)
     if args.json:
         doc = {"strategy": args.strategy, "cluster": args.cluster, "model": args.model, "tp": args.tp,
-               "dataset": args.dataset, "nodes": args.nodes, "batch": batch, "plan_digest": plan.digest(),
+               "dataset": args.dataset, "nodes": args.nodes, "gpus": dom.gpus, "batch": batch,
+               "plan_digest": plan.digest(), "plan_choice": describe_choice(dict(plan.meta)),
                "predicted_iteration_s": plan.predicted_iteration_s, "lower_bound_s": plan.lower_bound_s,
                **res.to_dict(timeline=True)}
+        if args.compare:
+            doc["compare"] = report.compare_records(results)
+        if spread:
+            doc["seeds"] = {"first": args.seed, "count": args.seeds, "strategies": spread}
         try:
             with open(args.json, "w") as f:
                 json.dump(doc, f, default=float)
         except OSError as e:
             raise ZeppelinError(f"cannot write --json {args.json}: {e.strerror}") from None
-        print(f"wrote {args.json}")
+        print(f"wrote {args.json}", file=out)
     return 0
+

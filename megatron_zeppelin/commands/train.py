@@ -16,21 +16,19 @@ import time
 from dataclasses import asdict
 
 from ..errors import ZeppelinError
-from .plan import parse_tokens
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from ..integration.args import add_zeppelin_args
+    from ..token_counts import token_count
 
     p = subparsers.add_parser("train", help="train a GPT with megatron-core and Zeppelin (or a baseline)",
                               description=__doc__)
     g = p.add_argument_group("training")
     g.add_argument("--model", default="tiny", help="model preset (configs/models) or YAML path")
     g.add_argument("--train-iters", type=int, default=100)
-    g.add_argument("--global-batch-tokens", type=parse_tokens, default=8192,
-                   help="trained tokens per global micro-batch (8192, 32K, ...)")
-    g.add_argument("--max-doc-tokens", type=parse_tokens, default=2048,
-                   help="documents longer than this are cut (2048, 4K, ...)")
+    g.add_argument("--global-batch-tokens", type=token_count, default=8192, help="trained tokens per global micro-batch")
+    g.add_argument("--max-doc-tokens", type=token_count, default=2048, help="documents longer than this are cut")
     g.add_argument("--lr", type=float, default=2e-3)
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr x this")
     g.add_argument("--lr-warmup-iters", type=int, default=5)
@@ -174,7 +172,10 @@ def run(args) -> int:
     opts = options_from_args(args)
     if args.data_path:
         from ..integration.data import DocumentDataset
-        DocumentDataset(args.data_path)  # a clear error here rather than a traceback from every rank
+        from ..model_spec import load_model
+        m = load_model(args.model)
+        # a clear error here rather than a traceback from every rank (a bad file, token ids past the vocab)
+        DocumentDataset(args.data_path).check_vocab(m.vocab, m.name)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     t0 = time.time()
     if torchrun:

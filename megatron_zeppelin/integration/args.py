@@ -23,6 +23,7 @@ import argparse
 
 from ..attention.kernels.select import BACKENDS as ATTENTION_KERNELS
 from ..config import ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
+from ..token_counts import token_count
 
 
 def _int_list(s: str):
@@ -53,7 +54,7 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Remap tokens to a token-balanced layout for the MLP and vocab head (default).")
     g.add_argument("--no-zeppelin-remap", dest="zeppelin_remap", action="store_false",
                    help="Keep the attention layout for the linear modules.")
-    g.add_argument("--zeppelin-capacity-tokens", type=int, default=0,
+    g.add_argument("--zeppelin-capacity-tokens", type=token_count, default=0,
                    help="Per-rank attention-layout token capacity (0 = twice the mean).")
     g.add_argument("--zeppelin-cp-size", type=int, default=0,
                    help="CP group size for the static_cp / allgather_cp baselines (0 = auto).")

@@ -75,6 +75,21 @@ class DocumentDataset:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def check_vocab(self, vocab: int, model: str = "the model") -> None:
+        """Every token id below ``vocab`` (else the embedding fails with an IndexError on some rank, some
+        step): one pass over the .bin in chunks."""
+        base = self.prefix[:-4] if self.prefix.endswith((".bin", ".idx")) else self.prefix
+        x = np.memmap(base + ".bin", dtype=self.ds.index.dtype, mode="r")
+        chunk = 1 << 26
+        for a in range(0, x.size, chunk):
+            part = x[a:a + chunk]
+            top = int(part.max()) if part.size else 0
+            if top >= vocab:
+                pos = a + int(np.argmax(part >= vocab))
+                raise DataError(f"--data-path {self.prefix}: token id {top} (first out-of-range id at token "
+                                f"{pos}) is beyond {model}'s vocabulary of {vocab} (choose a --model whose vocab "
+                                "covers the tokenizer's, or re-tokenize the data)")
+
     def document(self, i: int, max_tokens: int = 0) -> torch.Tensor:
         a, b = int(self.doc_index[i]), int(self.doc_index[i + 1])
         parts, n = [], 0

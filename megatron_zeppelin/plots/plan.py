@@ -1,5 +1,5 @@
-"""The ``zeppelin plan --plot`` figure: where the batch's documents fall against the class
-thresholds, and what each rank is predicted to spend (from ``Plan.cost``)."""
+"""The ``zeppelin plan --plot`` figure: the batch's lengths with the classes the plan chose and the cost
+model's crossovers (dashed), and what each rank is predicted to spend (from ``Plan.cost``)."""
 
 from __future__ import annotations
 
@@ -40,12 +40,13 @@ def _histogram(ax, x: np.ndarray, plan) -> None:
     lo, hi = max(1, int(x.min())), int(x.max())
     bins = np.logspace(np.log10(lo), np.log10(hi + 1), 40) if hi > lo else np.array([lo - 0.5, hi + 0.5])
     th = plan.thresholds
-    # Shade the class ranges so the thresholds read at a glance.
-    edges = [(bins[0], min(th.local_max, bins[-1]), "local"), (max(th.local_max, bins[0]),
-             min(th.intra_max, bins[-1]), "intra"), (max(th.intra_max, bins[0]), bins[-1], "inter")]
-    for a, b, c in edges:
-        if b > a:
-            ax.axvspan(a, b, color=CLASS_COLOR[c], alpha=0.8, lw=0, label=f"{c} range")
+    # Shade the span of lengths each class actually holds in this plan (a class with no document gets
+    # no shade): the thresholds are crossovers where splitting may pay, not the classes' boundaries.
+    for c in ("local", "intra", "inter"):
+        ls = [d.length for d in plan.docs if d.cls == c]
+        if ls:
+            ax.axvspan(min(ls) * 0.97, max(ls) * 1.03, color=CLASS_COLOR[c], alpha=0.6, lw=0,
+                       label=f"{c}: {len(ls)} documents, {min(ls)}-{max(ls)} tokens")
     ax.hist(x, bins=bins, color="#4C72B0", alpha=0.9, label="documents")
     ax.set_xscale("log")
     ax.set_yscale("log")  # the long tail is a handful of documents: keep them visible
@@ -57,10 +58,14 @@ def _histogram(ax, x: np.ndarray, plan) -> None:
     tw.step(bins[1:], np.cumsum(tok) / tok.sum(), where="pre", color="#DD8452", label="cumulative token share")
     tw.set_ylim(0, 1.02)
     tw.set_ylabel("cumulative share of tokens")
-    for v, name in ((th.local_max, "local max"), (th.intra_max, "intra max")):
+    marks = [(th.local_max + 1, "may split intra from")] if plan.strategy.startswith("zeppelin") else []
+    if marks and plan.topology.nodes > 1:
+        marks.append((th.intra_max + 1, "may span nodes from"))
+    for v, name in marks:  # crossovers of the cost model
         if bins[0] < v < bins[-1]:
             ax.axvline(v, color="k", ls="--", lw=1)
-            ax.text(v, np.sqrt(ax.get_ylim()[1] * ax.get_ylim()[0]), f"{name} {v} ", rotation=90, ha="right", va="center", fontsize=8)
+            ax.text(v, np.sqrt(ax.get_ylim()[1] * ax.get_ylim()[0]), f"{name} {v} ", rotation=90, ha="right",
+                    va="center", fontsize=8)
     cc = plan.class_counts()
     ax.set_title(f"{len(x)} documents; {plan.strategy}: {cc['local']} local, {cc['intra']} intra, "
                  f"{cc['inter']} inter", fontsize=10)

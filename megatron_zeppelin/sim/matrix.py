@@ -26,23 +26,13 @@ from typing import Dict, List, Sequence, Tuple
 import yaml
 
 from ..errors import ZeppelinError
+from ..token_counts import parse_tokens  # noqa: F401 - one parser for every command
 from .iteration import SimOptions
 from .runs import VARIANTS, RunSpec, run_config
-
-_SUFFIX = {"k": 1 << 10, "m": 1 << 20}
 
 
 class MatrixError(ZeppelinError):
     pass
-
-
-def parse_tokens(x) -> int:
-    s = str(x).strip().lower()
-    mult = _SUFFIX.get(s[-1:], 1)
-    try:
-        return int(float(s[:-1] if s[-1:] in _SUFFIX else s) * mult)
-    except ValueError:
-        raise MatrixError(f"'{x}' is not a token count (e.g. 4096, 64K)") from None
 
 
 def load_matrix(path: str) -> Tuple[List[Tuple[RunSpec, Tuple[str, ...]]], dict]:

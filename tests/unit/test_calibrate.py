@@ -32,3 +32,40 @@ def test_cpu_calibration_feeds_plan(tmp_path, capsys):
                  "--global-batch-tokens", "8K", "--context-length", "2K", "--json", str(tmp_path / "sim.json")]) == 0
     sim = json.loads((tmp_path / "sim.json").read_text())
     assert sim and "iteration" in json.dumps(sim)
+
+
+def test_noise_is_measured_again_then_named():
+    import pytest
+    from megatron_zeppelin.calibrate.noise import settle, suspects
+
+    def rec(L, fwd, bwd=1e-3, spread=1.1):
+        return {"seqlen": L, "fwd_s": 1.0 / fwd, "bwd_s": 1.0 / bwd, "fwd_tflops": fwd, "bwd_tflops": bwd,
+                "fwd_spread": spread, "bwd_spread": 1.0}
+    calm = [rec(128, 1e-3), rec(256, 1.5e-3), rec(512, 2e-3)]
+    assert suspects(calm) == {}
+    # a busy moment: L=256 ran 400x slow, and its repeats disagreed
+    busy = [rec(128, 1e-3), rec(256, 2.5e-6, spread=5.0), rec(512, 2e-3)]
+    assert set(suspects(busy)) == {256}
+    calls, logs = [], []
+
+    def again(ls):  # the second round is calm
+        calls.append(ls)
+        return [rec(L, {128: 1e-3, 256: 1.5e-3, 512: 2e-3}[L]) for L in ls]
+    att, warnings = settle(busy, again, retries=2, log=logs.append)
+    assert calls == [[256]] and warnings == [] and "L=256" in logs[0] and "repeats varied 5.0x" in logs[0]
+    assert att[1]["fwd_tflops"] == pytest.approx(1.5e-3)
+    # still busy after every round: a warning naming the length and what was noisy
+    att, warnings = settle(busy, lambda ls: [rec(L, 2e-6, spread=3.0) for L in ls], retries=2, log=logs.append)
+    assert len(warnings) == 1 and warnings[0].startswith("attention L=256: forward repeats varied")
+    assert "below half of L=128" in warnings[0] and "span" in warnings[0]
+    # a non-monotonic rate alone (repeats agreeing) is caught too
+    assert "below half of L=128" in suspects([rec(128, 1e-3), rec(256, 1e-3), rec(512, 4e-4)])[512]
+
+
+def test_calibrate_flags_checked_before_measuring(tmp_path, capsys):
+    for argv, needle in ((["--repeats", "0"], "--repeats must be >= 1"), (["--tp", "3"], "--tp 3 does not divide"),
+                         (["--lengths", "0"], "--lengths must be positive"), (["--base", "z900"], "set --base"),
+                         (["--out", "/proc/nope/x.yaml"], "cannot write --out")):
+        assert main(["calibrate", "--device", "cpu", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err

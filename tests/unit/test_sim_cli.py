@@ -74,7 +74,35 @@ def test_simulate_with_the_batch_and_capacity_memory_allows(capsys):
                "--global-batch-tokens", "memory", "--capacity-tokens", "memory", "--strategy", "static_cp"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "tokens fit one rank" in out and "'cp_size': '16'" in out  # a 64K document: CP over both nodes
+    assert "tokens fit one rank" in out and "CP size 16 (" in out  # a 64K document: CP over both nodes
+    assert "{'" not in out and "cp_size" not in out  # no raw dicts or internal names
     rc = main(["simulate", "--cluster", "a800", "--model", "llama-7b", "--nodes", "2", "--dataset", "prolong64k",
                "--global-batch-tokens", "memory", "--capacity-tokens", "memory", "--strategy", "packed_dp"])
     assert rc == 2 and "runs out of memory" in capsys.readouterr().err
+
+
+def test_simulate_compare_and_seeds_in_words(tmp_path, capsys):
+    j = tmp_path / "s.json"
+    rc = main(["simulate", "--dataset", "github", "--cluster", "a800", "--model", "tiny", "--nodes", "2",
+               "--global-batch-tokens", "32K", "--seq-length", "4K", "--strategy", "static_cp", "--compare",
+               "--seeds", "2", "--json", str(j)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "every strategy on the same batch (simulated)" in out and "over 2 sampled batches (seeds 0..1)" in out
+    assert "{" not in out and "cp_size" not in out and "static_cp" not in out  # no dicts, no internal names
+    assert "static CP: documents" in out and "CP size " in out
+    doc = json.loads(j.read_text())
+    assert set(doc["compare"]) >= {"zeppelin", "packed_dp", "static_cp"}
+    z = doc["compare"]["zeppelin"]
+    assert z["zeppelin_speedup"] == 1.0 and z["iteration_s"] > 0
+    assert doc["seeds"]["strategies"]["static_cp"]["iteration_s"]["n"] == 2
+
+
+def test_simulate_bad_flags_are_one_line(tmp_path, capsys):
+    for argv, needle in ((["--nodes", "0"], "--nodes must be >= 1"), (["--tp", "3"], "--tp 3 does not divide"),
+                         (["--seeds", "0"], "--seeds must be >= 1")):
+        j = tmp_path / "s.json"
+        assert main(["simulate", "--model", "llama-7b", "--global-batch-tokens", "64K", "--json", str(j), *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("zeppelin simulate: error:") and needle in err[0], err
+        assert not j.exists()
