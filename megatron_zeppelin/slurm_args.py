@@ -40,6 +40,7 @@ from typing import Dict, List
 
 from .errors import ZeppelinError
 from .model_spec import load_model
+from .token_counts import parse_tokens  # one parser for every command
 
 MODES = ("zeppelin", "dp", "cp_p2p", "cp_a2a_p2p", "cp_all_gather")
 CP_COMM_TYPE = {"cp_p2p": "p2p", "cp_a2a_p2p": "a2a+p2p", "cp_all_gather": "all_gather"}
@@ -57,9 +58,6 @@ CPU_ARGS = ["--distributed-backend", "gloo", "--transformer-impl", "local", "--n
 
 class SlurmError(ZeppelinError):
     pass
-
-
-from .token_counts import parse_tokens  # noqa: E402  one parser for every command
 
 
 def _full(run: Dict) -> Dict:
