@@ -151,6 +151,63 @@ def deployed_and_oracle(times: Dict) -> Tuple[Optional[object], Optional[List[fl
     return dep, (times[dep] if dep is not None else None), oracle
 
 
+class _Rounds:
+    """dynamic_cp's HDP rounds as one batch's result: iteration = the sum of the rounds' (a DP x CP
+    barrier after each) + one DP all-reduce; per-rank costs and layouts of the busiest round for
+    balance; every document's tokens for memory (a rank holds one round at a time)."""
+
+    def __init__(self, plans, results):
+        self.plans, self.results = plans, results
+        last = results[-1]
+        self.iteration_s = sum(r.iteration_s for r in results)
+        self.allreduce_exposed_s = last.allreduce_exposed_s
+        self.forward_s = sum(r.forward_s for r in results)
+        self.backward_s = sum(r.backward_s for r in results)
+        self.head_s = sum(r.head_s for r in results)
+        self.max_nic_util = max(r.max_nic_util for r in results)
+        self.link_bytes = {k: sum(r.link_bytes.get(k, 0.0) for r in results) for k in ("nic", "nvlink")}
+
+
+def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions = None):
+    """(the merged plan, _Rounds) of dynamic_cp run as Megatron runs it: each HDP round planned
+    and simulated on its own (no DP all-reduce but after the last), times summed."""
+    from dataclasses import replace as dc_replace
+
+    from ..planner import make_context
+    from ..planner.assemble import assemble
+    from ..planner.baselines.dynamic_cp import dynamic_cp_placement, round_placements
+    ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
+    merged = assemble("dynamic_cp", list(lengths), ctx, dynamic_cp_placement(list(lengths), ctx, mslpr))
+    rounds = round_placements(list(lengths), ctx, mslpr)
+    opts = options or SimOptions()
+    plans, results = [], []
+    for k, (docs, pl) in enumerate(rounds):
+        plan = assemble("dynamic_cp", [int(lengths[i]) for i in docs], ctx, pl)
+        o = opts if k == len(rounds) - 1 else dc_replace(opts, allreduce=False)
+        plans.append(plan)
+        results.append(simulate(plan, profile, model, tp=tp, options=o))
+    rr = _Rounds(plans, results)
+    # The prediction of the rounds run one after another (each from a barrier), for the record.
+    merged_rounds = dc_replace(merged, cost=tuple(_sum_costs([p.cost for p in plans])))
+    return merged_rounds, rr
+
+
+def _sum_costs(costs):
+    """Per rank, the sum over rounds of its own work (the barriers' waiting is not in it: the
+    prediction of the rounds is the sum of each round's busiest rank, _batch_record)."""
+    from ..planner.types import RankCost
+    world = len(costs[0])
+    out = [[0.0, 0.0, 0.0, 0.0] for _ in range(world)]
+    for c in costs:
+        for r, x in enumerate(c):
+            o = out[r]
+            o[0] += x.attention_s
+            o[1] += x.linear_s
+            o[2] += x.comm_exposed_s
+            o[3] += x.remap_s
+    return [RankCost(*o) for o in out]
+
+
 def run_lengths(spec: RunSpec, world: int) -> List[List[int]]:
     from ..workloads import sample_batch
     return [[int(x) for x in sample_batch(spec.dataset, spec.tokens_per_gpu * world, spec.seed + b,
@@ -165,12 +222,20 @@ def _batch_record(plan, res, spec, model, profile, plan_s, sim_s) -> Dict:
     from ..planner.cost_model import CostModel
     from ..planner.recompute import recompute_lower_bound_s, recompute_s
     mem = plan_memory_balance(plan, model, spec.tp, spec.recompute)
+    if isinstance(res, _Rounds):  # a rank holds one round's activations at a time
+        parts = [plan_memory_balance(p, model, spec.tp, spec.recompute) for p in res.plans]
+        by = [max(x["bytes"][r] for x in parts) for r in range(len(mem["bytes"]))]
+        mem = dict(mem, bytes=by, max_bytes=max(by), imbalance=max(by) / (sum(by) / len(by)) if sum(by) else 1.0,
+                   imbalance_attention=max(x["imbalance_attention"] for x in parts),
+                   imbalance_linear=max(x["imbalance_linear"] for x in parts))
     cost = CostModel(model, profile, plan.topology, spec.tp)
     extra = recompute_s(plan, cost, spec.recompute)
     lb_extra = recompute_lower_bound_s(plan.lengths, cost, spec.recompute)
     t = [c.total_s + e for c, e in zip(plan.cost, extra)]
+    predicted = max(t) if not isinstance(res, _Rounds) else \
+        sum(max(c.total_s for c in p.cost) for p in res.plans) + max(extra)
     return dict(iteration_s=res.iteration_s + max(extra), recompute_s=max(extra),
-                predicted_s=max(t) + res.allreduce_exposed_s,
+                predicted_s=predicted + res.allreduce_exposed_s,
                 lower_bound_s=plan.lower_bound_s + lb_extra + res.allreduce_exposed_s, allreduce_s=res.allreduce_exposed_s,
                 forward_s=res.forward_s, backward_s=res.backward_s, head_s=res.head_s,
                 max_nic_util=res.max_nic_util, nic_bytes=res.link_bytes.get("nic", 0.0),
@@ -219,7 +284,10 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                     t0 = time.perf_counter()
                     plan = make_plan(v, lengths, topo, profile, model, config, s)
                     t1 = time.perf_counter()
-                    res = simulate(plan, profile, model, tp=spec.tp, options=options)
+                    if v == "dynamic_cp":  # Megatron's execution: its rounds one after another
+                        plan, res = simulate_rounds(lengths, topo, profile, model, config, int(s), spec.tp, options)
+                    else:
+                        res = simulate(plan, profile, model, tp=spec.tp, options=options)
                     t2 = time.perf_counter()
                 except ZeppelinError as e:
                     times[s].append(None)

@@ -104,3 +104,18 @@ def test_bench_studies_work_outside_the_project_root(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0 and int(out.stdout) == len(items), out.stderr
+
+
+def test_dynamic_cp_rounds_run_one_after_another():
+    from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_rounds
+    from megatron_zeppelin.sim.runs import simulate_rounds
+    profile, spec, topo, cfg = _setup(1)
+    lengths = [30000, 20000, 9000, 8000, 3000, 2000, 1500, 1000, 700, 500]
+    ctx = make_context(topo, profile, spec, cfg, sum(lengths))
+    mslpr = 4096
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr)
+    assert len(rounds) > 1 and sorted(i for r in rounds for i in r) == list(range(len(lengths)))
+    merged, res = simulate_rounds(lengths, topo, profile, spec, cfg, mslpr, 1)
+    assert len(res.plans) == len(rounds)
+    assert res.iteration_s == pytest.approx(sum(r.iteration_s for r in res.results))
+    assert [r.allreduce_exposed_s > 0 for r in res.results] == [False] * (len(rounds) - 1) + [True]
