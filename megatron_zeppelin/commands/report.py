@@ -176,11 +176,27 @@ all-reduce after the backward (not overlapped: Megatron's default). One layer is
 ranks starting together and multiplied by the layer count. Hardware figures: configs/clusters/*.yaml
 (their `assumed` fields are assumptions, not published numbers); workloads: configs/datasets/*.yaml.
 
-Two batch regimes (configs/runs/paper.yaml). *Memory-bound* (studies `memory*`): each GPU holds
-what its memory allows for the model (dp/memory.py: weights, gradients, ZeRO-1 optimizer states and
-activations, no activation recompute, 90% of memory_GB) and the batch fills 0.8 of that; every
-strategy must fit that capacity on every rank, so long documents must be split over many GPUs and a
-plan over the capacity counts as out of memory. *One context per GPU* (`main`, `context`,
-`scaling`): 64K tokens on every GPU, compute-bound, more than 80 GB holds for 7B and up without
-recompute. The lower bound: every document's attention whole, all linear work and (with TP) the TP
-all-reduces' bandwidth, perfectly balanced, all other communication hidden."""
+Two batch regimes (configs/runs/paper.yaml), both physically realisable (dp/memory.py: weights,
+gradients, ZeRO-1 optimizer states and activations within 90% of memory_GB). *Memory-bound*
+(`tokens_per_gpu: memory`): each GPU holds what its memory allows without activation recompute
+and the batch fills 0.8 of that. *A set number of tokens per GPU* (16K): with the fastest
+activation recompute that holds it (none; Megatron's selective recompute of core_attn, +mlp,
++layernorm; full), the same for every strategy; its forward work is charged again in the backward
+(planner/recompute.py; recomputing a ring-split document's core attention repeats its ring
+communication, a local document's repeats none). In both, every strategy must fit the capacity on
+every rank: a plan over it is out of memory. The lower bound: every document's attention whole,
+all linear work and (with TP) the TP all-reduces' bandwidth, and the least recompute, perfectly
+balanced, all other communication hidden.
+
+The baselines, and the source each follows: `packed_dp`, Megatron-LM's packed sequences over plain
+DP; `static_cp`, Transformer Engine's p2p context parallelism (DualChunkSwap zigzag halves) over
+Megatron's `--context-parallel-size` groups; `allgather_cp`, the all-gather CP of the Llama 3 paper
+(arXiv 2407.21783); `hybrid_dp`, ByteScale (arXiv 2502.21231): data-aware sharding (a document
+split over the fewest ranks its memory and the balanced FLOPs share need) and its balance
+scheduler within the global batch; `dynamic_cp`, Megatron-Core's dynamic/hybrid context
+parallelism (DefaultDynamicCPScheduler in megatron/core/datasets/data_schedule*.py), its HDP rounds
+run one after another with a barrier after each, `max_seqlen_per_dp_cp_rank` fixed per run.
+Zeppelin weighs their shapes too (planner/candidates.py: uniform CP groups of every size, routed
+or not; hybrid_dp's and dynamic_cp's groups for batches of up to 4 documents per rank; the search
+stops once a plan is predicted within 2% of the lower bound), so its prediction is not above theirs
+on a batch but by that margin; the simulator may still disagree with the prediction."""
