@@ -52,6 +52,26 @@ def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -
             "classes": plan.class_counts(), "ops": len(plan.schedule), "moves": len(plan.remap)}
 
 
+def where_time_goes(n_docs: int, nodes: int, prof, model, top: int = 12) -> list:
+    """One zeppelin plan_batch under cProfile: the planner's functions of most cumulative time,
+    [(function, seconds, share of the whole)] (the shares nest: a caller includes its callees)."""
+    import cProfile
+    import pstats
+    rng = np.random.default_rng(0)
+    lengths = rng.lognormal(7.5, 1.3, n_docs).clip(1, 65536).astype(np.int64)
+    topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
+    plan_batch(lengths, topo, prof, model)
+    pr = cProfile.Profile()
+    pr.enable()
+    plan_batch(lengths, topo, prof, model)
+    pr.disable()
+    st = pstats.Stats(pr).stats
+    total = max(v[3] for v in st.values())
+    rows = sorted(((f"{os.path.basename(k[0])}:{k[2]}", v[3]) for k, v in st.items()
+                   if "megatron_zeppelin" in k[0] and k[2] not in ("plan_batch",)), key=lambda x: -x[1])[:top]
+    return [(name, t, t / total) for name, t in rows]
+
+
 def quality(datasets, seeds, prof, model) -> list:
     from megatron_zeppelin.workloads import sample_batch
     topo = Topology(4, 8, prof.nics_per_node, prof.gpu_to_nic)
@@ -113,6 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also run the cluster/nodes/context sweep")
+    ap.add_argument("--profile", action="store_true", help="say where the planner's time goes (cProfile)")
     ap.add_argument("--sweep-clusters", nargs="+", default=["a800", "h200"])
     ap.add_argument("--sweep-nodes", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--sweep-contexts", type=int, nargs="+", default=[65536, 131072, 262144])
@@ -126,6 +147,12 @@ def main(argv=None) -> int:
             print(f"latency {s:10s} {n:6d} docs {r['ranks']:5d} ranks: median {r['median_ms']:.1f} ms "
                   f"(min {r['min_ms']:.1f}; CPU median {r['cpu_median_ms']:.1f}; load {r['load_average']:.1f})",
                   flush=True)
+    if args.profile:
+        for n, nodes in ((1000, 8), (16000, 128)):
+            rows = where_time_goes(n, nodes, prof, model)
+            out.setdefault("profile", []).append({"docs": n, "ranks": nodes * 8, "functions": rows})
+            print(f"where the time goes, {n} docs / {nodes * 8} ranks (cumulative, nested): " +
+                  "; ".join(f"{name} {100 * share:.0f}%" for name, _, share in rows), flush=True)
     if not args.skip_quality:
         out["quality"] = quality(("arxiv", "github", "prolong64k"), args.seeds, prof, model)
         for row in out["quality"]:

@@ -7,21 +7,27 @@ import json
 import os
 import statistics
 import sys
+import time
 
 from ..errors import ZeppelinError
 
-CSV_FIELDS = ("study", "cluster", "model", "tp", "dataset", "context", "nodes", "ranks", "variant", "cp_size",
-              "documents", "tokens", "max_length", "iteration_s", "predicted_s", "lower_bound_s", "allreduce_s",
-              "forward_s", "backward_s", "max_nic_util", "nic_bytes", "nvlink_bytes", "plan_s", "sim_s", "error")
+CSV_FIELDS = ("study", "regime", "cluster", "model", "tp", "dataset", "context", "nodes", "ranks", "tokens_per_gpu",
+              "capacity", "recompute", "batches", "variant", "run_setting_name", "run_setting", "cp_size", "documents",
+              "tokens", "max_length", "iteration_s", "oracle_iteration_s", "predicted_s", "lower_bound_s",
+              "recompute_s", "allreduce_s", "forward_s", "backward_s", "time_imbalance", "memory_imbalance",
+              "memory_imbalance_attention", "memory_imbalance_linear", "peak_activation_GB", "max_nic_util",
+              "nic_bytes", "nvlink_bytes", "plan_s", "sim_s", "error", "oracle_error")
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
         "bench", help="run the paper's benchmark matrix on the simulator",
-        description="Expand a run matrix (clusters x models x datasets x context lengths x nodes), plan every "
-                    "batch with every strategy (baselines at their best CP size), simulate each plan, and "
+        description="Expand a run matrix (clusters x models x datasets x context lengths x nodes) into runs of "
+                    "N batches, plan every batch with every strategy (each baseline's run-level settings fixed "
+                    "for the run, as deployed; and tuned per batch, with hindsight), simulate each plan, and "
                     "summarise Zeppelin's speedup over each baseline.")
-    p.add_argument("--matrix", default="configs/runs/paper.yaml", help="run matrix YAML (default configs/runs/paper.yaml)")
+    p.add_argument("--matrix", default=None,
+                   help="run matrix YAML (default: the project's configs/runs/paper.yaml, found from any directory)")
     p.add_argument("--studies", default="", help="comma-separated studies of the matrix to run (default: all)")
     p.add_argument("--json", metavar="FILE", help="write every run and the summary as JSON")
     p.add_argument("--csv", metavar="FILE", help="write every run as CSV")
@@ -43,7 +49,7 @@ def add_parser(subparsers):
 
 def command_line(args) -> str:
     """The command that reproduces this run (from the parsed flags, not sys.argv)."""
-    parts = ["zeppelin bench", f"--matrix {args.matrix}"]
+    parts = ["zeppelin bench"] + ([f"--matrix {args.matrix}"] if args.matrix else [])
     for flag in ("studies", "json", "csv", "plots"):
         if getattr(args, flag):
             parts.append(f"--{flag} {getattr(args, flag)}")
@@ -60,16 +66,28 @@ def write_csv(records, path: str) -> None:
             w.writerow({**r, **r.get("classes", {})})
 
 
+def _fmt(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def print_summary(out, summaries: dict) -> None:
+    from ..sim.matrix import baselines
     for study, s in summaries.items():
-        print(f"\nstudy {study}: Zeppelin's speedup (baseline iteration / Zeppelin's, same batches)", file=out)
-        print(f"  {'baseline':<20}{'mean':>8}{'geomean':>9}{'max':>8}{'min':>8}{'configs':>9}{'losses':>8}", file=out)
-        for b, x in s["summary"].items():
-            print(f"  {b:<20}{x['mean_speedup']:8.2f}{x['geomean_speedup']:9.2f}{x['max_speedup']:8.2f}"
-                  f"{x['min_speedup']:8.2f}{x['configs']:9d}{len(x['losses']):8d}", file=out)
-        if "lower_bound" in s:
-            lb = s["lower_bound"]
-            print(f"  Zeppelin / lower bound: mean {lb['mean_ratio']:.3f}, max {lb['max_ratio']:.3f}", file=out)
+        print(f"\nstudy {study}: Zeppelin's speedup (baseline's mean iteration over the run / Zeppelin's)", file=out)
+        print(f"  {'baseline':<20}{'deployed: mean':>15}{'min':>7}{'max':>7}{'configs':>8}{'losses':>7}{'OOM':>5}"
+              f"{'oracle: mean':>14}{'min':>7}{'max':>7}{'losses':>7}", file=out)
+        for b, x in baselines(s["summary"]).items():
+            d, o = x["deployed"], x["oracle"]
+            print(f"  {b:<20}{_fmt(d['mean_speedup']):>15}{_fmt(d['min_speedup']):>7}{_fmt(d['max_speedup']):>7}"
+                  f"{d['configs']:8d}{len(d['losses']):7d}{x['out_of_memory']:5d}{_fmt(o['mean_speedup']):>14}"
+                  f"{_fmt(o['min_speedup']):>7}{_fmt(o['max_speedup']):>7}{len(o['losses']):7d}", file=out)
+        lb = s["summary"].get("zeppelin_lower_bound")
+        if lb:
+            print(f"  Zeppelin / lower bound: mean {lb['mean']:.3f}, max {lb['max']:.3f}", file=out)
+        if s.get("balance"):
+            print("  imbalance (max/mean over ranks, mean over configs): " + "; ".join(
+                f"{v} time {x['time_imbalance']:.2f} memory {x['memory_imbalance']:.2f}"
+                for v, x in s["balance"].items()), file=out)
         for e in s.get("errors", []):
             print(f"  error: {e}", file=out)
 
@@ -78,25 +96,29 @@ def run(args) -> int:
     if args.validate_cpu:
         return run_validation(args)
     from ..sim.iteration import SimOptions
-    from ..sim.matrix import load_matrix, run_matrix, summarize, summarize_by_study
+    from ..sim.matrix import load_matrix, resolve_matrix, run_matrix, summarize, summarize_by_study
 
-    items, doc = load_matrix(args.matrix)
+    matrix_path = resolve_matrix(args.matrix)
+    items, doc = load_matrix(matrix_path)
     if args.studies:
         want = [s.strip() for s in args.studies.split(",") if s.strip()]
         known = sorted({it[0].study for it in items})
         bad = [s for s in want if s not in known]
         if bad:
-            raise ZeppelinError(f"--studies names {bad}, not in {args.matrix} (known: {', '.join(known)})")
+            raise ZeppelinError(f"--studies names {bad}, not in {matrix_path} (known: {', '.join(known)})")
         items = [it for it in items if it[0].study in want]
     opts = SimOptions(overlap_grad_reduce=args.overlap_grad_reduce)
+    t0 = time.perf_counter()
     records = run_matrix(items, opts, progress=not args.no_progress and sys.stderr.isatty())
+    print(f"{len(items)} configuration(s), runs of {', '.join(sorted({str(it[0].batches) for it in items}))} "
+          f"batch(es), simulated in {time.perf_counter() - t0:.0f} s")
     by_study = summarize_by_study(records)
     overall = summarize([r for r in records if not r["study"].startswith("ablation")])
     print_summary(sys.stdout, {"all (ablations excluded)": overall, **by_study})
     if args.json:
         cmd = command_line(args)
-        doc_out = {"matrix": args.matrix, "command": cmd, "options": vars(opts),
-                   "summary": overall["summary"], "lower_bound": overall.get("lower_bound", {}),
+        doc_out = {"matrix": matrix_path, "command": cmd, "options": vars(opts),
+                   "summary": overall["summary"], "balance": overall["balance"],
                    "studies": by_study, "runs": records}
         _write(args.json, lambda f: json.dump(doc_out, f, indent=1, default=float))
     if args.csv:

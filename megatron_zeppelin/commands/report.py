@@ -10,7 +10,8 @@ from ..errors import ZeppelinError
 
 # One layer's timeline per regime: 64K tokens per GPU, and the batch memory allows (where TE CP's
 # best size spans nodes, as in the paper's Fig. 12).
-GANTT_CASES = (dict(name="", cluster="a800", model="llama-7b", dataset="github", context=65536, nodes=2, memory=False),
+GANTT_CASES = (dict(name="", cluster="a800", model="llama-7b", dataset="github", context=65536, nodes=2, memory=False,
+                    per_gpu="16K"),
                dict(name="_memory", cluster="a800", model="llama-7b", dataset="prolong64k", context=65536, nodes=2,
                     memory=True))
 
@@ -20,7 +21,8 @@ def add_parser(subparsers):
         "report", help="write docs/results.md: the matrix's tables, figures and the commands that made them",
         description="Run the benchmark matrix on the simulator (or load a `zeppelin bench --json` file) and "
                     "write a Markdown report with the summary, per-study tables, plots and Gantt charts.")
-    p.add_argument("--matrix", default="configs/runs/paper.yaml", help="run matrix (default configs/runs/paper.yaml)")
+    p.add_argument("--matrix", default=None,
+                   help="run matrix (default: the project's configs/runs/paper.yaml, found from any directory)")
     p.add_argument("--results", metavar="FILE", nargs="+",
                    help="use these `zeppelin bench --json` files (merged) instead of running the matrix")
     p.add_argument("--validation", metavar="FILE", help="validation JSON (`zeppelin bench --validate-cpu --json`) to include")
@@ -45,13 +47,14 @@ def _gantt_case(c: dict, figdir: str, rel: str) -> dict:
     from ..model_spec import load_model
     from ..profile import load_profile
     from ..sim.iteration import simulate
-    from ..sim.matrix import memory_tokens
+    from ..sim.matrix import batch_and_recompute, memory_tokens
     from ..sim.plots import gantt
     from ..sim.runs import domain_topology, make_plan
     from ..workloads import sample_batch
     profile, model = load_profile(c["cluster"]), load_model(c["model"])
     topo = domain_topology(profile, c["nodes"])
-    per_gpu, cap = memory_tokens(c["cluster"], c["model"], 1, c["nodes"]) if c["memory"] else (c["context"], 0)
+    per_gpu, cap = memory_tokens(c["cluster"], c["model"], 1, c["nodes"]) if c["memory"] else \
+        batch_and_recompute(c["cluster"], c["model"], 1, c["nodes"], c["per_gpu"])[:2]
     lengths = [int(x) for x in sample_batch(c["dataset"], per_gpu * topo.world_size, 0, max_len=c["context"])]
     cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic,
                          capacity_tokens=cap)
@@ -68,7 +71,7 @@ def _gantt_case(c: dict, figdir: str, rel: str) -> dict:
                 best = (cp, res)
         name = f"gantt_{v}{c['name']}"
         cp = f", CP {best[0]}" if best[0] else ""
-        batch = f"{per_gpu} tokens/GPU (memory)" if c["memory"] else f"{c['context'] // 1024}K tokens/GPU"
+        batch = f"{per_gpu} tokens/GPU (memory)" if c["memory"] else f"{per_gpu // 1024}K tokens/GPU"
         gantt(best[1], os.path.join(figdir, f"{name}.png"),
               title=f"{v}{cp}: {c['model']} on {c['cluster']}, {c['dataset']}, {batch}, "
                     f"{topo.world_size} GPUs; iteration {best[1].iteration_s:.3f} s")
@@ -77,10 +80,10 @@ def _gantt_case(c: dict, figdir: str, rel: str) -> dict:
     return out
 
 
-REGIMES = (("memory-bound batches (studies memory*: every GPU holds what its memory allows)",
-            lambda st: st.startswith("memory")),
-           ("one context per GPU (studies main, context, scaling: 64K tokens on every GPU)",
-            lambda st: not st.startswith("memory")))
+REGIMES = (("memory-bound batches (every GPU holds what its memory allows)",
+            lambda r: r.get("regime") == "memory"),
+           ("a set number of tokens per GPU (with the fastest activation recompute that fits)",
+            lambda r: r.get("regime", "fixed") != "memory"))
 
 
 def _doc(matrix: str, records) -> dict:
@@ -91,24 +94,29 @@ def _doc(matrix: str, records) -> dict:
     overall = summarize(best)
     regimes = {}
     for title, member in REGIMES:
-        part = [r for r in best if member(r["study"])]
+        part = [r for r in best if member(r)]
         if part:
             regimes[title] = summarize(part)
-    return {"matrix": matrix, "summary": overall["summary"], "lower_bound": overall.get("lower_bound", {}),
+    return {"matrix": matrix, "summary": overall["summary"], "balance": overall["balance"],
             "regimes": regimes, "studies": summarize_by_study(records), "runs": records}
 
 
+def _is_project_matrix(path) -> bool:
+    from ..sim.matrix import DEFAULT_MATRIX, resolve_matrix
+    return bool(path) and os.path.abspath(resolve_matrix(path)) == os.path.abspath(DEFAULT_MATRIX)
+
+
 def run(args) -> int:
-    from ..sim.matrix import load_matrix, run_matrix
+    from ..sim.matrix import load_matrix, resolve_matrix, run_matrix
     from ..sim.plots import scaling_lines, speedup_bars
     from ..sim.report import render
 
     me = " ".join(["zeppelin report"] + ([f"--results {' '.join(args.results)}"] if args.results else
-                                         [f"--matrix {args.matrix}"]) +
+                                         [f"--matrix {args.matrix}"] if args.matrix else []) +
                   ([f"--validation {args.validation}"] if args.validation else []) +
                   [f"--out {args.out}", f"--figures {args.figures}"])
     if args.results:
-        records, commands = [], []
+        records, commands, paper = [], [], True
         for path in args.results:
             try:
                 with open(path) as f:
@@ -116,13 +124,16 @@ def run(args) -> int:
             except (OSError, ValueError) as e:
                 raise ZeppelinError(f"cannot read --results {path}: {e}") from None
             records += part["runs"]
+            paper = paper and _is_project_matrix(part.get("matrix"))
             commands.append(part.get("command") or f"zeppelin bench --matrix {part.get('matrix', args.matrix)} --json {path}")
-        doc = _doc(args.matrix, records)
+        doc = _doc(args.matrix or part.get("matrix"), records)
         commands.append(me)
     else:
-        items, _ = load_matrix(args.matrix)
+        path = resolve_matrix(args.matrix)
+        paper = _is_project_matrix(path)
+        items, _ = load_matrix(path)
         records = run_matrix(items, None, progress=not args.no_progress and sys.stderr.isatty())
-        doc = _doc(args.matrix, records)
+        doc = _doc(path, records)
         commands = [me]
     os.makedirs(args.figures, exist_ok=True)
     out_dir = os.path.dirname(os.path.abspath(args.out))
@@ -134,7 +145,8 @@ def run(args) -> int:
         if "scaling" in study:
             scaling_lines(doc["runs"], os.path.join(args.figures, f"{study}.png"), study)
             figs[f"scaling lines: {study}"] = f"{rel}/{study}.png"
-    figs.update(_gantts(args.figures, rel))
+    if paper:  # the paper's timelines and regime notes belong to the project's matrix, not a user's own
+        figs.update(_gantts(args.figures, rel))
     validation = None
     if args.validation:
         try:
@@ -148,7 +160,7 @@ def run(args) -> int:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
             json.dump(doc, f, indent=1, default=float)
         with open(args.out, "w") as f:
-            f.write(render(doc, commands, figs, validation, notes=_NOTES))
+            f.write(render(doc, commands, figs, validation, notes=_NOTES if paper else ""))
     except OSError as e:
         raise ZeppelinError(f"cannot write the report: {e}") from None
     print(f"wrote {args.out} and {len(figs)} figures in {args.figures}")
@@ -164,11 +176,27 @@ all-reduce after the backward (not overlapped: Megatron's default). One layer is
 ranks starting together and multiplied by the layer count. Hardware figures: configs/clusters/*.yaml
 (their `assumed` fields are assumptions, not published numbers); workloads: configs/datasets/*.yaml.
 
-Two batch regimes (configs/runs/paper.yaml). *Memory-bound* (studies `memory*`): each GPU holds
-what its memory allows for the model (dp/memory.py: weights, gradients, ZeRO-1 optimizer states and
-activations, no activation recompute, 90% of memory_GB) and the batch fills 0.8 of that; every
-strategy must fit that capacity on every rank, so long documents must be split over many GPUs and a
-plan over the capacity counts as out of memory. *One context per GPU* (`main`, `context`,
-`scaling`): 64K tokens on every GPU, compute-bound, more than 80 GB holds for 7B and up without
-recompute. The lower bound: every document's attention whole, all linear work and (with TP) the TP
-all-reduces' bandwidth, perfectly balanced, all other communication hidden."""
+Two batch regimes (configs/runs/paper.yaml), both physically realisable (dp/memory.py: weights,
+gradients, ZeRO-1 optimizer states and activations within 90% of memory_GB). *Memory-bound*
+(`tokens_per_gpu: memory`): each GPU holds what its memory allows without activation recompute
+and the batch fills 0.8 of that. *A set number of tokens per GPU* (16K): with the fastest
+activation recompute that holds it (none; Megatron's selective recompute of core_attn, +mlp,
++layernorm; full), the same for every strategy; its forward work is charged again in the backward
+(planner/recompute.py; recomputing a ring-split document's core attention repeats its ring
+communication, a local document's repeats none). In both, every strategy must fit the capacity on
+every rank: a plan over it is out of memory. The lower bound: every document's attention whole,
+all linear work and (with TP) the TP all-reduces' bandwidth, and the least recompute, perfectly
+balanced, all other communication hidden.
+
+The baselines, and the source each follows: `packed_dp`, Megatron-LM's packed sequences over plain
+DP; `static_cp`, Transformer Engine's p2p context parallelism (DualChunkSwap zigzag halves) over
+Megatron's `--context-parallel-size` groups; `allgather_cp`, the all-gather CP of the Llama 3 paper
+(arXiv 2407.21783); `hybrid_dp`, ByteScale (arXiv 2502.21231): data-aware sharding (a document
+split over the fewest ranks its memory and the balanced FLOPs share need) and its balance
+scheduler within the global batch; `dynamic_cp`, Megatron-Core's dynamic/hybrid context
+parallelism (DefaultDynamicCPScheduler in megatron/core/datasets/data_schedule*.py), its HDP rounds
+run one after another with a barrier after each, `max_seqlen_per_dp_cp_rank` fixed per run.
+Zeppelin weighs their shapes too (planner/candidates.py: uniform CP groups of every size, routed
+or not; hybrid_dp's and dynamic_cp's groups for batches of up to 4 documents per rank; the search
+stops once a plan is predicted within 2% of the lower bound), so its prediction is not above theirs
+on a batch but by that margin; the simulator may still disagree with the prediction."""

@@ -38,17 +38,124 @@ class MemoryModelError(ZeppelinError):
 HEADROOM = 0.90  # fraction of GPU memory the prediction may use (allocator, workspaces, NCCL buffers)
 
 
-def activation_bytes_per_token(m: ModelSpec, tp: int = 1, recompute: bool = False) -> int:
-    """With ``recompute`` (Megatron full activation recompute) only each layer's input is kept,
-    plus one layer's saved tensors while that layer is recomputed."""
+RECOMPUTE_GRANULARITY = ("none", "selective", "full")  # Megatron's --recompute-granularity (none = flag unset)
+# Megatron's --recompute-modules names this model knows (core_attn is Megatron's default module).
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Activation recompute as Megatron's flags set it: ``--recompute-granularity`` (selective or
+    full) and, for selective, ``--recompute-modules``. Parsed from "none", "full", "selective"
+    (= core_attn, Megatron's default) or "selective:core_attn,mlp,layernorm".
+
+    >>> Recompute.parse("selective:mlp,core_attn").describe(), Recompute.parse("full").granularity
+    ('selective:core_attn,mlp', 'full')
+    >>> Recompute.parse("selective:bogus")
+    Traceback (most recent call last):
+    ...
+    megatron_zeppelin.dp.memory.MemoryModelError: unknown recompute module 'bogus' (set --recompute-modules to some of core_attn, mlp, layernorm)
+    """
+    granularity: str = "none"
+    modules: tuple = ()
+
+    @classmethod
+    def parse(cls, x) -> "Recompute":
+        if isinstance(x, Recompute):
+            return x
+        if x is True:
+            return cls("full")
+        if x in (None, False, "", "none"):
+            return cls()
+        gran, _, mods = str(x).partition(":")
+        if gran not in RECOMPUTE_GRANULARITY:
+            raise MemoryModelError(f"unknown recompute granularity '{gran}' (set --recompute-granularity to "
+                                   f"one of {', '.join(RECOMPUTE_GRANULARITY)})")
+        if gran != "selective":
+            return cls(gran)
+        names = [m.strip() for m in mods.split(",") if m.strip()] or ["core_attn"]
+        for m in names:
+            if m not in RECOMPUTE_MODULES:
+                raise MemoryModelError(f"unknown recompute module '{m}' (set --recompute-modules to some of "
+                                       f"{', '.join(RECOMPUTE_MODULES)})")
+        return cls("selective", tuple(m for m in RECOMPUTE_MODULES if m in names))
+
+    def has(self, module: str) -> bool:
+        return self.granularity == "full" or module in self.modules
+
+    def describe(self) -> str:
+        return self.granularity + (":" + ",".join(self.modules) if self.modules else "")
+
+
+# The fastest first: each later choice saves more memory and recomputes more (Megatron users' ladder).
+RECOMPUTE_LADDER = ("none", "selective:core_attn", "selective:core_attn,mlp", "selective:core_attn,mlp,layernorm",
+                    "full")
+
+
+def layer_elements_per_token(m: ModelSpec, recompute=None) -> tuple:
+    """Elements one layer saves per token for the backward: (attention-layout part, linear-layout
+    part). Attention side ``6h + 3kv + heads``: input norm in/out (2h), QKV output (h + 2kv), rotary
+    q, k (h + kv), core attention output (h) and its log-sum-exp (heads), out-projection output (h);
+    linear side ``3h + 4ffn``: pre-MLP norm in/out (2h), fc1 output and SwiGLU product and SiLU
+    (4 ffn), fc2 output (h). Selective recompute drops what its modules recompute: core_attn the
+    attention output and LSE (q, k, v stay: they are its inputs), mlp the 4 ffn inside the MLP,
+    layernorm the two norm outputs."""
+    rc = Recompute.parse(recompute)
     kv = m.kv_heads * m.head_dim
-    per_layer = 9 * m.hidden + 3 * kv + m.heads + 4 * m.ffn
-    if recompute:
-        layers = (m.layers * m.hidden + per_layer) * m.dtype_bytes // tp
+    att = 6 * m.hidden + 3 * kv + m.heads
+    lin = 3 * m.hidden + 4 * m.ffn
+    if rc.granularity == "selective":
+        if rc.has("core_attn"):
+            att -= m.hidden + m.heads
+        if rc.has("mlp"):
+            lin -= 4 * m.ffn
+        if rc.has("layernorm"):
+            att -= m.hidden
+            lin -= m.hidden
+    return att, lin
+
+
+def head_bytes_per_token(m: ModelSpec, tp: int = 1) -> int:
+    return int(2 * m.hidden * m.dtype_bytes + 3 * m.vocab * 4 // tp)  # final norm; logits path in fp32
+
+
+def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1, recompute=None) -> int:
+    """Peak activation bytes of a rank holding ``att_tokens`` in the attention layout and
+    ``lin_tokens`` in the linear layout (the head runs on the linear layout). Full recompute keeps
+    each layer's input (h, attention layout) plus one layer's saved tensors while it is recomputed."""
+    rc = Recompute.parse(recompute)
+    a, l = layer_elements_per_token(m, "none" if rc.granularity == "full" else rc)
+    one = a * att_tokens + l * lin_tokens
+    if rc.granularity == "full":
+        layers = (m.layers * m.hidden * att_tokens + one) * m.dtype_bytes // tp
     else:
-        layers = m.layers * per_layer * m.dtype_bytes // tp
-    head = 2 * m.hidden * m.dtype_bytes + 3 * m.vocab * 4 // tp  # logits path in fp32
-    return int(layers + head)
+        layers = m.layers * one * m.dtype_bytes // tp
+    return int(layers + head_bytes_per_token(m, tp) * lin_tokens)
+
+
+def activation_bytes_per_token(m: ModelSpec, tp: int = 1, recompute=False) -> int:
+    """Bytes per token when both layouts hold the same tokens. ``recompute``: a Recompute, its string,
+    or True for Megatron's full recompute (only each layer's input is kept, plus one layer's saved
+    tensors while that layer is recomputed)."""
+    return activation_bytes(m, 1, 1, tp, recompute)
+
+
+def plan_memory_balance(plan, model: ModelSpec, tp: int = 1, recompute=None) -> dict:
+    """Per-rank peak activation memory of a Plan (attention and linear layouts, with ``recompute``):
+    ``bytes`` per rank, ``max_bytes``, ``imbalance`` = max / mean, and the same ratio of each
+    layout's token counts (``imbalance_attention``, ``imbalance_linear``). Memory is what DistCA
+    (arXiv 2510.18121) names as the weak side of per-document planning; a ratio of 1 is even."""
+    world = len(plan.attention_layout)
+    att = [sum(s.stop - s.start for s in plan.attention_layout[r]) for r in range(world)]
+    lin = [sum(s.stop - s.start for s in plan.linear_layout[r]) for r in range(world)]
+    by = [activation_bytes(model, a, b, tp, recompute) for a, b in zip(att, lin)]
+
+    def ratio(xs):
+        mean = sum(xs) / len(xs)
+        return max(xs) / mean if mean > 0 else 1.0
+
+    return {"bytes": by, "max_bytes": max(by), "imbalance": ratio(by), "imbalance_attention": ratio(att),
+            "imbalance_linear": ratio(lin)}
 
 
 @dataclass(frozen=True)
@@ -72,7 +179,7 @@ class MemoryPrediction:
 
 
 def predict_memory(m: ModelSpec, tokens: int, dp: int = 1, tp: int = 1, zero_stage: int = 0,
-                   param_bytes: int = 2, grad_bytes: int = 4, recompute: bool = False) -> MemoryPrediction:
+                   param_bytes: int = 2, grad_bytes: int = 4, recompute=False) -> MemoryPrediction:
     """Bytes on one GPU for ``tokens`` tokens held at once by that rank."""
     if zero_stage not in (0, 1, 2, 3):
         raise MemoryModelError(f"ZeRO stage must be 0..3, got {zero_stage} (set --zero-stage)")
@@ -96,7 +203,7 @@ def plan_capacity_tokens(plan) -> int:
 
 
 def capacity_tokens(m: ModelSpec, gpu_memory_bytes: float, dp: int = 1, tp: int = 1, zero_stage: int = 1,
-                    recompute: bool = False, headroom: float = HEADROOM) -> int:
+                    recompute=False, headroom: float = HEADROOM) -> int:
     """The most tokens one rank can hold at once: what ``headroom`` of the GPU's memory leaves for
     activations after weights, gradients and optimizer states (Megatron's distributed optimizer is
     ZeRO-1). 0 when even the states do not fit.

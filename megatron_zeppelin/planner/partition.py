@@ -269,12 +269,46 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
                 continue
             if best is None or plan.predicted_iteration_s < best[0]:
                 best = (plan.predicted_iteration_s, k, pl, plan)
+    best = _fixed_shapes(lengths, ctx, best)  # the baselines' shapes too: Zeppelin never predicts slower
     if best is None:
         raise err
     t, k, pl, plan = best
-    pl.meta["variant"] = "/".join(map(str, VARIANTS[k]))
+    pl.meta["variant"] = k if isinstance(k, str) else "/".join(map(str, VARIANTS[k]))
     pl.assembled = dc_replace(plan, meta=tuple(sorted((str(a), str(b)) for a, b in pl.meta.items())))
     return pl
+
+
+def _fixed_shapes(lengths, ctx: PlanContext, best):
+    """The best of ``best`` and every fixed-shape candidate (candidates.py): the baselines' shapes,
+    so that Zeppelin's prediction is never above theirs. Skipped when ``best`` is within NEAR_BOUND
+    of the lower bound (no plan can gain more); a candidate whose bound is above the best so far is
+    not assembled."""
+    from dataclasses import replace as dc_replace
+
+    from .assemble import assemble, prepare
+    from .candidates import candidate_placements, placement_key
+    if best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
+        return best
+    cands, seen = [], set()
+    for bound, label, pl0 in candidate_placements(lengths, ctx, best[0] if best else float("inf")):
+        key = placement_key(pl0)
+        if key not in seen:
+            seen.add(key)
+            cands.append((bound, label, pl0))
+    cands.sort(key=lambda c: c[0])
+    for bound, label, pl0 in cands:
+        if best is not None and bound >= best[0]:
+            break
+        pre = prepare(ctx, pl0)
+        for remap in (("time", "off") if ctx.config.remap else ("off",)):
+            pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
+            try:
+                plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
+            except PlanError:
+                continue
+            if best is None or plan.predicted_iteration_s < best[0]:
+                best = (plan.predicted_iteration_s, f"{label}/{remap}", pl, plan)
+    return best
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:

@@ -3,41 +3,68 @@
 A matrix (configs/runs/paper.yaml) has ``studies``; each crosses its ``clusters``, ``models`` (a
 name or ``{name, tp}``), ``datasets``, ``context`` lengths and ``nodes``, with the matrix's (or the
 study's own) ``strategies``. The summary compares Zeppelin with every other variant on the same
-batches: speedup = the variant's simulated iteration / Zeppelin's.
+runs: speedup = the variant's mean simulated iteration over the run / Zeppelin's, in two columns:
+``deployed`` (the baseline's run-level settings fixed for the run, as deployed; sim/runs.py) and
+``oracle`` (tuned per batch, with hindsight: an upper bound on the baseline). ``batches`` (matrix-wide
+or per study, default 16) sets the run's length; ``recompute`` the activation recompute ("auto": the
+fastest that fits, dp/memory.py RECOMPUTE_LADDER; the same for every strategy).
 
 >>> parse_tokens("64K"), parse_tokens(4096)
 (65536, 4096)
->>> recs = [{"key": "a", "study": "main", "variant": "zeppelin", "iteration_s": 1.0, "lower_bound_s": 0.9, "error": ""},
-...         {"key": "a", "study": "main", "variant": "static_cp", "iteration_s": 3.0, "lower_bound_s": 0.9, "error": ""},
-...         {"key": "b", "study": "main", "variant": "zeppelin", "iteration_s": 2.0, "lower_bound_s": 1.0, "error": ""},
-...         {"key": "b", "study": "main", "variant": "static_cp", "iteration_s": 1.0, "lower_bound_s": 1.0, "error": ""}]
->>> s = summarize(recs)["summary"]["static_cp"]
->>> s["mean_speedup"], s["max_speedup"], s["losses"]
-(1.75, 3.0, ['b'])
+>>> def rec(key, v, t, oracle=None):
+...     return {"key": key, "study": "main", "variant": v, "iteration_s": t, "lower_bound_s": 0.9, "error": "",
+...             "oracle_iteration_s": oracle or t, "time_imbalance": 1.0, "memory_imbalance": 1.0}
+>>> recs = [rec("a", "zeppelin", 1.0), rec("a", "static_cp", 3.0, 2.0), rec("b", "zeppelin", 2.0), rec("b", "static_cp", 1.0)]
+>>> s = summarize(recs)["summary"]
+>>> d, o = s["static_cp"]["deployed"], s["static_cp"]["oracle"]
+>>> d["mean_speedup"], d["max_speedup"], d["losses"], o["mean_speedup"]
+(1.75, 3.0, ['b'], 1.25)
+>>> round(s["zeppelin_lower_bound"]["max"], 3)   # 2.0 / 0.9
+2.222
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections import defaultdict
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
 from ..errors import ZeppelinError
 from ..token_counts import parse_tokens  # noqa: F401 - one parser for every command
 from .iteration import SimOptions
-from .runs import VARIANTS, RunSpec, run_config
+from .runs import DEFAULT_BATCHES, VARIANTS, RunSpec, run_config
 
 
 class MatrixError(ZeppelinError):
     pass
 
 
-def load_matrix(path: str) -> Tuple[List[Tuple[RunSpec, Tuple[str, ...]]], dict]:
+RUNS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "runs")
+DEFAULT_MATRIX = os.path.join(RUNS_DIR, "paper.yaml")
+
+
+def resolve_matrix(path: Optional[str]) -> str:
+    """A matrix path as given, else the project's (a bare name like ``paper`` or a path under
+    configs/runs/ is found next to the package, whatever the working directory)."""
+    if not path:
+        return DEFAULT_MATRIX
+    if os.path.exists(path):
+        return path
+    name = os.path.basename(path)
+    for cand in (os.path.join(RUNS_DIR, name), os.path.join(RUNS_DIR, name + ".yaml")):
+        if os.path.exists(cand) and (path == name or path.replace(os.sep, "/").endswith("configs/runs/" + name)):
+            return cand
+    return path
+
+
+def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[str, ...]]], dict]:
     """[(spec, variants, cp_sizes)] and the YAML document. ``cp_sizes`` (matrix-wide, or a study's own):
-    the CP sizes fixed-CP baselines try (runs.run_config)."""
+    the CP sizes fixed-CP baselines may deploy (runs.run_config)."""
+    path = resolve_matrix(path)
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)
@@ -50,25 +77,32 @@ def load_matrix(path: str) -> Tuple[List[Tuple[RunSpec, Tuple[str, ...]]], dict]
     seed = int(doc.get("seed", 0))
     default_vars = tuple(doc.get("strategies", ("zeppelin",)))
     default_cp = tuple(int(x) for x in doc.get("cp_sizes", ()))
+    default_batches = int(doc.get("batches", DEFAULT_BATCHES))
+    default_rc = str(doc.get("recompute", "auto"))
     items = []
     for study, st in doc["studies"].items():
         variants = tuple(st.get("strategies", default_vars))
         cps = tuple(int(x) for x in st.get("cp_sizes", default_cp))
+        batches = int(st.get("batches", default_batches))
+        rc_want = str(st.get("recompute", default_rc))
+        if batches < 1:
+            raise MatrixError(f"{path}: study {study} has batches {batches}: a run needs at least one batch")
         bad = [v for v in variants if v not in VARIANTS]
         if bad:
             raise MatrixError(f"{path}: study {study} names unknown strategies {bad} (known: {', '.join(VARIANTS)})")
         models = [(m, 1) if isinstance(m, str) else (m["name"], int(m.get("tp", 1))) for m in st.get("models", [])]
         try:
-            for cl, (model, tp), ds, ctx, nodes in itertools.product(
-                    st["clusters"], models, st["datasets"], st["context"], st["nodes"]):
+            per_gpus = st.get("tokens_per_gpu", doc.get("tokens_per_gpu", None))
+            per_gpus = per_gpus if isinstance(per_gpus, list) else [per_gpus]
+            for cl, (model, tp), ds, ctx, nodes, per_gpu in itertools.product(
+                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus):
                 ctx = parse_tokens(ctx)
-                per_gpu, cap = st.get("tokens_per_gpu", doc.get("tokens_per_gpu", ctx)), 0
-                if str(per_gpu) == "memory":
-                    fill = float(st.get("memory_fill", doc.get("memory_fill", MEMORY_FILL)))
-                    per_gpu, cap = memory_tokens(str(cl), model, tp, int(nodes), fill)
-                per_gpu = parse_tokens(per_gpu)
-                items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_gpu, seed, cap),
-                              variants, cps))
+                per_gpu = ctx if per_gpu is None else per_gpu
+                fill = float(st.get("memory_fill", doc.get("memory_fill", MEMORY_FILL)))
+                regime = "memory" if str(per_gpu) == "memory" else "fixed"
+                per_tok, cap, rc = batch_and_recompute(str(cl), model, tp, int(nodes), per_gpu, rc_want, fill)
+                items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_tok, seed, cap,
+                                      batches, rc, regime), variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None
     return items, doc
@@ -77,9 +111,37 @@ def load_matrix(path: str) -> Tuple[List[Tuple[RunSpec, Tuple[str, ...]]], dict]
 MEMORY_FILL = 0.8  # tokens per GPU / capacity: the slack a balancer needs (packing to 100% rarely fits)
 
 
-def memory_tokens(cluster: str, model: str, tp: int, nodes: int, fill: float = MEMORY_FILL) -> Tuple[int, int]:
+def batch_and_recompute(cluster: str, model: str, tp: int, nodes: int, per_gpu, recompute: str = "auto",
+                        fill: float = MEMORY_FILL) -> Tuple[int, int, str]:
+    """(tokens per GPU, capacity, recompute) of a configuration, physically realisable: ``per_gpu``
+    "memory" fills ``fill`` of what memory holds with ``recompute`` ("auto": no recompute); a token
+    count is kept and ``recompute`` "auto" takes the fastest of RECOMPUTE_LADDER whose capacity holds
+    it at ``fill``, the capacity then binding every strategy (MatrixError when even full recompute
+    cannot). An explicit ``recompute`` with a token count keeps the planner's default capacity only
+    when it is "none" and nothing was asked of memory (the compute-bound what-if)."""
+    from ..dp.memory import RECOMPUTE_LADDER
+    if str(per_gpu) == "memory":
+        rc = "none" if recompute == "auto" else recompute
+        tok, cap = memory_tokens(cluster, model, tp, nodes, fill, rc)
+        return tok, cap, rc
+    tok = parse_tokens(per_gpu)
+    if recompute != "auto":
+        if recompute == "none":
+            return tok, 0, "none"
+        _, cap = memory_tokens(cluster, model, tp, nodes, fill, recompute)
+        return tok, cap, recompute
+    for rc in RECOMPUTE_LADDER:
+        _, cap = memory_tokens(cluster, model, tp, nodes, fill, rc)
+        if tok <= fill * cap:
+            return tok, cap, rc
+    raise MatrixError(f"{model} (tp {tp}) on {cluster}: {tok} tokens per GPU do not fit in memory even with full "
+                      f"recompute (capacity {cap}): lower tokens_per_gpu or raise tp in the matrix")
+
+
+def memory_tokens(cluster: str, model: str, tp: int, nodes: int, fill: float = MEMORY_FILL,
+                  recompute: str = "none") -> Tuple[int, int]:
     """(tokens per GPU, capacity) when memory sets the batch: the capacity is what one GPU holds
-    (dp.memory.capacity_tokens: ZeRO-1 over the domain, no activation recompute, 90% of the
+    (dp.memory.capacity_tokens: ZeRO-1 over the domain, the given activation recompute, 90% of the
     profile's memory_GB), and the batch fills ``fill`` of it on average. Every strategy must then
     fit the capacity on every rank, as a real run must fit in memory."""
     from ..dp.memory import capacity_tokens
@@ -88,7 +150,7 @@ def memory_tokens(cluster: str, model: str, tp: int, nodes: int, fill: float = M
     from .runs import domain_topology
     profile, spec = load_profile(cluster), load_model(model)
     world = domain_topology(profile, nodes, tp).world_size
-    cap = capacity_tokens(spec, profile.memory_GB * 1e9, dp=world, tp=tp, zero_stage=1)
+    cap = capacity_tokens(spec, profile.memory_GB * 1e9, dp=world, tp=tp, zero_stage=1, recompute=recompute)
     if cap < 1:
         raise MatrixError(f"{model} (tp {tp}) does not fit in {profile.memory_GB:g} GB of {cluster} even without "
                           "activations: raise its tp in the matrix")
@@ -111,48 +173,68 @@ def run_matrix(items, options: SimOptions = None, progress: bool = True) -> List
     return records
 
 
-def _stats(xs: Sequence[float]) -> Dict[str, float]:
+def _stats(pairs: Sequence[Tuple[str, float]]) -> Dict:
+    xs = [x for _, x in pairs]
+    if not xs:
+        return {"mean_speedup": None, "max_speedup": None, "min_speedup": None, "geomean_speedup": None,
+                "configs": 0, "losses": [], "loss_speedups": []}
     return {"mean_speedup": sum(xs) / len(xs), "max_speedup": max(xs), "min_speedup": min(xs),
-            "geomean_speedup": math.exp(sum(math.log(x) for x in xs) / len(xs)), "configs": len(xs)}
+            "geomean_speedup": math.exp(sum(math.log(x) for x in xs) / len(xs)), "configs": len(xs),
+            "losses": [k for k, x in pairs if x < 1.0], "loss_speedups": [x for _, x in pairs if x < 1.0]}
 
 
 def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
-    """``summary``: per other variant, Zeppelin's speedup over it on the same batches (mean, max,
-    min, geometric mean, and the configurations where Zeppelin is slower: ``losses``).
-    ``lower_bound``: Zeppelin's simulated iteration / the lower bound (mean, max)."""
+    """``summary``: per other variant, Zeppelin's speedup over it on the same runs, ``deployed``
+    (run-level settings fixed for the run) and ``oracle`` (tuned per batch, with hindsight): mean,
+    max, min, geometric mean, configs, and the configurations where Zeppelin is slower (``losses``);
+    ``out_of_memory``: runs where no fixed setting of the baseline fits every batch (Zeppelin's does);
+    ``lower_bound_ratio``: the deployed baseline / the lower bound (the most any strategy could gain).
+    ``summary.zeppelin_lower_bound``: Zeppelin's mean iteration / the lower bound (mean, max).
+    ``balance``: per variant (Zeppelin too), the mean over configurations of the plans' time and
+    peak-activation-memory imbalance (max / mean over ranks)."""
     by_key: Dict[str, Dict[str, Dict]] = defaultdict(dict)
     for r in records:
-        if not r.get("error"):
-            by_key[r["key"]][r["variant"]] = r
-    speed: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
-    ceiling: Dict[str, List[float]] = defaultdict(list)  # baseline / lower bound: no strategy beats it by more
+        by_key[r["key"]][r["variant"]] = r
+    dep: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
+    orc: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
+    ceiling: Dict[str, List[float]] = defaultdict(list)
+    oom: Dict[str, int] = defaultdict(int)
     lb = []
     for key, vs in by_key.items():
         z = vs.get(reference)
-        if not z:
+        if not z or z.get("error") or not z.get("iteration_s"):
             continue
         lb.append(z["iteration_s"] / z["lower_bound_s"])
         for v, r in vs.items():
-            if v != reference:
-                speed[v].append((key, r["iteration_s"] / z["iteration_s"]))
+            if v == reference:
+                continue
+            if not r.get("error") and r.get("iteration_s"):
+                dep[v].append((key, r["iteration_s"] / z["iteration_s"]))
                 ceiling[v].append(r["iteration_s"] / z["lower_bound_s"])
-    oom: Dict[str, int] = defaultdict(int)  # configurations where only the baseline runs out of memory
-    for r in records:
-        if "runs out of memory" in (r.get("error") or "") and reference in by_key.get(r["key"], {}):
-            oom[r["variant"]] += 1
-    summary = {}
-    for v, pairs in sorted(speed.items()):
-        s = _stats([x for _, x in pairs])
-        s["losses"] = [k for k, x in pairs if x < 1.0]
-        s["loss_speedups"] = [x for k, x in pairs if x < 1.0]
-        s["out_of_memory"] = oom.get(v, 0)
-        s["lower_bound_ratio"] = sum(ceiling[v]) / len(ceiling[v])  # the most any strategy could gain, mean
-        summary[v] = s
-    out = {"summary": summary}
+            elif "out of memory" in (r.get("error") or "") or "fits every batch" in (r.get("error") or ""):
+                oom[v] += 1
+            if r.get("oracle_iteration_s"):
+                orc[v].append((key, r["oracle_iteration_s"] / z["iteration_s"]))
+    summary: Dict[str, Dict] = {}
+    for v in sorted(set(dep) | set(orc) | set(oom)):
+        summary[v] = {"deployed": _stats(dep[v]), "oracle": _stats(orc[v]), "out_of_memory": oom.get(v, 0),
+                      "lower_bound_ratio": sum(ceiling[v]) / len(ceiling[v]) if ceiling[v] else None}
     if lb:
-        out["lower_bound"] = {"mean_ratio": sum(lb) / len(lb), "max_ratio": max(lb), "configs": len(lb)}
-    out["errors"] = [f"{r['key']} {r['variant']}: {r['error']}" for r in records if r.get("error")]
-    return out
+        summary["zeppelin_lower_bound"] = {"mean": sum(lb) / len(lb), "max": max(lb), "configs": len(lb)}
+    balance = {}
+    for v in sorted({r["variant"] for r in records}):
+        ok = [r for r in records if r["variant"] == v and not r.get("error") and "memory_imbalance" in r]
+        if ok:
+            balance[v] = {"time_imbalance": sum(r["time_imbalance"] for r in ok) / len(ok),
+                          "memory_imbalance": sum(r["memory_imbalance"] for r in ok) / len(ok),
+                          "memory_imbalance_max": max(r["memory_imbalance"] for r in ok), "configs": len(ok)}
+    return {"summary": summary, "balance": balance,
+            "errors": [f"{r['key']} {r['variant']}: {r['error']}" for r in records if r.get("error")]}
+
+
+def baselines(summary: Dict) -> Dict[str, Dict]:
+    """The per-baseline entries of a summary (without ``zeppelin_lower_bound``)."""
+    return {k: v for k, v in summary.items() if k != "zeppelin_lower_bound"}
 
 
 def summarize_by_study(records: Sequence[Dict]) -> Dict[str, Dict]:

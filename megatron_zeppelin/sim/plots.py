@@ -47,9 +47,11 @@ def speedup_bars(records: Sequence[Dict], path: str, study: str = "main") -> Non
     """Zeppelin's speedup over each baseline, per configuration (cluster/model/dataset)."""
     plt = _plt()
     by_key: Dict[str, Dict[str, float]] = defaultdict(dict)
+    labels: Dict[str, str] = {}
     for r in records:
-        if r["study"] == study and not r.get("error"):
+        if r["study"] == study and not r.get("error") and r.get("iteration_s"):
             by_key[r["key"]][r["variant"]] = r["iteration_s"]
+            labels[r["key"]] = r.get("label") or r["key"]
     keys = [k for k in sorted(by_key) if "zeppelin" in by_key[k]]
     if not keys:
         return
@@ -62,9 +64,9 @@ def speedup_bars(records: Sequence[Dict], path: str, study: str = "main") -> Non
         ax.bar(xs, ys, width=w, label=b)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
-    ax.set_xticklabels(["/".join(k.split("/")[1:4]) for k in keys], rotation=70, fontsize=7, ha="right")
+    ax.set_xticklabels([labels[k] for k in keys], rotation=70, fontsize=7, ha="right")
     ax.set_ylabel("speedup of Zeppelin (baseline time / Zeppelin time)")
-    ax.set_title(f"study '{study}': simulated iteration time")
+    ax.set_title(f"study '{study}': mean simulated iteration over each run, baselines as deployed")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -74,7 +76,7 @@ def speedup_bars(records: Sequence[Dict], path: str, study: str = "main") -> Non
 def scaling_lines(records: Sequence[Dict], path: str, study: str = "scaling") -> None:
     """Throughput (tokens/s) against GPUs, one panel per dataset, one line per variant."""
     plt = _plt()
-    recs = [r for r in records if r["study"] == study and not r.get("error")]
+    recs = [r for r in records if r["study"] == study and not r.get("error") and r.get("iteration_s")]
     if not recs:
         return
     datasets = sorted({r["dataset"] for r in recs})

@@ -24,58 +24,85 @@ def _table(header: List[str], rows: List[List[str]]) -> List[str]:
     return out
 
 
+def _x(v) -> str:
+    return "-" if v is None else fmt_speed(v)
+
+
 def _summary_table(s: dict) -> List[str]:
-    rows = [[b, fmt_speed(x["mean_speedup"]), fmt_speed(x["geomean_speedup"]), fmt_speed(x["max_speedup"]),
-             fmt_speed(x["min_speedup"]), str(x["configs"]), str(len(x["losses"])), str(x.get("out_of_memory", 0)),
-             f"{x['lower_bound_ratio']:.2f}" if "lower_bound_ratio" in x else "-"]
-            for b, x in s["summary"].items()]
-    lines = _table(["baseline", "mean speedup", "geomean", "max", "min", "configs", "Zeppelin slower in",
-                    "baseline out of memory", "baseline / lower bound (mean)"], rows)
-    if s.get("lower_bound"):
-        lb = s["lower_bound"]
-        lines += ["", f"Zeppelin's simulated iteration / lower bound: mean {lb['mean_ratio']:.3f}, "
-                      f"max {lb['max_ratio']:.3f} over {lb['configs']} configurations."]
+    from .matrix import baselines
+    rows = []
+    for b, x in baselines(s["summary"]).items():
+        d, o = x["deployed"], x["oracle"]
+        rows.append([b, _x(d["mean_speedup"]), _x(d["geomean_speedup"]), _x(d["max_speedup"]), _x(d["min_speedup"]),
+                     str(d["configs"]), str(len(d["losses"])), str(x.get("out_of_memory", 0)),
+                     _x(o["mean_speedup"]), _x(o["max_speedup"]), _x(o["min_speedup"]), str(o["configs"]),
+                     str(len(o["losses"])),
+                     f"{x['lower_bound_ratio']:.2f}" if x.get("lower_bound_ratio") else "-"])
+    lines = _table(["baseline", "deployed: mean speedup", "geomean", "max", "min", "configs", "Zeppelin slower in",
+                    "no fixed setting fits (OOM)", "oracle: mean speedup", "max", "min", "configs",
+                    "Zeppelin slower in", "deployed baseline / lower bound (mean)"], rows)
+    lb = s["summary"].get("zeppelin_lower_bound")
+    if lb:
+        lines += ["", f"Zeppelin's mean simulated iteration / lower bound: mean {lb['mean']:.3f}, "
+                      f"max {lb['max']:.3f} over {lb['configs']} configurations."]
+    if s.get("balance"):
+        lines += ["", "Imbalance of the plans, max / mean over ranks (mean over configurations; memory: per-rank "
+                      "peak activation memory, attention and linear layouts, with the run's recompute):", ""]
+        lines += _table(["strategy", "time", "memory", "memory (worst)", "configs"],
+                        [[v, f"{x['time_imbalance']:.2f}", f"{x['memory_imbalance']:.2f}",
+                          f"{x['memory_imbalance_max']:.2f}", str(x["configs"])] for v, x in s["balance"].items()])
     return lines
 
 
 def _per_config(runs: List[dict], study: str, variants: List[str]) -> List[str]:
     by: Dict[str, Dict[str, dict]] = defaultdict(dict)
     for r in runs:
-        if r["study"] == study and not r.get("error"):
+        if r["study"] == study:
             by[r["key"]][r["variant"]] = r
     rows = []
     for key in sorted(by):
         vs = by[key]
         z = vs.get("zeppelin")
+        z = z if z and z.get("iteration_s") else None
         any_r = next(iter(vs.values()))
-        label = f"{any_r['cluster']} {any_r['model']}" + (f" tp{any_r['tp']}" if any_r["tp"] > 1 else "")
-        label += f" {any_r['dataset']} {any_r['context'] // 1024}K {any_r['ranks'] * any_r['tp']}GPU"
+        label = any_r.get("label") or key
+        if any_r.get("recompute", "none") != "none":
+            label += f" rc={any_r['recompute']}"
         cells = []
         for v in variants:
             r = vs.get(v)
             if r is None:
                 cells.append("-")
-            else:
-                cp = f" (cp{r['cp_size']})" if r.get("cp_size") else ""
-                cells.append(fmt_s(r["iteration_s"]) + cp)
-        best_base = min((r["iteration_s"] for v, r in vs.items() if v != "zeppelin"), default=None)
-        sp = fmt_speed(best_base / z["iteration_s"]) if z and best_base else "-"
+                continue
+            cell = fmt_s(r["iteration_s"]) if r.get("iteration_s") else "OOM"
+            if r.get("run_setting"):
+                cell += f" ({'cp' if r.get('run_setting_name') == 'cp_size' else 'mslpr '}{r['run_setting']})"
+            if r.get("oracle_iteration_s") and (not r.get("iteration_s") or r["oracle_iteration_s"] < r["iteration_s"] * 0.9995):
+                cell += f" / {fmt_s(r['oracle_iteration_s'])}"
+            cells.append(cell)
+        base = [r["iteration_s"] for v, r in vs.items() if v != "zeppelin" and r.get("iteration_s")]
+        sp = fmt_speed(min(base) / z["iteration_s"]) if z and base else "-"
         lb = f"{z['iteration_s'] / z['lower_bound_s']:.3f}" if z else "-"
-        rows.append([label] + cells + [sp, lb])
-    return _table(["configuration"] + variants + ["vs best baseline", "Zeppelin / LB"], rows)
+        bal = f"{z['time_imbalance']:.2f} / {z['memory_imbalance']:.2f}" if z and "memory_imbalance" in z else "-"
+        rows.append([label] + cells + [sp, lb, bal])
+    return _table(["configuration"] + variants + ["vs best deployed baseline", "Zeppelin / LB",
+                                                   "Zeppelin imbalance time / memory"], rows)
 
 
 def _losses(doc: dict) -> List[str]:
+    from .matrix import baselines
     out = []
-    for b, x in doc["summary"].items():
-        for k, sp in zip(x["losses"], x.get("loss_speedups", [None] * len(x["losses"]))):
-            by = f" (Zeppelin's speedup {sp:.3f}x)" if sp is not None else ""
-            out.append(f"- {k}: {b} is faster than Zeppelin{by}")
-    return out or ["- none: Zeppelin is at least as fast as every baseline in every configuration"]
+    for b, x in baselines(doc["summary"]).items():
+        for col in ("deployed", "oracle"):
+            c = x[col]
+            for k, sp in zip(c["losses"], c.get("loss_speedups", [None] * len(c["losses"]))):
+                by = f" (Zeppelin's speedup {sp:.3f}x)" if sp is not None else ""
+                out.append(f"- {k}: {b} ({col}) is faster than Zeppelin{by}")
+    return out or ["- none: Zeppelin is at least as fast as every baseline, deployed and oracle, in every configuration"]
 
 
 def _scaling(runs: List[dict], study: str = "scaling") -> List[str]:
-    recs = [r for r in runs if r["study"] == study and not r.get("error")]
+    recs = [r for r in runs if r["study"] == study and not r.get("error") and r.get("iteration_s")]
     if not recs:
         return []
     variants = sorted({r["variant"] for r in recs}, key=lambda v: (v != "zeppelin", v))
@@ -98,11 +125,15 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
          "Generated by `zeppelin report`; do not edit by hand. Made with:", "", "```"] + commands + ["```", ""]
     if notes:
         L += [notes, ""]
-    L += ["Speedup = the baseline's simulated iteration time / Zeppelin's, on the same batch. Each baseline at its "
-          "best setting (fixed-CP baselines: the fastest simulated CP size; the others choose their groups "
-          "themselves). A baseline that runs out of memory in a configuration is left out of that configuration's "
-          "speedups and counted in its own column. The last column, the baseline's time over the lower bound, is "
-          "the most any strategy could gain over it on average.", ""]
+    L += ["A configuration is a run of N batches sampled from its dataset. Speedup = the baseline's mean simulated "
+          "iteration over the run / Zeppelin's. Two columns per baseline: *deployed*, its run-level settings "
+          "(CP size; dynamic_cp's max_seqlen_per_dp_cp_rank) fixed for the whole run at the value with the least "
+          "mean time among those that never run out of memory on any batch of the run, as a user must fix them; "
+          "and *oracle*, tuned per batch, with hindsight (an upper bound on the baseline, not deployable). A "
+          "baseline none of whose fixed settings fits every batch is counted under OOM. The last column, the "
+          "deployed baseline's time over the lower bound, is the most any strategy could gain over it on average. "
+          "In the per-configuration tables a cell is the deployed mean (its setting) / the oracle mean where lower.",
+          ""]
     for title, part in doc.get("regimes", {}).items():
         L += [f"## Summary: {title}", ""] + _summary_table(part) + ["", "Where Zeppelin loses:", ""] + _losses(part)
         L += [""]
@@ -114,7 +145,8 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
         variants = sorted({r["variant"] for r in runs if r["study"] == study}, key=lambda v: (v != "zeppelin", v))
         L += ["", f"## Study `{study}`", "", "Speedup of Zeppelin over each baseline:", ""]
         L += _summary_table(studies[study])
-        L += ["", "Simulated iteration time (s) per configuration:", ""] + _per_config(runs, study, variants)
+        L += ["", "Mean simulated iteration time (s) over each run, deployed (setting) / oracle:", ""]
+        L += _per_config(runs, study, variants)
         if "scaling" in study:
             L += ["", "Throughput:", ""] + _scaling(runs, study)
         for name, path in figures.items():

@@ -18,8 +18,10 @@ Megatron's heuristic (megatron/core/datasets/data_schedule*.py, followed here, n
 Best settings: ``max_seqlen_per_dp_cp_rank`` is Megatron's tuning knob; it is tried at C, C/2, C/4, ...
 (down to what the largest group can hold) and the predicted-fastest value is kept (``meta``).
 
-Adaptation to one Plan: Megatron runs the rounds as successive micro-batches; here they are merged
-into one plan (a rank runs its rounds one after another, which can only shorten the iteration), so
+Megatron runs the rounds as successive micro-batches, with a DP x CP barrier after each
+(``round_placements``: one placement per round; the benchmark's runs time dynamic_cp this way,
+sim/runs.py). ``dynamic_cp_placement`` merges them into one plan (a rank runs its rounds one after
+another, which can only shorten the iteration), the strategy's Plan for the runtime; there
 workloads and token counts accumulate across rounds, the per-rank capacity holds for the sum, and a
 new group takes the aligned block of free ranks whose busiest member is least loaded (the lowest
 block in the first round, as in Megatron). If a fresh round can place nothing because earlier rounds
@@ -190,7 +192,8 @@ def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     return pick_fastest(lengths, ctx, cands, "max_seqlen_per_dp_cp_rank")
 
 
-def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> Placement:
+def dynamic_cp_rounds(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> List[Dict[int, Tuple[int, ...]]]:
+    """Megatron's HDP rounds: per round, {document: its rank group}."""
     world, cap = ctx.topology.world_size, ctx.capacity
     top = 1 << (world.bit_length() - 1)
     for i, L in enumerate(lengths):
@@ -199,10 +202,8 @@ def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -
                             f"{mslpr} tokens but groups hold at most {top}: raise --zeppelin-capacity-tokens")
     samples = sorted(((i, int(L)) for i, L in enumerate(lengths)), key=lambda s: (-s[1], s[0]))
     load, tok = [0.0] * world, [0] * world
-    groups: Dict[int, Tuple[int, ...]] = {}
-    rounds = 0
+    rounds: List[Dict[int, Tuple[int, ...]]] = []
     while samples:
-        rounds += 1
         rnd = _Round(world, mslpr, cap, load, tok)
         buckets = equal_buckets(samples, mslpr)
         first_g, smaller_seen, placed = None, False, 0
@@ -229,12 +230,37 @@ def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -
             raise PlanError(f"dynamic_cp: {len(samples)} document(s) fit no rank group at capacity {cap} "
                             "tokens: raise --zeppelin-capacity-tokens")
         rnd.fill_empty()
-        for block, docs in rnd.docs.items():
-            for i, _ in docs:
-                groups[i] = block
+        rounds.append({i: block for block, docs in rnd.docs.items() for i, _ in docs})
         samples = [s for b in buckets for s in b]
         samples.sort(key=lambda s: (-s[1], s[0]))
-    why = (f"Megatron dynamic CP: power-of-two groups of g ranks with g*{mslpr} >= length, "
-           f"workload length^2/g balanced over {rounds} HDP round(s)")
-    return placement_from_groups(lengths, groups, ctx, "p2p", why,
-                                 {"hdp_rounds": str(rounds), "max_seqlen_per_dp_cp_rank": str(mslpr)})
+    return rounds
+
+
+def _why(mslpr: int, rounds: int) -> str:
+    return (f"Megatron dynamic CP: power-of-two groups of g ranks with g*{mslpr} >= length, "
+            f"workload length^2/g balanced over {rounds} HDP round(s)")
+
+
+def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> Placement:
+    """All rounds merged into one plan (a rank runs its rounds one after another, no barrier
+    between them): the strategy's plan, what the engine executes for ``--zeppelin-strategy dynamic_cp``."""
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr)
+    groups = {i: b for rnd in rounds for i, b in rnd.items()}
+    return placement_from_groups(lengths, groups, ctx, "p2p", _why(mslpr, len(rounds)),
+                                 {"hdp_rounds": str(len(rounds)), "max_seqlen_per_dp_cp_rank": str(mslpr)})
+
+
+def round_placements(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> List[Tuple[List[int], Placement]]:
+    """Megatron's execution: each HDP round is its own micro-batch (its sub-samples only), run after
+    the previous one with a DP x CP barrier between them. Per round: (the batch's document indices
+    in it, its placement over those documents, renumbered 0..n-1)."""
+    out = []
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr)
+    for k, rnd in enumerate(rounds):
+        docs = sorted(rnd)
+        sub = [int(lengths[i]) for i in docs]
+        groups = {n: rnd[i] for n, i in enumerate(docs)}
+        out.append((docs, placement_from_groups(sub, groups, ctx, "p2p", _why(mslpr, len(rounds)),
+                                                {"hdp_round": str(k), "hdp_rounds": str(len(rounds)),
+                                                 "max_seqlen_per_dp_cp_rank": str(mslpr)})))
+    return out

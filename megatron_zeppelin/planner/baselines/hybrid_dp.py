@@ -4,9 +4,14 @@ ByteScale (arXiv 2502.21231) shards a sequence only as far as it must and balanc
 tokens. Here, with W ranks and the balanced share B = total FLOPs / W (attention fwd+bwd FLOPs, causal,
 plus linear fwd+bwd FLOPs of every document):
 
-1. documents in decreasing length (ties by index); each gets the smallest power-of-two CP group size g
-   dividing W (or W itself) whose zigzag share fits the per-rank capacity and whose per-rank FLOPs (FLOPs / g) fit B
-   (the largest size that fits the capacity if none reaches B); g = 1 means plain DP (local);
+1. data-aware sharding: documents in decreasing length (ties by index); each starts from the smallest
+   power-of-two CP group size g dividing W (or W itself) whose zigzag share fits the per-rank
+   capacity and whose per-rank FLOPs (FLOPs / g) fit B (the largest size that fits the capacity if
+   none reaches B); g = 1 means plain DP (local);
+1b. balancing (ByteScale's balance scheduler, within one global batch): a split document takes,
+   from that size up, the smallest size whose best block below stays within B counting the FLOPs
+   its ranks already hold; if none does, the size and block of least resulting peak
+   (_balanced_block). Documents kept whole stay whole (step 3 balances them);
 2. topology-aware grouping: a CP group is a block of g consecutive ranks aligned to g, so groups of
    up to gpus_per_node ranks are packed inside one node first; among the blocks with room the one
    whose busiest member has the fewest FLOPs so far (ties: lowest rank) takes the document;
@@ -58,11 +63,11 @@ def plan_hybrid_dp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
             raise PlanError(f"hybrid_dp: document {i} ({L} tokens) fits no CP group size of the "
                             f"{world} ranks at capacity {cap}: raise --zeppelin-capacity-tokens")
         first = next((k for k, g in enumerate(fits) if flops[i] / g <= share), len(fits) - 1)
-        for g in fits[first:]:
-            block = _best_block(L, g, world, load, tok, cap)
-            if block is not None:
-                break
-        else:
+        # A document the data-aware step keeps whole stays whole (LPT below); split ones may widen.
+        up = fits[first:]
+        block = (_balanced_block(L, flops[i], up, world, load, tok, cap, share) if up[0] > 1
+                 else next((b for g in up for b in [_best_block(L, g, world, load, tok, cap)] if b), None))
+        if block is None:
             raise PlanError(f"hybrid_dp: no group has room for document {i} ({L} tokens) at capacity "
                             f"{cap}: raise --zeppelin-capacity-tokens")
         groups[i] = block
@@ -72,6 +77,24 @@ def plan_hybrid_dp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     why = ("ByteScale-style HDP: each document on the smallest power-of-two group that fits the capacity "
            f"and the balanced FLOPs share ({share:.3g} FLOPs/rank); groups aligned inside nodes first")
     return placement_from_groups(lengths, groups, ctx, "p2p", why, {"flops_share": f"{share:.6g}"})
+
+
+def _balanced_block(L: int, f: float, sizes, world: int, load, tok, cap, share: float):
+    """ByteScale's balance step: the smallest size (from the data-aware one up) whose best block
+    stays within the balanced share *with the load it already holds*; if none does, the size and
+    block of least resulting peak (ties: the smaller size). A document is thus not stacked onto
+    ranks already busy with parts of a longer one when a wider group would even them out."""
+    best = None
+    for g in sizes:
+        block = _best_block(L, g, world, load, tok, cap)
+        if block is None:
+            continue
+        peak = max(load[r] for r in block) + f / g
+        if peak <= share:
+            return block
+        if best is None or peak < best[0]:
+            best = (peak, block)
+    return None if best is None else best[1]
 
 
 def _best_block(L: int, g: int, world: int, load, tok, cap):

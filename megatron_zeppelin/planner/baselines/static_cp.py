@@ -37,12 +37,7 @@ def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -
         raise PlanError(f"CP size {cp} does not divide the domain of {world} ranks "
                         f"(set --zeppelin-cp-size to a power of two dividing {world}, or 0 for auto)")
     blocks = aligned_blocks(cp, world)
-    heap = [(0, k) for k in range(len(blocks))]
-    groups = {}
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        tok, k = heapq.heappop(heap)
-        groups[i] = blocks[k]
-        heapq.heappush(heap, (tok + lengths[i], k))
+    groups = {i: blocks[k] for i, k in enumerate(cp_assignment(lengths, len(blocks)))}
     tok = rank_tokens(lengths, groups, world)
     worst = max(range(world), key=lambda r: (tok[r], -r))
     if tok[worst] > ctx.capacity:
@@ -51,6 +46,22 @@ def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -
     why = (f"{'TE p2p' if comm == 'p2p' else 'Llama-3 all-gather'} CP over fixed groups of {cp} consecutive "
            f"rank(s): every document split over its group" if cp > 1 else "CP size 1: packed DP, all local")
     return placement_from_groups(lengths, groups, ctx, comm, why, {"cp_size": str(cp), "dp_size": str(world // cp)})
+
+
+def cp_assignment(lengths: Sequence[int], groups: int) -> list:
+    """Per document, the index of its CP group: longest first to the group with the fewest tokens
+    (ties: the lower group), as Megatron's packing does.
+
+    >>> cp_assignment([8, 6, 4], 2)
+    [0, 1, 1]
+    """
+    heap = [(0, k) for k in range(groups)]
+    out = [0] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        tok, k = heapq.heappop(heap)
+        out[i] = k
+        heapq.heappush(heap, (tok + lengths[i], k))
+    return out
 
 
 def best_cp_placement(lengths: Sequence[int], ctx: PlanContext, comm: str) -> Placement:

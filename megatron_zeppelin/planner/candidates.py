@@ -1,0 +1,114 @@
+"""The fixed-shape plans Zeppelin also weighs, so that its predicted time is never above a baseline's.
+
+Zeppelin's greedy (partition.py) builds rings document by document; the baselines' shapes are
+different: every document over uniform CP groups of one size (static_cp, and the ablation's
+static_cp+routing with the routing layer on), ByteScale-style groups (hybrid_dp), Megatron's
+dynamic-CP groups (dynamic_cp). Each such placement is a plan Zeppelin's engine can run, so it is a
+candidate: assembled with Zeppelin's remap (time-balanced) and without it, with routing where a
+ring spans nodes (and without, as static_cp runs), and the least predicted plan of all wins.
+
+Every candidate is built by the baseline's own placement function, so "Zeppelin never loses to a
+baseline (predicted)" holds by construction on every batch, for every run-level setting the
+baseline could deploy: each CP size of the domain, and each ``max_seqlen_per_dp_cp_rank`` of
+dynamic_cp's ladder. Only p2p rings are candidates (the all-gather CP variant keeps its own kernel).
+
+>>> from megatron_zeppelin.planner.testing import toy_context
+>>> [label for label, _, _ in fixed_shape_candidates([8, 6, 4, 2], toy_context(gpus=4, capacity=16))]
+['cp1', 'cp2', 'cp4', 'hybrid_dp', 'dynamic_cp/16', 'dynamic_cp/8', 'dynamic_cp/4', 'dynamic_cp/2']
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .context import Placement, PlanContext
+from .types import PlanError
+
+
+SMALL_BATCH = 4  # documents per rank up to which hybrid_dp's and dynamic_cp's shapes are candidates too
+
+
+def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext):
+    """(label, bound, build) of every baseline shape of this batch: ``bound`` a cheap lower bound of
+    its predicted time (None: only known once built), ``build`` raises PlanError when the shape does
+    not fit the capacity. hybrid_dp's and dynamic_cp's own groupings take seconds to build on
+    thousands of documents, so they are candidates only for batches of up to SMALL_BATCH documents
+    per rank (where those baselines' shapes differ most from Zeppelin's greedy)."""
+    import numpy as np
+
+    from .baselines.cp_groups import cp_sizes
+    from .baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
+    from .baselines.hybrid_dp import plan_hybrid_dp
+    from .baselines.static_cp import cp_assignment, cp_placement
+    world = ctx.topology.world_size
+    whole = ctx.cost.doc_attention_np(np.asarray(lengths, dtype=np.int64))
+    out = []
+    for cp in cp_sizes(world):
+        # A zigzag member's attention is at least 1/cp of the whole document's (its blocks are
+        # smaller, so no faster): the busiest group's whole attention / cp bounds the plan.
+        per_group = np.bincount(cp_assignment(lengths, world // cp), weights=whole, minlength=world // cp)
+        out.append((f"cp{cp}", BOUND_SLACK * float(per_group.max()) / cp,
+                    (lambda cp=cp: cp_placement(lengths, ctx, cp, "p2p"))))
+    if len(lengths) <= SMALL_BATCH * world:
+        out.append(("hybrid_dp", None, lambda: plan_hybrid_dp(lengths, ctx)))
+        top = 1 << (world.bit_length() - 1)
+        m, longest, n = ctx.capacity, max(lengths), 0
+        while m >= 1 and gpus_needed(longest, m) <= top and n <= world.bit_length():
+            out.append((f"dynamic_cp/{m}", None, (lambda m=m: dynamic_cp_placement(lengths, ctx, m))))
+            m, n = m // 2, n + 1
+    return out
+
+
+def spans_nodes(placement: Placement, ctx: PlanContext) -> bool:
+    return any(r.cls == "inter" for r in placement.rings)
+
+
+def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float = float("inf")):
+    """(bound, label, placement) of every fitting fixed shape whose bound is below ``best_s``, routed
+    where a ring spans nodes (and the config allows routing) and also unrouted; placements have
+    remap off (the caller adds it)."""
+    from dataclasses import replace
+    routing = ctx.config.routing_enabled(ctx.topology.nodes)
+    for label, bound, build in fixed_shape_candidates(lengths, ctx):
+        if bound is not None and bound >= best_s:
+            continue
+        try:
+            pl = build()
+        except PlanError:
+            continue
+        pl = replace(pl, remap=False, balance_linear=False, routing=False, assembled=None, meta=dict(pl.meta))
+        pl.meta["shape"] = label
+        b = attention_bound(pl, ctx)
+        yield b, label, pl
+        if routing and spans_nodes(pl, ctx):
+            yield b, label + "+routing", replace(pl, routing=True, meta=dict(pl.meta))
+
+
+BOUND_SLACK = 0.97  # the bound below is the prediction's own attention term; slack for its step granularity
+
+
+def attention_bound(placement: Placement, ctx: PlanContext) -> float:
+    """A cheap lower bound of a placement's predicted iteration: the busiest rank's attention
+    compute (whole local documents, zigzag ring shares), times BOUND_SLACK. No communication, no
+    linear work: a candidate whose bound is above the best plan so far need not be assembled."""
+    cost = ctx.cost
+    att = [0.0] * ctx.topology.world_size
+    memo, length = {}, {d.doc: d.length for d in placement.docs}
+    for d in placement.docs:
+        if d.cls == "local":
+            att[d.owner] += cost.doc_attention_s(d.length)
+    for r in placement.rings:
+        for i in r.docs:
+            L = length[i]
+            key = (L, r.size)
+            if key not in memo:
+                memo[key] = cost.ring_member_attention_s(L, r.size)
+            for rank in r.ranks:
+                att[rank] += memo[key]
+    return BOUND_SLACK * max(att)
+
+
+def placement_key(placement: Placement) -> tuple:
+    """Equal keys: the same documents on the same ranks (rings as rank tuples), the same routing."""
+    ranks = {r.id: r.ranks for r in placement.rings}
+    return (placement.routing,) + tuple((d.owner, ranks.get(d.ring, ())) for d in sorted(placement.docs, key=lambda d: d.doc))

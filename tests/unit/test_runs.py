@@ -1,0 +1,121 @@
+"""Runs of batches with baselines as deployed, activation recompute, memory balance, and Zeppelin
+weighing the baselines' shapes (issue 14)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megatron_zeppelin.config import ZeppelinConfig
+from megatron_zeppelin.dp.memory import (RECOMPUTE_LADDER, Recompute, activation_bytes, capacity_tokens,
+                                         plan_memory_balance)
+from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.planner import make_context, plan_batch
+from megatron_zeppelin.planner.recompute import recompute_lower_bound_s, recompute_s
+from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.sim.matrix import batch_and_recompute, load_matrix
+from megatron_zeppelin.sim.runs import domain_topology, make_plan, run_settings
+
+
+def _setup(nodes=2, cluster="a800", model="llama-7b", capacity=0):
+    profile, spec = load_profile(cluster), load_model(model)
+    topo = domain_topology(profile, nodes)
+    cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
+                         gpu_nic_map=topo.gpu_to_nic, capacity_tokens=capacity)
+    return profile, spec, topo, cfg
+
+
+def test_recompute_capacities_follow_megatrons_modules():
+    m = load_model("llama-7b")
+    caps = [capacity_tokens(m, 80e9, dp=32, recompute=rc) for rc in RECOMPUTE_LADDER]
+    assert caps == sorted(caps) and caps[0] < 5000 and caps[1] < caps[0] * 1.1  # core_attn saves little
+    assert 8000 < caps[2] < 9500 and 10000 < caps[3] < 11000 and 33000 < caps[4] < 35000
+    assert Recompute.parse("selective") == Recompute("selective", ("core_attn",))  # Megatron's default module
+    assert activation_bytes(m, 1000, 0) < activation_bytes(m, 0, 1000)  # the MLP side saves more per token
+
+
+def test_the_matrix_takes_the_fastest_recompute_that_fits():
+    tok, cap, rc = batch_and_recompute("a800", "llama-7b", 1, 4, "8K")
+    assert rc == "selective:core_attn,mlp,layernorm" and tok <= 0.8 * cap  # +mlp holds 8.8K: not 8K at 0.8
+    assert batch_and_recompute("h200", "llama-3b", 1, 4, "4K")[2] == "none"
+    with pytest.raises(Exception, match="even with full recompute"):
+        batch_and_recompute("a800", "llama-7b", 1, 4, "64K")
+
+
+def test_recompute_repeats_ring_communication_only_for_split_documents():
+    profile, spec, topo, cfg = _setup()
+    ctx = make_context(topo, profile, spec, cfg, 65536)
+    ring = plan_batch([65536], topo, profile, spec, cfg, strategy="static_cp")
+    assert ring.rings and max(c.comm_exposed_s for c in ring.cost) > 0
+    local = plan_batch([4096] * 16, topo, profile, spec, cfg, strategy="packed_dp")
+    for plan in (ring, local):
+        core = recompute_s(plan, ctx.cost, "selective:core_attn")
+        want = [c.attention_s / 3.5 + (c.comm_exposed_s / 3 if plan is ring else 0.0) for c in plan.cost]
+        assert core == pytest.approx(want)
+        full = recompute_s(plan, ctx.cost, "full")
+        assert all(f >= c for f, c in zip(full, core)) and max(f - c for f, c in zip(full, core)) > 0
+    assert recompute_lower_bound_s(local.lengths, ctx.cost, "full") <= max(recompute_s(local, ctx.cost, "full"))
+
+
+def test_memory_balance_of_a_plan():
+    profile, spec, topo, cfg = _setup()
+    plan = plan_batch([30000, 2000, 1000] + [500] * 20, topo, profile, spec, cfg, strategy="zeppelin")
+    mem = plan_memory_balance(plan, spec, 1, "full")
+    assert len(mem["bytes"]) == topo.world_size and mem["imbalance"] >= 1.0
+    assert mem["max_bytes"] == max(mem["bytes"])
+
+
+def test_zeppelin_routes_a_single_64k_document_over_both_nodes():
+    # Before: an 8-rank ring inside one node (static_cp CP 8's plan, 4.06 s predicted) while routed
+    # CP 16 over both nodes predicts 2.35 s. Zeppelin now weighs the baselines' shapes.
+    profile, spec, topo, cfg = _setup()
+    z = plan_batch([65536], topo, profile, spec, cfg, strategy="zeppelin")
+    routed = make_plan("static_cp+routing", [65536], topo, profile, spec, cfg, 16)
+    assert z.predicted_iteration_s <= routed.predicted_iteration_s * (1 + 1e-9)
+    assert [r.size for r in z.rings] == [16]
+
+
+@pytest.mark.parametrize("lengths,nodes", [([65536], 2), ([3000, 1500], 1), ([9000, 7000, 300], 1),
+                                           ([40000, 20000, 9000, 100], 2)])
+def test_zeppelin_never_predicts_slower_than_a_baseline(lengths, nodes):
+    profile, spec, topo, cfg = _setup(nodes)
+    if nodes == 1:  # small batches: 4 ranks
+        from megatron_zeppelin.topology import Topology
+        topo = Topology(1, 4, 4)
+        cfg = cfg.with_(gpus_per_node=4, nics_per_node=4, gpu_nic_map=())
+    z = plan_batch(lengths, topo, profile, spec, cfg, strategy="zeppelin").predicted_iteration_s
+    cap = 2 * -(-sum(lengths) // topo.world_size)
+    for v in ("packed_dp", "static_cp", "static_cp+routing", "hybrid_dp", "dynamic_cp"):
+        for s in run_settings(v, topo.world_size, cap, max(lengths), ()):
+            try:
+                b = make_plan(v, lengths, topo, profile, spec, cfg, s).predicted_iteration_s
+            except Exception:
+                continue  # the setting does not fit this batch
+            assert z <= b * (1 + 1e-9), (v, s, z, b)
+
+
+def test_bench_studies_work_outside_the_project_root(tmp_path):
+    items, _ = load_matrix(None)
+    assert {"smoke", "main", "memory"} <= {spec.study for spec, _, _ in items}
+    smoke = [spec for spec, _, _ in items if spec.study == "smoke"]
+    assert {spec.regime for spec in smoke} == {"memory", "fixed"} and all(spec.batches == 4 for spec in smoke)
+    code = "from megatron_zeppelin.sim.matrix import load_matrix; print(len(load_matrix('configs/runs/paper.yaml')[0]))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0 and int(out.stdout) == len(items), out.stderr
+
+
+def test_dynamic_cp_rounds_run_one_after_another():
+    from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_rounds
+    from megatron_zeppelin.sim.runs import simulate_rounds
+    profile, spec, topo, cfg = _setup(1)
+    lengths = [30000, 20000, 9000, 8000, 3000, 2000, 1500, 1000, 700, 500]
+    ctx = make_context(topo, profile, spec, cfg, sum(lengths))
+    mslpr = 4096
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr)
+    assert len(rounds) > 1 and sorted(i for r in rounds for i in r) == list(range(len(lengths)))
+    merged, res = simulate_rounds(lengths, topo, profile, spec, cfg, mslpr, 1)
+    assert len(res.plans) == len(rounds)
+    assert res.iteration_s == pytest.approx(sum(r.iteration_s for r in res.results))
+    assert [r.allreduce_exposed_s > 0 for r in res.results] == [False] * (len(rounds) - 1) + [True]
