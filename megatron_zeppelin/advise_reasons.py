@@ -29,10 +29,11 @@ def _say(c) -> str:
 def reasons(best, cands, mem_bytes: float) -> List[str]:
     out = [f"memory per GPU {best.memory.describe()} of {mem_bytes / G:.0f} GiB (activations of "
            f"{best.capacity_tokens} tokens: the fullest rank in one micro-batch)."]
+    mbs = "; ".join(f"mbs {c.mbs}: {_say(c)}" for c in cands if c.tp == best.tp and c.cp == best.cp
+                    and c.strategy == best.strategy and c.zero_stage == best.zero_stage
+                    and c.recompute == best.recompute and c.mbs != best.mbs)
     out.append(f"micro-batch size {best.mbs}, gradient accumulation {best.ga} (DP {best.dp}; the global batch is "
-               f"fixed): " + "; ".join(f"mbs {c.mbs}: {_say(c)}" for c in cands if c.tp == best.tp and c.cp == best.cp
-                                        and c.strategy == best.strategy and c.zero_stage == best.zero_stage
-                                        and c.recompute == best.recompute and c.mbs != best.mbs) or "the only choice")
+               f"fixed): " + (mbs or "the only micro-batch size DP divides the global batch's sequences by") + ".")
     zs = "; ".join(f"ZeRO-{z}: {_say(_alt(best, cands, zero_stage=z))}" for z in (0, 1, 2, 3) if z != best.zero_stage)
     out.append(f"ZeRO-{best.zero_stage} ({best.comm_exposed_s * 1e3:.0f} ms of DP communication exposed per step); "
                f"{zs}. The distributed optimizer moves 6 bytes per parameter per step to DDP's 8; ZeRO-2/3 "
