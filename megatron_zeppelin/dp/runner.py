@@ -147,7 +147,7 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
                 return float(total) / batch.domain_tokens, t1 - t0, t2 - t0, exposed, batch
 
             losses, step_s, fwd_bwd_s, exposed_s = [], [], [], []
-            counter = CollectiveCounter(grad_group, world)
+            counter = CollectiveCounter(variant.comm_groups(module, grad_group), world)
             for s in range(steps):
                 if s == 0:
                     with counter:  # the warm-up step: collectives counted, not timed

@@ -47,15 +47,16 @@ def _group_name(args) -> str:
 
 
 class CollectiveCounter(TorchDispatchMode):
-    """Count the collectives on ``group`` while active (nests with other modes)."""
+    """Count the collectives on ``groups`` (one process group or several) while active."""
 
-    def __init__(self, group, world: int):
+    def __init__(self, groups, world: int):
         super().__init__()
-        self.name, self.world = group.group_name, world
+        groups = groups if isinstance(groups, (list, tuple)) else [groups]
+        self.names, self.world = {g.group_name for g in groups}, world
         self.ops: List[tuple] = []  # (op, size bytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d" and _group_name(args) == self.name:
+        if func.namespace == "c10d" and _group_name(args) in self.names:
             tensors = [a for a in args if isinstance(a, (torch.Tensor, list, tuple))]
             size = max((_tensor_bytes(a) for a in tensors), default=0)
             self.ops.append((func._opname, size))

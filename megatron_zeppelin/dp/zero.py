@@ -142,9 +142,10 @@ class _ZeroSharded(Variant):
     def after_step(self, module) -> None:
         """All-gather the updated shards into every rank's full parameters."""
         works = []
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # same op; new name
         for bk, shard in zip(self.buckets, self.shards):
             out = self.flat_param[bk.start:bk.start + bk.size]
-            works.append(dist.all_gather_into_tensor(out, shard.detach().clone(), group=self.group, async_op=True))
+            works.append(gather(out, shard.detach().clone(), group=self.group, async_op=True))
         for w in works:
             w.wait()
 
