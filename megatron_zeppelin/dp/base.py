@@ -7,7 +7,7 @@ FSDP) yields the same summed gradient as one that sums (naive, bucketed, megatro
 per-token loss): averaging over W ranks after scaling by W is exact in float32 for W = 1, 2, 4.
 
 >>> [v for v in VARIANTS]
-['naive', 'bucketed', 'torch_ddp', 'mcore_ddp', 'zero1', 'zero2', 'zero3']
+['single', 'naive', 'bucketed', 'torch_ddp', 'mcore_ddp', 'mcore_distopt', 'zero1', 'zero2', 'zero3']
 >>> get_variant("zero3").zero_stage, get_variant("naive").loss_scale(4), get_variant("torch_ddp").loss_scale(4)
 (3, 1, 4)
 """
@@ -22,10 +22,12 @@ from ..errors import ZeppelinError
 
 # name -> (module under megatron_zeppelin.dp, class name); order = order in tables and plots
 VARIANTS = {
+    "single": ("naive", "SingleProcess"),
     "naive": ("naive", "NaiveDP"),
     "bucketed": ("bucketed", "BucketedDP"),
     "torch_ddp": ("torch_ddp", "TorchDDP"),
     "mcore_ddp": ("mcore_ddp", "McoreDDP"),
+    "mcore_distopt": ("mcore_ddp", "McoreDistOpt"),
     "zero1": ("zero", "Zero1"),
     "zero2": ("zero", "Zero2"),
     "zero3": ("zero", "Zero3"),
@@ -76,6 +78,13 @@ class Variant:
 
     def finish(self, module) -> None:
         """After backward: the summed (or W-scaled averaged) gradients are ready for the optimizer."""
+
+    def comm_groups(self, module, grad_group) -> list:
+        """The process groups this variant's gradient / parameter collectives run on."""
+        return [grad_group]
+
+    def after_step(self, module) -> None:
+        """After the optimizer step: e.g. ZeRO-1/2's all-gather of the updated parameter shards."""
 
     def describe(self) -> str:
         return self.__doc__.strip().splitlines()[0] if self.__doc__ else self.name

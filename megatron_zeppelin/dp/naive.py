@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .base import Variant
+from .base import Variant, VariantError
 
 
 class NaiveDP(Variant):
@@ -27,3 +27,13 @@ class NaiveDP(Variant):
             n = g.numel()
             p.grad = flat[off:off + n].view_as(p)  # views into the reduced buffer
             off += n
+
+
+class SingleProcess(Variant):
+    """plain single-process training: no wrapper, no communication (the baseline; one rank only)"""
+    name = "single"
+
+    def wrap(self, model, group):
+        if group is not None and dist.get_world_size(group) != 1:
+            raise VariantError("variant 'single' runs on one rank only (drop it from --variants or use --ranks 1)")
+        return model

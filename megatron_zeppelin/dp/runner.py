@@ -9,6 +9,12 @@ Balance off plans each batch with ``packed_dp`` (documents whole, token-balanced
 ``zeppelin`` (quadratic-cost balance, long documents split over rings, remap). Both go through the
 integration's batch path (integration/batch.py) and the Zeppelin core attention, on a process group
 of their own so attention traffic never interleaves with the variants' gradient collectives.
+
+Per step it also records: when the backward's last computation ended (a gradient hook on the
+embedding output: the embedding's backward is the last of the backward), so *exposed
+communication* = (gradients ready - backward compute end) + the post-step parameter all-gather
+(ZeRO-1/2); and, on the first (warm-up, untimed) step, the collectives on the gradient group with
+their bytes (traffic.py; a dispatch mode costs time, so it never runs on a timed step).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class RunSpec:
     model: str = "tiny"
     measure_memory: bool = True
     bucket_bytes: int = 1 << 16
+    epoch: bool = False  # True: steps = one pass over every document of the corpus (``steps`` ignored)
 
     def check(self) -> "RunSpec":
         for v in self.variants:
@@ -43,6 +50,16 @@ class RunSpec:
         if self.steps < 2:
             raise ZeppelinError(f"--steps must be >= 2 (one to warm up, one to time), got {self.steps}")
         return self
+
+
+def epoch_steps(lengths, tokens_per_batch: int, max_doc_tokens: int) -> int:
+    """Global batches that train every document once (each trains min(L-1, cap) tokens).
+
+    >>> epoch_steps([5, 300, 40, 12, 7, 90], tokens_per_batch=100, max_doc_tokens=64)
+    2
+    """
+    total = sum(min(int(n) - 1, max_doc_tokens or int(n)) for n in lengths if int(n) >= 2)
+    return max(2, -(-total // tokens_per_batch))
 
 
 def _initial_state(model):
@@ -73,6 +90,7 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
     from .base import get_variant
     from .measure import peak_step_bytes, rss_peak_bytes
     from .memory import predict_memory
+    from .traffic import CollectiveCounter
 
     m = load_model(spec.model)
     init_parallel(tp=1, seed=spec.seed)
@@ -83,7 +101,8 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
     profile = load_profile("h200")
     ds = DocumentDataset(corpus)
     sampler = BatchSampler(ds.lengths, spec.tokens_per_batch, spec.max_doc_tokens, seed=spec.seed)
-    batches = [batch_documents(ds, sampler, s) for s in range(spec.steps + 1)]
+    steps = epoch_steps(ds.lengths, spec.tokens_per_batch, spec.max_doc_tokens) if spec.epoch else spec.steps
+    batches = [batch_documents(ds, sampler, s) for s in range(steps + 1)]
     init = _initial_state(build_model(m))
     scale = m.head_dim ** -0.5
     records = []
@@ -92,11 +111,21 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
         cfg = ZeppelinConfig(strategy=strategy, gpus_per_node=world)
         plans = [plan_batch([d.numel() - 1 for d in docs], topo, profile, m, cfg) for docs in batches]
         for name in spec.variants:
+            if name == "single" and world != 1:
+                continue  # the plain single-process baseline exists at one rank only
             variant = get_variant(name, bucket_bytes=spec.bucket_bytes)
             model = build_model(m)
             _load(model, init)
             module = variant.wrap(model, grad_group)
             opt = variant.optimizer(module, spec.lr)
+            marks = {}
+            # The embedding's output gradient is the backward's last computation (its own backward
+            # is a scatter-add): its time marks the end of backward compute for every variant.
+            def mark_backward_end(mod, inp, out, marks=marks):
+                if out.requires_grad:
+                    out.register_hook(lambda g: marks.__setitem__("bwd_end", time.perf_counter()))
+
+            model.embedding.register_forward_hook(mark_backward_end)
 
             def one_step(s):
                 batch = build_rank_batch(batches[s], plans[s], rank, att_group, softmax_scale=scale)
@@ -106,31 +135,43 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
                 (local * variant.loss_scale(world) / batch.domain_tokens).backward()
                 t1 = time.perf_counter()
                 variant.finish(module)
+                tf = time.perf_counter()
                 opt.step()
+                to = time.perf_counter()
+                variant.after_step(module)
+                ta = time.perf_counter()
                 total = local.detach().double().reshape(1)
                 dist.all_reduce(total, group=att_group)  # also the end-of-step barrier
                 t2 = time.perf_counter()
-                return float(total) / batch.domain_tokens, t1 - t0, t2 - t0, batch
+                exposed = (tf - min(marks.get("bwd_end", t1), t1)) + (ta - to)
+                return float(total) / batch.domain_tokens, t1 - t0, t2 - t0, exposed, batch
 
-            losses, step_s, fwd_bwd_s = [], [], []
-            for s in range(spec.steps):
-                loss, fb, st, batch = one_step(s)
+            losses, step_s, fwd_bwd_s, exposed_s = [], [], [], []
+            counter = CollectiveCounter(variant.comm_groups(module, grad_group), world)
+            for s in range(steps):
+                if s == 0:
+                    with counter:  # the warm-up step: collectives counted, not timed
+                        loss, fb, st, ex, batch = one_step(s)
+                else:
+                    loss, fb, st, ex, batch = one_step(s)
                 losses.append(loss)
                 step_s.append(st)
                 fwd_bwd_s.append(fb)
+                exposed_s.append(ex)
             mem, pred = {}, {}
-            last = plans[spec.steps]
+            last = plans[steps]
             mem_tokens = max(last.tokens(rank), sum(len(x) for x in last.linear_layout[rank]))
             if spec.measure_memory:
-                mem = peak_step_bytes(lambda: one_step(spec.steps), module, opt)
+                mem = peak_step_bytes(lambda: one_step(steps), module, opt)
                 pred = predict_memory(m, mem_tokens, dp=world, zero_stage=variant.zero_stage,
                                       param_bytes=4, grad_bytes=4).to_dict()
             rec = {"variant": name, "balance": balance, "strategy": strategy, "world": world, "rank": rank,
-                   "losses": losses, "step_s": step_s, "fwd_bwd_s": fwd_bwd_s,
+                   "model": m.name, "losses": losses, "step_s": step_s, "fwd_bwd_s": fwd_bwd_s,
+                   "exposed_comm_s": exposed_s, "traffic": counter.summary(),
                    "tokens_per_step": spec.tokens_per_batch,
-                   "att_tokens": [plans[s].tokens(rank) for s in range(spec.steps)],
+                   "att_tokens": [plans[s].tokens(rank) for s in range(steps)],
                    "mem": mem, "mem_pred": pred, "mem_tokens": mem_tokens, "rss_peak_bytes": rss_peak_bytes(),
-                   "classes": [plans[s].class_counts() for s in range(spec.steps)],
+                   "classes": [plans[s].class_counts() for s in range(steps)],
                    "params": sum(p.numel() for p in model.parameters())}
             records.append(rec)
             if verbose and rank == 0:  # progress on the parent's stderr (spawned ranks inherit it)

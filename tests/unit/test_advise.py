@@ -1,45 +1,129 @@
-"""zeppelin advise on textbook cases."""
+"""zeppelin advise: the global batch is fixed (micro-batch size and accumulation are the free
+choices), per-micro-batch ZeRO-2/3 communication, the distributed optimizer by default, a complete
+and self-consistent Megatron flag line, and model-state memory checked against DeepSpeed's
+estimators."""
 
 import pytest
 
-from megatron_zeppelin.advise import AdviseError, advise, parse_memory
+from megatron_zeppelin.advise import AdviseError, advise, comm_exposed_s, parse_memory, split_micro_batches
+from megatron_zeppelin.advise_flags import check_consistency, command_line, megatron_flags
 from megatron_zeppelin.cli import main
+from megatron_zeppelin.dp.memory import predict_memory
+from megatron_zeppelin.dp.recompute import Recompute
 from megatron_zeppelin.model_spec import load_model
 from megatron_zeppelin.profile import load_profile
 
+SEQ = 8192
+BATCH = [8192] * 16 + [4096] * 32  # 256K tokens = 32 sequences of 8K
 
-def test_states_that_do_not_fit_get_higher_stage_or_tp():
-    m, p = load_model("llama-30b"), load_profile("a800")
-    a = advise([2048] * 64, m, p, nodes=2, gpu_memory_bytes=80e9, use_sim=False)
-    assert a.best is not None and a.best.fits
-    # ZeRO-1 at TP 1 would need > 80 GB for weights + grads alone
-    z1 = [c for c in a.candidates if c.tp == 1 and c.zero_stage == 1 and c.recompute]
-    assert z1 and not any(c.fits for c in z1)
-    assert a.best.zero_stage >= 2 or a.best.tp > 1
+
+# DeepSpeed's model-state estimators without offload, transcribed from deepspeed/runtime/zero/
+# stage_1_and_2.py (estimate_zero2_model_states_mem_needs, cpu_offload=False) and stage3.py
+# (estimate_zero3_model_states_mem_needs, cpu_offload=False); https://deepspeed.readthedocs.io/en/latest/memory.html
+def ds_zero2_gpu_bytes(total_params, total_gpus):
+    return 4 * total_params + int(16 * total_params / total_gpus)
+
+
+def ds_zero3_gpu_bytes(total_params, largest_layer_params, total_gpus):
+    return 4 * largest_layer_params + int(18 * total_params / total_gpus)
+
+
+@pytest.fixture(scope="module")
+def a13():
+    return advise(BATCH, load_model("llama-13b"), load_profile("a800"), 1, 80e9, seq_length=SEQ, use_sim=False)
+
+
+def test_global_batch_is_fixed_and_micro_batch_is_free(a13):
+    assert all(c.dp * c.mbs * c.ga * SEQ == sum(BATCH) for c in a13.candidates)
+    assert all(c.dp * c.cp * c.tp == 8 for c in a13.candidates)
+    assert len({(c.mbs, c.ga) for c in a13.candidates}) > 2  # several micro-batch sizes were weighed
+    assert split_micro_batches(BATCH, 4) and sum(map(sum, split_micro_batches(BATCH, 4))) == sum(BATCH)
+
+
+def test_pick_fits_and_is_fastest_within_tolerance(a13):
+    b = a13.best
+    assert b is not None and b.fits
+    assert b.iteration_s <= 1.03 * min(c.iteration_s for c in a13.candidates if c.fits)
+
+
+def test_flag_line_is_complete_and_consistent(a13):
+    m = load_model("llama-13b")
+    for c in [a13.best] + [c for c in a13.candidates if c.recompute is not Recompute.NONE][:40:7]:
+        flags = megatron_flags(c, m, SEQ, sum(BATCH), "a800", 8, 4)
+        assert check_consistency(flags, c, m, world=8, seq_length=SEQ, global_batch_tokens=sum(BATCH)) == []
+        if c.recompute is Recompute.FULL:  # issue 18 item 7: never "--recompute-granularity full" alone
+            assert flags[flags.index("--recompute-granularity"):][:6] == [
+                "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    line = command_line(a13.best, m, 1, 8, SEQ, sum(BATCH), "a800", 4)
+    assert line.startswith(("torchrun", "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun")) and "--global-batch-size 32" in line
+
+
+def test_consistency_check_catches_incomplete_recompute(a13):
+    import dataclasses
+    m = load_model("llama-13b")
+    c = dataclasses.replace(a13.best, recompute=Recompute.FULL)
+    flags = megatron_flags(c, m, SEQ, sum(BATCH))
+    i = flags.index("--recompute-method")
+    bad_line = flags[:i] + flags[i + 4:]  # "--recompute-granularity full" alone (issue 18 item 7)
+    assert check_consistency(flags, c, m, 8, SEQ, sum(BATCH)) == []
+    assert any("--recompute-method" in p for p in check_consistency(bad_line, c, m, 8, SEQ, sum(BATCH)))
+
+
+def test_distributed_optimizer_by_default_when_not_slower(a13):
+    for c in a13.candidates:
+        if c.zero_stage == 0:
+            z1 = next(d for d in a13.candidates if d.zero_stage == 1 and (d.tp, d.cp, d.strategy, d.mbs, d.recompute)
+                      == (c.tp, c.cp, c.strategy, c.mbs, c.recompute))
+            assert z1.iteration_s <= c.iteration_s + 1e-9
+            assert z1.memory.total < c.memory.total if c.dp * c.cp > 1 else z1.memory.total == c.memory.total
+    assert a13.best.zero_stage != 0
+
+
+def test_zero3_and_zero2_communicate_per_micro_batch():
+    one = comm_exposed_s(3, 1, fwd_s=0.1, bwd_s=0.2, layers=4, ar_grad_s=1.0, ar_param_s=0.5)
+    assert comm_exposed_s(3, 4, 0.1, 0.2, 4, 1.0, 0.5) == pytest.approx(4 * one)
+    z1 = [comm_exposed_s(1, ga, 0.1, 0.2, 4, 1.0, 0.5) for ga in (1, 4)]
+    assert z1[0] == z1[1]  # ZeRO-1 / DDP reduce once per step, whatever the accumulation
+    assert comm_exposed_s(2, 4, 0.1, 0.2, 4, 1.0, 0.5) > comm_exposed_s(2, 1, 0.1, 0.2, 4, 1.0, 0.5)
+
+
+@pytest.mark.parametrize("name", ["llama-3b", "llama-7b", "llama-13b", "llama-30b"])
+def test_model_states_against_deepspeed_estimators(name):
+    """Our per-GPU model states vs DeepSpeed's: ZeRO-2 differs by exactly the full 16-bit gradient
+    DeepSpeed keeps (2 bytes x P) and Megatron-FSDP's optim_grads does not; ZeRO-3 by the gathered
+    unit only (the sharded states are the same 18 bytes per parameter / N; DeepSpeed adds 4 bytes x its
+    largest module, advise two prefetched bf16 transformer layers)."""
+    m = load_model(name)
+    P = m.params()
+    for n in (8, 32):
+        z2 = predict_memory(m, 0, dp=n, zero_stage=2)
+        assert ds_zero2_gpu_bytes(P, n) - (z2.weights + z2.gradients + z2.optimizer) == pytest.approx(2 * P, rel=1e-6)
+        z3 = predict_memory(m, 0, dp=n, zero_stage=3)
+        assert (z3.weights + z3.gradients + z3.optimizer) == pytest.approx(18 * P / n, rel=1e-6)  # the same 18 bytes/param/N
+        largest = max(m.vocab * m.hidden, m.hidden * m.ffn)  # DeepSpeed's largest module (embedding or fc)
+        assert ds_zero3_gpu_bytes(P, largest, n) > (z3.weights + z3.gradients + z3.optimizer)
+
+
+def test_picks_fit_by_deepspeed_estimators_too(a13):
+    """The pick's model states by DeepSpeed's formula (ZeRO-1 and -2 share DeepSpeed's stage-1/2
+    estimator) plus our activations stay within the GPU: advise does not rely on an optimistic count."""
+    m, b = load_model("llama-13b"), a13.best
+    shards, P = 8 // b.tp, m.params() / b.tp
+    ds = (ds_zero3_gpu_bytes(P, max(m.vocab * m.hidden, m.hidden * m.ffn) / b.tp, shards) if b.zero_stage == 3
+          else ds_zero2_gpu_bytes(P, shards))
+    if b.zero_stage == 1:
+        assert b.memory.total - b.memory.activations >= ds  # Megatron's fp32 main grads: more than DeepSpeed's
+    assert ds + b.memory.activations <= 80e9
 
 
 def test_nothing_fits_says_so():
-    a = advise([2048] * 64, load_model("llama-30b"), load_profile("a800"), nodes=1, gpu_memory_bytes=80e9,
-               use_sim=False)
+    a = advise([8192] * 8, load_model("llama-30b"), load_profile("a800"), 1, 16e9, seq_length=SEQ, use_sim=False)
     assert a.best is None and "add --nodes" in a.reasons[0]
 
 
-def test_small_model_gets_plain_ddp_and_packed_dp():
-    a = advise([1024] * 64, load_model("tiny"), load_profile("h200"), nodes=1, gpu_memory_bytes=141e9)
-    assert (a.best.zero_stage, a.best.tp, a.best.strategy, a.best.recompute) == (0, 1, "packed_dp", False)
-
-
-def test_uniform_short_documents_get_packed_dp_without_cp():
-    a = advise([2048] * 128, load_model("llama-3b"), load_profile("h200"), nodes=1, gpu_memory_bytes=141e9)
-    assert a.best.strategy == "packed_dp" and a.best.classes["intra"] == a.best.classes["inter"] == 0
-
-
-def test_long_tail_gets_a_balancing_strategy():
-    lengths = [32768] * 3 + [2048] * 20 + [256] * 200
-    a = advise(lengths, load_model("llama-7b"), load_profile("h200"), nodes=2, gpu_memory_bytes=141e9)
-    assert a.best.strategy != "packed_dp"
-    packed = [c for c in a.candidates if c.strategy == "packed_dp" and c.fits]
-    assert all(c.iteration_s > a.best.iteration_s for c in packed)
+def test_global_batch_must_be_whole_sequences():
+    with pytest.raises(AdviseError, match="--seq-length"):
+        advise([1000] * 3, load_model("tiny"), load_profile("h200"), 1, 141e9, seq_length=2048, use_sim=False)
 
 
 def test_memory_flag_errors_name_the_flag():
@@ -49,7 +133,8 @@ def test_memory_flag_errors_name_the_flag():
 
 
 def test_cli_advise(capsys):
-    assert main(["advise", "--model", "llama-7b", "--cluster", "c", "--nodes", "1", "--dataset", "fineweb",
-                 "--global-batch-tokens", "256K", "--no-sim"]) == 0
+    assert main(["advise", "--model", "llama-7b", "--cluster", "a800", "--nodes", "1", "--dataset", "fineweb",
+                 "--global-batch-tokens", "256K", "--seq-length", "8K", "--no-sim"]) == 0
     out = capsys.readouterr().out
-    assert "recommend: TP" in out and "GiB per GPU" in out and "why:" in out
+    assert "recommend: TP" in out and "GiB per GPU" in out and "why:" in out and "micro-batch" in out
+    assert "torchrun --nnodes 1 --nproc-per-node 8" in out and "--global-batch-size 32" in out
