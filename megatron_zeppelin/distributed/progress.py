@@ -24,7 +24,8 @@ _LABEL = 192
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "send", "recv",
-               "isend", "irecv", "batch_isend_irecv", "init_process_group", "new_group")
+               "batch_isend_irecv", "init_process_group", "new_group")
+# not isend / irecv: P2POp checks its op by identity (``op in (isend, irecv)``), so they stay unwrapped
 
 
 @dataclass(frozen=True)
