@@ -67,6 +67,9 @@ def describe_choice(meta: dict) -> str:
             parts.append(f"{val} data-parallel replica(s)")
             continue
         name = key.replace("_", " ").replace("cp ", "CP ")
+        if f"{key}_predicted_s" not in meta:  # a run-level value fixed before planning (deployed)
+            parts.append(f"{name} {val}")
+            continue
         tried = ", ".join(f"{lb} {float(t):.4g} s" for lb, t in
                           (x.strip().split(":") for x in meta[f"{key}_predicted_s"].split(",")))
         parts.append(f"{name} {val} (the fastest predicted for this batch of {name} {tried})")

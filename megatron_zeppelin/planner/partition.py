@@ -30,18 +30,17 @@ Determinism: documents are visited in (-length, index) order and every choice br
 document the place a document of the same length had before.
 
 Worked example (toy model, 1 node x 4 GPUs): a rank's budget is 0.255 ms; the 8000-token
-document costs 0.72 ms whole, so it runs on a ring (of 4: members of a 3-ring would exceed the
-budget, as smaller chunks run slower); the 5000-token one (0.29 ms) exceeds the budget too and
-takes a 3-ring; the short ones fill rank 3, the least loaded (LPT).
+document costs 0.72 ms whole, so the greedy puts it on a ring (of 4: members of a 3-ring would
+exceed the budget, as smaller chunks run slower); the 5000-token one (0.29 ms) exceeds the budget
+too and takes a 3-ring; the short ones fill rank 3, the least loaded (LPT). That plan is predicted
+at 0.421 ms; the fixed-shape candidate CP 4 (every document on one zigzag ring of 4, static_cp's
+shape, candidates.py) at 0.402 ms, so on this tiny batch the latter wins: Zeppelin never predicts
+slower than a baseline's shape.
 
 >>> from megatron_zeppelin.planner.testing import toy_context
 >>> p = plan_zeppelin([8000, 5000, 300, 200, 100, 90], toy_context(nodes=1, gpus=4))
->>> p.thresholds.local_max, p.meta["budget_s"]
-(3095, '0.000254692')
->>> [(d.doc, d.cls, d.owner) for d in p.docs]
-[(0, 'intra', -1), (1, 'intra', -1), (2, 'local', 3), (3, 'local', 3), (4, 'local', 3), (5, 'local', 3)]
->>> [(r.ranks, r.docs) for r in p.rings]
-[((0, 1, 2, 3), (0,)), ((0, 1, 2), (1,))]
+>>> p.meta["variant"], [(r.ranks, r.docs) for r in p.rings]
+('cp4/off', [((0, 1, 2, 3), (0, 1, 2, 3, 4, 5))])
 """
 
 from __future__ import annotations
