@@ -15,7 +15,7 @@ pipelined dK/dV. Every rank runs every queue step (proxies of routed messages in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist

@@ -2,7 +2,7 @@
 
 Everything printed comes from the Plan's own fields (costs, thresholds, lower bound) or from the
 planner's cost model (the crossovers of ``--explain``); the CLI computes no costs of its own.
-Token counts take K/M suffixes (token_counts.parse_tokens, re-exported here for older imports).
+Token counts take K/M suffixes (token_counts.parse_tokens, one parser for every command).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..config import ROUTING, STRATEGIES, ZeppelinConfig
 from ..errors import ZeppelinError
 from ..model_spec import load_model
 from ..profile import load_profile
-from ..token_counts import parse_tokens, token_count  # noqa: F401 - parse_tokens: used by other commands
+from ..token_counts import token_count
 from ..workloads import describe_batch, describe_source, load_source, sample_batch
 from . import plan_report as report
 from .domain import Domain, build_domain, require_at_least

@@ -22,8 +22,8 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Sequence
+from dataclasses import dataclass
+from typing import List, Sequence
 
 from ..errors import ZeppelinError
 from .base import VARIANTS, VariantError

@@ -14,11 +14,9 @@ from the plan), and the per-rank numbers behind them.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 import torch.distributed as dist

@@ -24,7 +24,6 @@ from typing import Dict, List, Sequence, Tuple
 
 from .cost_model import LINEAR_PASSES, CostModel
 from .program import AttentionWork, Compute, Post, attention_program
-from .remap import remap_exchange_s, remap_exchanges
 from .types import MIRROR, STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
 
 
