@@ -1,4 +1,5 @@
-"""Block compute of one ring member: its query segments against one K/V block, forward and backward.
+"""Block compute of one ring member: its query segments against the K/V blocks of one Compute
+(every ring of a queue at a step), forward and backward, in one kernel call.
 
 K/V travel as one message per block: row = [K row (kv_heads*d) | V row (kv_heads*d)], so a message
 is ``[rows, 2*kv_heads*d]`` and any row range of it is a valid piece for the executor. Pairs of
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..planner.types import Ring
-from .kernels import attend_pairs, attend_pairs_backward, segment_mask
+from .kernels import attend_blocks, attend_blocks_backward, segment_mask
 from .view import RankView
 
 
@@ -47,19 +48,28 @@ def _pairs(view: RankView, ring: Ring, b: int):
                 yield slice(qa, qa + len(qs)), slice(ka, ka + len(ks)), off
 
 
-def attend(view: RankView, ring: Ring, b: int, kv: torch.Tensor, q: torch.Tensor,
-           out: torch.Tensor, lse: torch.Tensor, scale: float, backend: str) -> None:
-    """Merge this member's attention over block ``b`` (message ``kv``) into (out, lse)."""
-    k, v = unpack_kv(kv, kv.shape[1] // (2 * q.shape[2]), q.shape[2])
-    attend_pairs(q, k, v, list(_pairs(view, ring, b)), out, lse, scale, backend)  # one varlen call per mask kind
-
-
-def attend_backward(view: RankView, ring: Ring, b: int, kv: torch.Tensor, dkv: torch.Tensor,
-                    q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
-                    dq: torch.Tensor, scale: float, backend: str) -> None:
-    """Add this member's share of dQ (into ``dq``) and of block b's dK/dV (into ``dkv``)."""
+def attend(view: RankView, items, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
+           backend) -> None:
+    """Merge this member's attention over every block of one Compute into (out, lse): ``items`` =
+    [(ring, b, kv)] (block ``b`` of ``ring`` as its message ``kv``), all rings and steps in one
+    varlen kernel call (kernels.attend_blocks)."""
     d = q.shape[2]
-    kvh = kv.shape[1] // (2 * d)
-    k, v = unpack_kv(kv, kvh, d)
-    dk, dv = unpack_kv(dkv, kvh, d)
-    attend_pairs_backward(dout, q, k, v, out, lse, list(_pairs(view, ring, b)), dq, dk, dv, scale, backend)
+    blocks = []
+    for ring, b, kv in items:
+        k, v = unpack_kv(kv, kv.shape[1] // (2 * d), d)
+        blocks.append((k, v, list(_pairs(view, ring, b))))
+    attend_blocks(q, blocks, out, lse, scale, backend)
+
+
+def attend_backward(view: RankView, items, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    dout: torch.Tensor, dq: torch.Tensor, scale: float, backend) -> None:
+    """Add this member's share of dQ (into ``dq``) and of each block's dK/dV (into its ``dkv``) for
+    ``items`` = [(ring, b, kv, dkv)], in one varlen kernel call."""
+    d = q.shape[2]
+    blocks = []
+    for ring, b, kv, dkv in items:
+        kvh = kv.shape[1] // (2 * d)
+        k, v = unpack_kv(kv, kvh, d)
+        dk, dv = unpack_kv(dkv, kvh, d)
+        blocks.append((k, v, dk, dv, list(_pairs(view, ring, b))))
+    attend_blocks_backward(dout, q, out, lse, dq, blocks, scale, backend)

@@ -3,10 +3,12 @@ on this rank, forward or backward, with tensors.
 
 The program fixes the order (queues, steps, overlap points, the pipelined dK/dV); this module says
 what each instruction does with the rank's tensors:
-- ``Compute``: the kernels of this member's queries against the block it holds at that ring step
-  (zigzag: the block of member (i - s) mod G, which travelled here; all-gather: step 0 is the own
-  block, the others come from the gather), or the local documents. Backward, a zigzag step
-  computes the block's dK/dV share into a fresh buffer (a one-member ring's goes home at once).
+- ``Compute``: this member's queries against the blocks it holds at those ring steps, every ring
+  of the Compute in ONE kernel call (blocks.attend -> kernels.attend_blocks: one cu_seqlens set
+  over all rings' blocks; zigzag: the block of member (i - s) mod G, which travelled here;
+  all-gather: step 0 is the own block, the others come from the gather), or the local documents
+  (one call too). Backward, each block's dK/dV share goes into a fresh buffer (a one-member ring's
+  goes home at once).
 - ``Post``: a StepExchange of the Plan's CommOps of (queue, step) of its rings, carrying: ``kv``
   the blocks held now; ``dkv`` the fresh dK/dV (plus what arrived from the predecessor);
   ``gather`` the own block to every member; ``scatter`` the partial dK/dV of the others' blocks
@@ -74,21 +76,13 @@ class LayerRun:
         self.dk[self.own[rid]] += fin[:, :c].view(-1, kh, d)  # [rows, 2*kvh*d] -> [rows, kvh, d]
         self.dv[self.own[rid]] += fin[:, c:].view(-1, kh, d)
 
-    def _attend(self, rid: int, b: int, kv) -> None:
-        c, r = self.ctx, self.ring_of[rid]
-        if not self.backward:
-            attend(c.view, r, b, kv, self.q, self.out, self.lse, c.scale, c.backend)
-            return
-        g = torch.zeros_like(kv)
-        attend_backward(c.view, r, b, kv, g, self.q, self.out, self.lse, self.dout, self.dq, c.scale, c.backend)
-        return g
-
     # --- instructions ------------------------------------------------------------------------
     def compute(self, x: Compute) -> None:
         if x.queue == "local":
             self.local()
             return
         with self.ctx.counters.timer(x.queue):
+            work = []  # (ring id, block, its K/V message): every block of this Compute, one kernel call
             for rid in x.rings:
                 if rid not in self.mine:
                     continue
@@ -98,18 +92,24 @@ class LayerRun:
                         continue
                     b = self._blk(rid, s)
                     if r.comm == "p2p":
-                        g = self._attend(rid, b, self.held[rid])
-                        if self.backward:
-                            self.fresh[rid] = g
-                            if r.size == 1:  # a one-member ring: nothing travels
-                                self._home(rid, g)
-                        continue
-                    if b != i and not self.ctx.view.block_rows(r, b):
-                        continue
-                    kv = self.held[rid] if b == i else self.gathered[(rid, b, r.ranks[b])]
-                    g = self._attend(rid, b, kv)
-                    if self.backward:
-                        self.partial[(rid, b)] = g
+                        work.append((rid, b, self.held[rid]))
+                    elif b == i or self.ctx.view.block_rows(r, b):
+                        work.append((rid, b, self.held[rid] if b == i else self.gathered[(rid, b, r.ranks[b])]))
+            c = self.ctx
+            if not self.backward:
+                attend(c.view, [(self.ring_of[rid], b, kv) for rid, b, kv in work], self.q, self.out, self.lse,
+                       c.scale, c.backend)
+                return
+            grads = [torch.zeros_like(kv) for _, _, kv in work]  # each block's dK/dV share, fresh
+            attend_backward(c.view, [(self.ring_of[rid], b, kv, g) for (rid, b, kv), g in zip(work, grads)],
+                            self.q, self.out, self.lse, self.dout, self.dq, c.scale, c.backend)
+            for (rid, b, _), g in zip(work, grads):
+                if self.ring_of[rid].comm == "p2p":
+                    self.fresh[rid] = g
+                    if self.ring_of[rid].size == 1:  # a one-member ring: nothing travels
+                        self._home(rid, g)
+                else:
+                    self.partial[(rid, b)] = g
 
     def post(self, x: Post) -> None:
         kind = x.name.split()[0]

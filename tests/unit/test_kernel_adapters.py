@@ -187,11 +187,42 @@ def test_one_kernel_call_for_all_local_documents(monkeypatch):
     assert len(calls) == 1 and calls[0].seqlens_q == calls[0].seqlens_k and sum(calls[0].seqlens_q) == 45
 
 
-def test_calls_per_step_at_most_two():
+def test_a_step_is_one_call_unless_some_rows_see_only_full_keys():
+    # _pairs: the diagonal + full block of rows 4:7 merge into one causal sequence (full keys first),
+    # the offset pair's one fully-seeing row joins the causal call: one call
     calls = plan_calls([_pairs()])
-    assert [c.spec.causal for c in calls] == [True, False]
-    assert calls[0].spec.seqlens_q == (4, 3, 4, 1) and calls[1].spec.seqlens_q == (3, 1)
-    assert calls[0].spec.seqlens_k == (4, 3, 7, 1) and calls[1].spec.seqlens_k == (4, 7)
+    assert [c.spec.causal for c in calls] == [True]
+    assert calls[0].spec.seqlens_q == (4, 3, 4, 1, 1) and calls[0].spec.seqlens_k == (4, 7, 7, 1, 7)
+    # rows 4:7 see only a full block while rows 0:4 see a causal run: a causal and a full call
+    calls = plan_calls([[(slice(0, 4), slice(0, 4), 0), (slice(4, 7), slice(0, 4), None)]])
+    assert [(c.spec.causal, c.spec.seqlens_q) for c in calls] == [(True, (4,)), (False, (3,))]
+    # a later zigzag step of two rings (two K/V tensors), all full: one call; rows 0:2 see keys of both
+    calls = plan_calls([[(slice(0, 2), slice(0, 3), None), (slice(2, 4), slice(3, 5), None)],
+                        [(slice(0, 2), slice(0, 2), None)]])
+    assert len(calls) == 1 and calls[0].spec.seqlens_q == (2, 2) and calls[0].spec.seqlens_k == (5, 2)
+    (s0, r0, d0), (s1, r1, d1) = calls[0].k_parts  # packed K: ring 0's 3 rows, ring 1's 2, ring 0's 2
+    assert (s0, r0, d0.tolist(), s1, r1, d1) == (0, slice(0, 5), [0, 1, 2, 5, 6], 1, slice(0, 2), slice(3, 5))
+
+
+def test_one_sequence_with_keys_of_two_kv_tensors_is_exact():
+    # a zigzag member's own block split over two K/V tensors: rows 4:7 see tensor A fully and B causally
+    from megatron_zeppelin.attention.kernels import attend_blocks, attend_blocks_backward
+    q, k, v, dout = _inputs(F64, t=7)
+    whole = [(slice(0, 4), slice(0, 4), 0), (slice(4, 7), slice(0, 4), None), (slice(4, 7), slice(4, 7), 0)]
+    a = [(slice(0, 4), slice(0, 4), 0), (slice(4, 7), slice(0, 4), None)]
+    b = [(slice(4, 7), slice(0, 3), 0)]
+    assert len(plan_calls([a, b])) == 1
+    out1, lse1, g1 = _run("cpu_flash", q, k, v, dout, whole, 0.3)
+    ro, rl, *rg, _ = _dense_reference(q, k, v, dout, whole, 0.3)
+    out2 = torch.zeros(q.shape, dtype=F64)
+    lse2 = torch.full(q.shape[:2], float("-inf"), dtype=F64)
+    attend_blocks(q, [(k[:4], v[:4], a), (k[4:], v[4:], b)], out2, lse2, 0.3, "cpu_flash")
+    dq, dk, dv = (torch.zeros(x.shape, dtype=F64) for x in (q, k, v))
+    attend_blocks_backward(dout, q, out2, lse2, dq, [(k[:4], v[:4], dk[:4], dv[:4], a),
+                                                      (k[4:], v[4:], dk[4:], dv[4:], b)], 0.3, "cpu_flash")
+    assert _rel(out2, ro) < 1e-12 and _rel(lse2, rl) < 1e-12 and _rel(out1, ro) < 1e-12
+    for x, y in zip((dq, dk, dv), rg):
+        assert _rel(x, y) < 1e-12
 
 
 @pytest.mark.parametrize("backend", ["torch_flash", "flash_attn", "te"])
@@ -203,8 +234,13 @@ def test_the_gpu_checks_zigzag_case_runs_each_adapter_on_cpu(fakes, monkeypatch,
     import megatron_zeppelin.attention.kernels as kernels
     from megatron_zeppelin.attention.kernels.checks import zigzag_case
     monkeypatch.setattr(kernels, "resolve", lambda name, *a: name)  # the fakes run on CPU
+    calls = []
+    real_f, real_b = select.forward, select.backward
+    monkeypatch.setattr(select, "forward", lambda *a: calls.append("f") or real_f(*a))
+    monkeypatch.setattr(select, "backward", lambda *a: calls.append("b") or real_b(*a))
     errs = zigzag_case(backend, [37, 5, 1], members=3, heads=4, kv_heads=2, dtype=torch.bfloat16)
     assert max(errs.values()) < 3e-2, errs
+    assert calls == ["f"] * 3 + ["b"] * 3  # one call per ring step for every member and document
 
 
 def test_blocks_over_several_kv_tensors_equal_one_tensor():

@@ -3,9 +3,11 @@
 ``zigzag_case`` runs documents the way a zigzag ring of G members does, on one device and one
 process: each document is cut into 2G chunks (odd lengths give unequal or empty chunks: a member
 may hold nothing), member i holds chunks i and 2G-1-i of every document, and at step s member i
-attends the block of member (i - s) mod G, one ``attend_pairs`` call per (member, step) for all
-documents; the backward runs the same calls from the final out and lse. G=1 is the local queue
-(every document whole, one causal varlen call). The result is compared with per-document causal
+attends the block of member (i - s) mod G. Each step is ONE ``attend_blocks`` call for every member
+and document, each member's block its own K/V tensor (as the engine runs every ring of a queue step
+in one call, each ring's message its own tensor); the backward runs the same calls from the final
+out and lse, each block's dK/dV into its own buffer. G=1 is the local queue (every document whole,
+one causal varlen call). The result is compared with per-document causal
 attention in float64 (reference.py).
 
 >>> errs = zigzag_case("cpu_flash", [9, 4, 1], members=3, heads=4, kv_heads=2, dtype=torch.float64)
@@ -20,7 +22,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from ..reference import reference_attention
-from . import attend_pairs, attend_pairs_backward, segment_mask
+from . import attend_blocks, attend_blocks_backward, segment_mask
 
 
 def _layout(lengths: Sequence[int], members: int) -> List[List[Tuple[int, int, int]]]:
@@ -54,21 +56,34 @@ def zigzag_case(backend, lengths: Sequence[int], members: int, heads: int, kv_he
     out = torch.zeros(zq.shape, dtype=acc, device=device)
     lse = torch.full(zq.shape[:2], float("-inf"), dtype=acc, device=device)
 
-    def pairs(i, b):
+    first = [0]  # member b's rows are [first[b], first[b + 1]) of the zigzag tensor: its block
+    for segs in layout:
+        first.append(first[-1] + sum(s[2] - s[1] for s in segs))
+
+    def pairs(i, b):  # member i's query rows x key rows inside member b's block
         for qs in layout[i]:
             for ks in layout[b]:
                 run, off = segment_mask(qs[1], qs[2], ks[1], ks[2]) if qs[0] == ks[0] else (False, None)
                 if run:
-                    qa, ka = row_of[qs], row_of[ks]
+                    qa, ka = row_of[qs], row_of[ks] - first[b]
                     yield slice(qa, qa + qs[2] - qs[1]), slice(ka, ka + ks[2] - ks[1]), off
 
-    steps = [(i, (i - s) % members) for s in range(members) for i in range(members)]
-    for i, b in steps:
-        attend_pairs(zq, zk, zv, list(pairs(i, b)), out, lse, _scale(dim), backend)
+    def blk(x, b):
+        return x[first[b]:first[b + 1]].clone()  # the block as its own tensor (a received message)
+
+    steps = [[(i, (i - s) % members) for i in range(members)] for s in range(members)]
+    for step in steps:
+        attend_blocks(zq, [(blk(zk, b), blk(zv, b), list(pairs(i, b))) for i, b in step], out, lse, _scale(dim),
+                      backend)
     o = out.to(dtype)
     dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=device) for x in (zq, zk, zv))
-    for i, b in steps:
-        attend_pairs_backward(zdo, zq, zk, zv, o, lse, list(pairs(i, b)), dq, dk, dv, _scale(dim), backend)
+    for step in steps:
+        items = [(blk(zk, b), blk(zv, b), torch.zeros_like(blk(dk, b)), torch.zeros_like(blk(dv, b)), list(pairs(i, b)))
+                 for i, b in step]
+        attend_blocks_backward(zdo, zq, o, lse, dq, items, _scale(dim), backend)
+        for (i, b), (_, _, gk, gv, _) in zip(step, items):
+            dk[first[b]:first[b + 1]] += gk
+            dv[first[b]:first[b + 1]] += gv
     rq, rk, rv = (x.clone().requires_grad_(True) for x in (q, k, v))
     ref = reference_attention(rq, rk, rv, list(lengths), _scale(dim))
     ref.backward(dout)

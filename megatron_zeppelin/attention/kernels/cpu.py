@@ -3,12 +3,15 @@
 ``cpu_flash`` is torch's CPU flash-attention op (``aten._scaled_dot_product_flash_attention_for_cpu``
 and its ``_backward``; ``[batch, heads, seq, d]``, float32/float64, lse ``[batch, heads, seq]``), one
 call per sequence: it knows only full and top-left causal masks, so a bottom-right causal sequence
-with more keys than queries goes to the reference for that sequence. ``reference`` is explicit
+with more keys than queries (a zigzag chunk that sees an earlier chunk fully and itself causally)
+runs as a full call over its first ``sk - sq`` keys and a causal one over the last ``sq``, merged by
+LSE (backward: each part from the final out and lse). ``reference`` is explicit
 matmuls in the input dtype (float64 makes it the oracle); it materialises ``[heads, sq, sk]`` per
 sequence, so it is a CPU and test path, never chosen for fp16/bf16 on a GPU.
 
 >>> import torch
->>> from .varlen import Varlen
+>>> from ..merge import merge
+from .varlen import Varlen
 >>> g = torch.Generator().manual_seed(0)
 >>> q, k = torch.randn(5, 2, 4, dtype=torch.float64, generator=g), torch.randn(7, 1, 4, dtype=torch.float64, generator=g)
 >>> spec = Varlen((3, 2), (3, 4), causal=True)
@@ -24,6 +27,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..merge import merge
 from .varlen import Varlen
 
 
@@ -64,6 +68,11 @@ def _acc(dtype):
 def _seq_forward(backend, q, k, v, scale, causal):
     sq, h, _ = q.shape
     sk = k.shape[0]
+    if backend == "cpu_flash" and causal and sk > sq and _flash_ok(q.dtype, False, sq, sk):
+        p = sk - sq  # keys [0, p) seen by every query, [p, sk) top-left causal
+        o1, l1 = _seq_forward(backend, q, k[:p], v[:p], scale, False)
+        o2, l2 = _seq_forward(backend, q, k[p:], v[p:], scale, True)
+        return merge(o1, l1, o2, l2)
     ke, ve = _expand(k, h), _expand(v, h)
     if backend == "cpu_flash" and _flash_ok(q.dtype, causal, sq, sk):
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -81,6 +90,11 @@ def _seq_forward(backend, q, k, v, scale, causal):
 def _seq_backward(backend, dout, q, k, v, out, lse, scale, causal):
     sq, h, _ = q.shape
     sk, kvh = k.shape[0], k.shape[1]
+    if backend == "cpu_flash" and causal and sk > sq and _flash_ok(q.dtype, False, sq, sk):
+        p = sk - sq
+        a = _seq_backward(backend, dout, q, k[:p], v[:p], out, lse, scale, False)
+        b = _seq_backward(backend, dout, q, k[p:], v[p:], out, lse, scale, True)
+        return a[0] + b[0], torch.cat([a[1], b[1]]), torch.cat([a[2], b[2]])
     ke, ve = _expand(k, h), _expand(v, h)
     if backend == "cpu_flash" and _flash_ok(q.dtype, causal, sq, sk):
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(

@@ -1,4 +1,4 @@
-"""Pairs -> varlen calls: one (queue, step)'s attention for all its documents in at most two calls.
+"""Pairs -> varlen calls: one (queue, step)'s attention for all its documents and rings in one call.
 
 The engine describes a step's work as *pairs* ``(query rows, key rows, causal_offset)`` of its
 tensors: ``causal_offset=None`` is a full block (every key visible), otherwise key m (block-local)
@@ -10,12 +10,15 @@ into at most two *pieces* that every varlen kernel knows (varlen.py):
   against keys ``[0, b + off)`` (then keys - queries = a + off, exactly the offset);
 - a full piece: the rows ``[b, sq)`` that see every key.
 
-Rows ``j < -off`` see no key and stay (out 0, lse -inf). All causal pieces of a step go into one
-call and all full pieces into another; q/k/v rows are gathered (or sliced, when the rows are one
-contiguous run, as for the local queue), and results merge into the step's accumulators by LSE
-(merge.merge_rows), so a query row that appears in several pieces is exact. The key rows of the
-pairs may index several K/V tensors (one per ring of a queue step: ``blocks_forward``), still one
-call per mask kind.
+Rows ``j < -off`` see no key and stay (out 0, lse -inf). Pieces of the same query rows become one
+*sequence* (``sequences``): the full keys first, then the causal run, which is still bottom-right
+causal. So a step is one causal varlen call; a second, full, call is made only where some query rows
+(more than one) see nothing but full keys while others see a causal run, which no engine step has
+(zigzag and all-gather chunks of a document align: a ring's own block is all causal, every later
+block all full). q/k/v rows are gathered (or sliced, when the rows are one contiguous run, as for
+the local queue), and results merge into the step's accumulators by LSE (merge.merge_rows), so a
+query row that appears in several sequences is exact. The key rows may index several K/V tensors
+(one per ring and step of a queue's Compute: ``blocks_forward``), still one call.
 
 >>> split_pair(slice(0, 5), slice(0, 5), 0)          # the causal diagonal: one causal piece
 [(True, (0, 5), (0, 5))]
@@ -25,11 +28,18 @@ call per mask kind.
 [(False, (0, 4), (4, 6))]
 >>> split_pair(slice(0, 4), slice(0, 6), -2)         # queries 0, 1 see nothing
 [(True, (2, 4), (0, 2))]
+
+A zigzag member's own block (chunk rows 0:2 and 2:5 of one document; the later chunk sees the
+earlier fully): one causal call of two sequences, the second with both chunks' keys.
+
+>>> [(c.spec.causal, c.spec.seqlens_q, c.spec.seqlens_k) for c in plan_calls(
+...     [[(slice(0, 2), slice(0, 2), 0), (slice(2, 5), slice(0, 2), None), (slice(2, 5), slice(2, 5), 0)]])]
+[(True, (2, 3), (2, 5))]
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -56,17 +66,53 @@ def split_pair(qr: slice, kr: slice, off: Optional[int]) -> List[Piece]:
     return out
 
 
-class Call:
-    """One varlen call: its spec, the query rows it packs, and its key rows per source tensor."""
+Seq = Tuple[Tuple[int, int], List[Tuple[int, Tuple[int, int]]]]  # (query rows, [(source, key rows)])
 
-    def __init__(self, causal: bool, pieces: Sequence[Tuple[int, Tuple[int, int], Tuple[int, int]]]):
-        self.spec = Varlen(tuple(p[1][1] - p[1][0] for p in pieces), tuple(p[2][1] - p[2][0] for p in pieces),
-                           causal)
-        self.q_rows = _rows([p[1] for p in pieces])
-        self.k_parts = []  # (source, rows, row count): pieces come in source order, so each source is one run
-        for src in sorted({p[0] for p in pieces}):
-            ranges = [p[2] for p in pieces if p[0] == src]
-            self.k_parts.append((src, _rows(ranges), sum(b - a for a, b in ranges)))
+
+def sequences(sources: Sequence[Sequence[Pair]]) -> Tuple[List[Seq], List[Seq]]:
+    """(causal sequences, full sequences) of pairs whose key rows index several K/V tensors
+    (``sources[i]``: the pairs of tensor i). Pieces of the same query rows become one sequence: the
+    full keys first, then the causal run (bottom-right alignment counts from the sequence's first
+    key, so every query sees the prepended keys). A zigzag member's own block is then one causal
+    call (its later chunk sees the earlier one fully and itself causally), a later ring step one full
+    call, and several rings' or steps' blocks of the same queries one sequence."""
+    groups: Dict[Tuple[int, int], Tuple[list, list]] = {}
+    for src, pairs in enumerate(sources):
+        for qr, kr, off in pairs:
+            for c, qrange, krange in split_pair(qr, kr, off):
+                groups.setdefault(qrange, ([], []))[0 if c else 1].append((src, krange))
+    causal: List[Seq] = []
+    full: List[Seq] = []
+    for qrange, (cs, fs) in groups.items():
+        if cs:
+            causal.append((qrange, fs + cs[:1]))
+            causal.extend((qrange, [c]) for c in cs[1:])  # the same rows again: merged by LSE
+        else:
+            full.append((qrange, fs))
+    if causal:  # one query row sees every key under bottom-right causal too: no second call for it
+        causal += [s for s in full if s[0][1] - s[0][0] == 1]
+        full = [s for s in full if s[0][1] - s[0][0] > 1]
+    return causal, full
+
+
+class Call:
+    """One varlen call: its spec, the query rows it packs, and per source tensor the key rows it
+    takes and where they go in the call's packed K/V."""
+
+    def __init__(self, causal: bool, seqs: Sequence[Seq]):
+        self.spec = Varlen(tuple(q[1] - q[0] for q, _ in seqs),
+                           tuple(sum(b - a for _, (a, b) in ks) for _, ks in seqs), causal)
+        self.q_rows = _rows([q for q, _ in seqs])
+        per_src: Dict[int, Tuple[list, list]] = {}
+        pos = 0
+        for _, ks in seqs:
+            for src, (a, b) in ks:
+                rows, dest = per_src.setdefault(src, ([], []))
+                rows.append((a, b))
+                dest.append((pos, pos + b - a))
+                pos += b - a
+        self.total_k = pos
+        self.k_parts = [(src, _rows(r), _rows(d)) for src, (r, d) in sorted(per_src.items())]
 
 
 def _rows(ranges: Sequence[Tuple[int, int]]):
@@ -77,38 +123,47 @@ def _rows(ranges: Sequence[Tuple[int, int]]):
 
 
 def plan_calls(sources: Sequence[Sequence[Pair]]) -> List[Call]:
-    """The calls for pairs whose key rows index several K/V tensors (``sources[i]``: pairs of tensor i)."""
-    causal, full = [], []
-    for src, pairs in enumerate(sources):
-        for qr, kr, off in pairs:
-            for c, qrange, krange in split_pair(qr, kr, off):
-                (causal if c else full).append((src, qrange, krange))
-    return [Call(c, ps) for c, ps in ((True, causal), (False, full)) if ps]
+    """The calls of a step: one causal and, only where some query rows see nothing but full keys
+    while others see a causal run, one full (``sources[i]``: the pairs of K/V tensor i)."""
+    causal, full = sequences(sources)
+    return [Call(c, seqs) for c, seqs in ((True, causal), (False, full)) if seqs]
 
 
-def _take(x: torch.Tensor, rows, index_cache: dict):
-    if isinstance(rows, slice):
-        return x[rows]
-    key = (id(rows), x.device)
-    if key not in index_cache:
-        index_cache[key] = torch.from_numpy(rows).to(x.device)
-    return x.index_select(0, index_cache[key])
+def _index(rows, device, cache: dict) -> torch.Tensor:
+    key = (id(rows), str(device))
+    if key not in cache:
+        cache[key] = torch.from_numpy(rows).to(device)
+    return cache[key]
 
 
-def _gather(xs: Sequence[torch.Tensor], call: Call, index_cache: dict) -> torch.Tensor:
-    parts = [_take(xs[src], rows, index_cache) for src, rows, _ in call.k_parts]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+def _take(x: torch.Tensor, rows, cache: dict):
+    return x[rows] if isinstance(rows, slice) else x.index_select(0, _index(rows, x.device, cache))
 
 
-def _add(acc: torch.Tensor, rows, val: torch.Tensor, index_cache: dict) -> None:
+def _gather(xs: Sequence[torch.Tensor], call: Call, cache: dict) -> torch.Tensor:
+    """The call's packed K (or V): each source's key rows put at their places."""
+    if len(call.k_parts) == 1 and call.k_parts[0][2] == slice(0, call.total_k):
+        return _take(xs[call.k_parts[0][0]], call.k_parts[0][1], cache)
+    x0 = xs[call.k_parts[0][0]]
+    out = x0.new_empty((call.total_k,) + tuple(x0.shape[1:]))
+    for src, rows, dest in call.k_parts:
+        val = _take(xs[src], rows, cache)
+        if isinstance(dest, slice):
+            out[dest] = val
+        else:
+            out.index_copy_(0, _index(dest, out.device, cache), val)
+    return out
+
+
+def _add(acc: torch.Tensor, rows, val: torch.Tensor, cache: dict) -> None:
     if isinstance(rows, slice):
         acc[rows] += val.to(acc.dtype)
-    else:
-        acc.index_add_(0, index_cache[(id(rows), acc.device)], val.to(acc.dtype))
+    else:  # a row may repeat (one key row in several sequences): index_add sums every occurrence
+        acc.index_add_(0, _index(rows, acc.device, cache), val.to(acc.dtype))
 
 
-def _rows_arg(rows, device, index_cache):
-    return rows if isinstance(rows, slice) else index_cache[(id(rows), device)]
+def _rows_arg(rows, device, cache):
+    return rows if isinstance(rows, slice) else _index(rows, device, cache)
 
 
 def blocks_forward(kernel, q, blocks, out, lse, scale: float) -> None:
@@ -132,11 +187,9 @@ def blocks_backward(kernel, dout, q, out, lse, dq, blocks, scale: float) -> None
                             _gather(vs, c, cache), _take(out, c.q_rows, cache), _take(lse, c.q_rows, cache),
                             c.spec, scale)
         _add(dq, c.q_rows, gq, cache)
-        a = 0
-        for src, rows, n in c.k_parts:
-            _add(blocks[src][2], rows, gk[a:a + n], cache)
-            _add(blocks[src][3], rows, gv[a:a + n], cache)
-            a += n
+        for src, rows, dest in c.k_parts:
+            _add(blocks[src][2], rows, _take(gk, dest, cache), cache)
+            _add(blocks[src][3], rows, _take(gv, dest, cache), cache)
 
 
 def pairs_forward(kernel, q, k, v, pairs: Sequence[Pair], out, lse, scale: float) -> None:
