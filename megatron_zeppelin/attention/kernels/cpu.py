@@ -10,8 +10,7 @@ matmuls in the input dtype (float64 makes it the oracle); it materialises ``[hea
 sequence, so it is a CPU and test path, never chosen for fp16/bf16 on a GPU.
 
 >>> import torch
->>> from ..merge import merge
-from .varlen import Varlen
+>>> from .varlen import Varlen
 >>> g = torch.Generator().manual_seed(0)
 >>> q, k = torch.randn(5, 2, 4, dtype=torch.float64, generator=g), torch.randn(7, 1, 4, dtype=torch.float64, generator=g)
 >>> spec = Varlen((3, 2), (3, 4), causal=True)
