@@ -9,9 +9,13 @@ per document dominate). The three ways compute the same causal per-document atte
 - ``packed_varlen``: one varlen_forward / varlen_backward call on the packed batch (the floor);
 - ``per_document``: one block_forward / block_backward call per document (what the engine did before).
 
+Each way also reports how many varlen kernel calls its forward makes (1, 1 and one per document).
+CPU numbers are only a smoke run (and only indicative on a shared machine); the numbers that count
+come from a GPU (scripts/gpu_check.sh runs this with ``--device cuda``).
+
     python benchmarks/bench_kernels.py --device cuda --out $OUT/bench_kernels.json
-    .venv/bin/python benchmarks/bench_kernels.py --device cpu --dtype float32 --tokens 4096 --heads 4 \
-        --kv-heads 2 --head-dim 32 --out /tmp/bench_kernels.json      # a smoke run on CPU
+    .venv/bin/python benchmarks/bench_kernels.py --device cpu --dtype float32 --tokens 4096 --max-len 2048 \
+        --heads 4 --kv-heads 2 --head-dim 32 --repeats 3 --out benchmarks/results/bench_kernels_cpu.json
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from megatron_zeppelin.attention.engine import AttentionEngine  # noqa: E402
 from megatron_zeppelin.attention.kernels import (Kernel, Varlen, block_backward, block_forward,  # noqa: E402
                                                   varlen_backward, varlen_forward)
 from megatron_zeppelin.attention.testing import hand_plan  # noqa: E402
-from megatron_zeppelin.calibrate.timing import best_seconds  # noqa: E402
+from megatron_zeppelin.attention.kernels import select  # noqa: E402
+from megatron_zeppelin.calibrate.timing import all_seconds  # noqa: E402
 from megatron_zeppelin.topology import Topology  # noqa: E402
 from megatron_zeppelin.workloads import describe_batch, sample_batch  # noqa: E402
 
@@ -96,16 +101,34 @@ def main(argv=None):
            "ways": {}}
     for name, fwd, fb in (("zeppelin_local_queue", queue_fwd, queue_fb), ("packed_varlen", packed_fwd, packed_fb),
                           ("per_document", per_doc_fwd, per_doc_fb)):
-        f = best_seconds(fwd, dev, a.repeats)
-        b = best_seconds(fb, dev, a.repeats)
-        res["ways"][name] = {"fwd_s": f, "fwd_bwd_s": b, "fwd_tokens_per_s": t / f, "fwd_bwd_tokens_per_s": t / b}
-        print(f"{name:22s} fwd {t / f:12.0f} tok/s   fwd+bwd {t / b:12.0f} tok/s", flush=True)
+        f = min(all_seconds(fwd, dev, a.repeats))  # the fastest repeat (calibrate/timing.py)
+        b = min(all_seconds(fb, dev, a.repeats))
+        res["ways"][name] = {"fwd_s": f, "fwd_bwd_s": b, "fwd_tokens_per_s": t / f, "fwd_bwd_tokens_per_s": t / b,
+                             "kernel_calls_fwd": _calls(fwd)}
+        print(f"{name:22s} fwd {t / f:12.0f} tok/s   fwd+bwd {t / b:12.0f} tok/s   "
+              f"{res['ways'][name]['kernel_calls_fwd']} kernel calls forward", flush=True)
     o_ref = varlen_forward(q, k, v, spec, scale, kernel)[0]
     res["queue_vs_packed_max_abs_diff"] = float((out_e.to(o_ref.dtype) - o_ref).abs().max())
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)
     print(f"wrote {a.out}")
+
+
+def _calls(fn) -> int:
+    """Varlen kernel calls one run of ``fn`` makes (counted at the backend dispatch)."""
+    n, real = [0], select.forward
+
+    def counted(*args):
+        n[0] += 1
+        return real(*args)
+
+    select.forward = counted
+    try:
+        fn()
+    finally:
+        select.forward = real
+    return n[0]
 
 
 if __name__ == "__main__":

@@ -9,8 +9,13 @@
 # e.g. megatron-core for Python 3.12, fetched where pip works with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl megatron-core==0.16.1
-# and installed here into a private target before anything runs. Each stage has its own time limit
-# and a failing stage does not stop the others; the exit status is the number of failed stages.
+# and installed here into a private target before anything runs (megatron-core needs only numpy,
+# packaging and torch, which the machine has; Transformer Engine and flash-attn are not carried: TE's
+# CUDA wheels exceed the 64 MiB a call may carry and flash-attn ships no wheels on PyPI, so their
+# tests skip, saying so). With the device tool, one call of at most 9 minutes:
+#   run(command="bash scripts/gpu_check.sh $OUT", carry=[".whl"], timeout_s=540)
+# Each stage has its own time limit (together 7.5 minutes) and a failing stage does not stop the
+# others; the exit status is the number of failed stages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-${OUT:-results/gpu_check}}"
@@ -34,7 +39,7 @@ stage() {  # stage NAME SECONDS CMD...: run with a limit, log to $W/NAME.log, co
 
 : > "$W/summary.txt"
 if compgen -G ".whl/*.whl" > /dev/null; then
-  stage wheels 45 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  stage wheels 40 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/zeppelin_site .whl/*.whl
   export PYTHONPATH="$PYTHONPATH:/tmp/zeppelin_site"
 fi
@@ -47,8 +52,8 @@ from megatron_zeppelin.attention.kernels import Kernel
 for impl in ('local', 'transformer_engine'):
     print('auto kernel with --transformer-impl', impl, '->', Kernel('auto', impl).resolve(torch.device('cuda'), torch.bfloat16))
 PY"
-stage collect 45 "$PY" -m pytest -m gpu tests/gpu --collect-only -q -p no:cacheprovider
-stage pytest_gpu 240 "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider --junitxml="$W/pytest_gpu.xml"
+stage collect 40 "$PY" -m pytest -m gpu tests/gpu --collect-only -q -p no:cacheprovider
+stage pytest_gpu 220 "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider --junitxml="$W/pytest_gpu.xml"
 stage calibrate 60 "$PY" -c 'import sys; from megatron_zeppelin.cli import main; sys.exit(main(sys.argv[1:]))' \
   calibrate --device cuda --lengths 512 2048 8192 32768 --repeats 3 --out "$W/calibrate.yaml"
 stage bench_kernels 60 "$PY" benchmarks/bench_kernels.py --device cuda --out "$W/bench_kernels.json"

@@ -33,9 +33,12 @@ def _engine_on_gpu(rank, world, lengths, where, nodes, gpus):
     return [_rel(a, b[idx]) for a, b in ((out, ref), (lq.grad, rq.grad), (lk.grad, rk.grad), (lv.grad, rv.grad))]
 
 
-def test_engine_on_one_gpu_local_documents():
+@pytest.mark.parametrize("where", [[0, 0, 0, 0, 0], [(0,), 0, (0,), 0, (0,)]], ids=["local_queue", "ring_and_local"])
+def test_engine_on_one_gpu(where):
+    # ring_and_local: a one-member ring's step (each document's later chunk sees its earlier one fully
+    # and itself causally: one bottom-right causal call) and the local queue, on one GPU
     from megatron_zeppelin.distributed.launch import run_distributed
-    errs = run_distributed(_engine_on_gpu, 1, [300, 17, 1024], [0, 0, 0], 1, 1, backend="nccl", timeout=300)
+    errs = run_distributed(_engine_on_gpu, 1, [300, 17, 1024, 50, 3], where, 1, 1, backend="nccl", timeout=300)
     assert max(errs[0]) < 3e-2
 
 

@@ -1,8 +1,9 @@
 """GPU check of every kernel backend present against the float64 oracle (skipped without CUDA).
 
 Per backend (torch_flash always; te and flash_attn when installed): forward and backward in bf16 and
-fp16, GQA and MHA, odd lengths, zigzag chunks of a G-member ring run on one GPU (one attend_pairs call
-per member and step; members that hold no token), the local queue (G=1: one causal varlen call for
+fp16, GQA and MHA, odd lengths, zigzag chunks of a G-member ring run on one GPU (one attend_blocks call
+per ring step for every member, each member's block its own K/V tensor, as the engine calls a queue
+step of several rings; members that hold no token), the local queue (G=1: one causal varlen call for
 all documents), and an offset-causal block. Run with ``python -m pytest -m gpu tests/gpu``.
 """
 
