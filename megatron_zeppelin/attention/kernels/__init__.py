@@ -1,10 +1,11 @@
 """Attention kernels behind one varlen interface, and the engine's entry points.
 
 The engine hands one (queue, step)'s work as *pairs* (query rows, key rows, causal_offset) of its
-token-major tensors (q ``[t, heads, d]``, k/v ``[t, kv_heads, d]``); ``attend_pairs`` runs them as at
-most two varlen kernel calls (pieces.py) and merges into (out, lse) by LSE; ``attend_pairs_backward``
-adds the gradients given the *final* out and lse. ``attend_blocks`` does the same when the key rows
-live in several K/V tensors (one message per ring of a queue step). ``block_forward``/``block_backward`` are the same
+token-major tensors (q ``[t, heads, d]``, k/v ``[t, kv_heads, d]``); ``attend_blocks`` runs the pairs of
+every ring of the step, each ring's K/V message its own tensor, as ONE varlen kernel call (pieces.py:
+one cu_seqlens set; a second, full, call only for pair sets no engine step makes) and merges into
+(out, lse) by LSE; ``attend_blocks_backward`` adds the gradients given the *final* out and lse.
+``attend_pairs`` is the one-tensor case (the local queue). ``block_forward``/``block_backward`` are the same
 for one pair (calibration, tests). The kernel is a ``Kernel`` (``--zeppelin-attention-kernel`` and
 ``--transformer-impl``; select.py) or its name.
 
@@ -75,8 +76,8 @@ def attend_pairs_backward(dout, q, k, v, out, lse, pairs: Sequence[Pair], dq, dk
 
 
 def attend_blocks(q, blocks, out, lse, scale: float, backend: Union[str, Kernel] = "auto") -> None:
-    """``attend_pairs`` over several K/V tensors at once: ``blocks`` = [(k, v, pairs)] (e.g. every ring
-    of a queue step), still at most two kernel calls."""
+    """The pairs of several K/V tensors at once: ``blocks`` = [(k, v, pairs)] (every ring of a queue
+    step), one kernel call (pieces.plan_calls)."""
     blocks = [b for b in blocks if b[2] and b[0].shape[0]]
     if blocks and q.shape[0]:
         be = _backend(backend, q)
