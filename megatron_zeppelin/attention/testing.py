@@ -14,7 +14,7 @@ given an owner rank (local) or a ring of ranks (intra if inside one node, else i
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import List, Optional, Sequence, Union
+from typing import Sequence, Union
 
 import torch
 
@@ -22,7 +22,7 @@ from ..planner.assemble import assemble
 from ..planner.context import Placement
 from ..planner.layout import zigzag_bounds
 from ..planner.testing import toy_context
-from ..planner.types import CommOp, DocPlan, Plan, Ring, Thresholds
+from ..planner.types import DocPlan, Plan, Ring, Thresholds
 from ..topology import Topology
 
 

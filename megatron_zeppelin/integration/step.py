@@ -8,7 +8,7 @@ token counts per rank give exactly the gradients of one big batch.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import Iterable
 
 import torch
 import torch.distributed as dist

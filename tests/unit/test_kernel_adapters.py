@@ -7,9 +7,7 @@ import pytest
 import torch
 
 import kernel_fakes as kf
-from megatron_zeppelin.attention.engine import AttentionEngine
-from megatron_zeppelin.attention.kernels import (Kernel, KernelError, Varlen, attend_pairs, attend_pairs_backward,
-                                                  plan_calls, resolve, select, split_pair)
+from megatron_zeppelin.attention.kernels import Kernel, KernelError, Varlen, plan_calls, resolve, select, split_pair
 from megatron_zeppelin.attention.kernels import flash_attn as fa_adapter
 from megatron_zeppelin.attention.kernels import te as te_adapter
 from megatron_zeppelin.attention.kernels import torch_flash
