@@ -37,9 +37,15 @@ def merge_into(acc_o: torch.Tensor, acc_l: torch.Tensor, rows: slice, o: torch.T
     acc_l[rows] = ml
 
 
-def merge_rows(acc_o: torch.Tensor, acc_l: torch.Tensor, rows, o: torch.Tensor, l: torch.Tensor) -> None:
+def merge_rows(acc_o: torch.Tensor, acc_l: torch.Tensor, rows, o: torch.Tensor, l: torch.Tensor,
+               unique: bool = False) -> None:
     """Merge partial results (o [n, h, d], l [n, h]) into the accumulator rows ``rows`` in place:
-    a slice, or an index tensor in which a row may repeat (each occurrence is one more key set)."""
+    a slice, or an index tensor in which a row may repeat (each occurrence is one more key set);
+    ``unique``: the caller knows no row repeats (no torch.unique, which syncs a GPU)."""
+    if unique and not isinstance(rows, slice):
+        mo, ml = merge(acc_o[rows], acc_l[rows], o.to(acc_o.dtype), l.to(acc_l.dtype))
+        acc_o[rows], acc_l[rows] = mo, ml
+        return
     if isinstance(rows, slice):
         mo, ml = merge(acc_o[rows], acc_l[rows], o.to(acc_o.dtype), l.to(acc_l.dtype))
         acc_o[rows], acc_l[rows] = mo, ml

@@ -83,3 +83,19 @@ def test_engine_rejects_tensors_that_disagree_with_plan():
         eng(torch.zeros(10, 3, 4), torch.zeros(10, 2, 4), torch.zeros(10, 2, 4))
     with pytest.raises(PlanError, match="outside the plan"):
         AttentionEngine(plan, 1, None)
+
+
+def test_merge_rows_index_paths_agree():
+    # unique=True (the caller knows no row repeats: no torch.unique) equals the general index path
+    from megatron_zeppelin.attention.merge import merge_rows
+    g = torch.Generator().manual_seed(2)
+    o0, l0 = torch.randn(6, 2, 3, dtype=F64, generator=g), torch.randn(6, 2, dtype=F64, generator=g)
+    l0[1] = float("-inf")
+    o, l = torch.randn(3, 2, 3, dtype=F64, generator=g), torch.randn(3, 2, dtype=F64, generator=g)
+    rows = torch.tensor([4, 1, 2])
+    a = (o0.clone(), l0.clone())
+    b = (o0.clone(), l0.clone())
+    merge_rows(*a, rows, o, l)
+    merge_rows(*b, rows, o, l, unique=True)
+    assert torch.allclose(a[0], b[0], atol=1e-15) and torch.allclose(a[1], b[1], atol=1e-15)
+    assert torch.equal(a[0][[0, 3, 5]], o0[[0, 3, 5]]) and torch.equal(b[0][1], o[1])  # row 1 saw nothing before

@@ -190,7 +190,8 @@ def test_a_step_is_one_call_unless_some_rows_see_only_full_keys():
     # the offset pair's one fully-seeing row joins the causal call: one call
     calls = plan_calls([_pairs()])
     assert [c.spec.causal for c in calls] == [True]
-    assert calls[0].spec.seqlens_q == (4, 3, 4, 1, 1) and calls[0].spec.seqlens_k == (4, 7, 7, 1, 7)
+    assert calls[0].spec.seqlens_q == (4, 3, 4, 1, 1) and calls[0].spec.seqlens_k == (4, 7, 7, 7, 1)
+    assert calls[0].q_rows == slice(0, 13)  # row order kept: the queries are sliced, not gathered
     # rows 4:7 see only a full block while rows 0:4 see a causal run: a causal and a full call
     calls = plan_calls([[(slice(0, 4), slice(0, 4), 0), (slice(4, 7), slice(0, 4), None)]])
     assert [(c.spec.causal, c.spec.seqlens_q) for c in calls] == [(True, (4,)), (False, (3,))]

@@ -81,17 +81,17 @@ def sequences(sources: Sequence[Sequence[Pair]]) -> Tuple[List[Seq], List[Seq]]:
         for qr, kr, off in pairs:
             for c, qrange, krange in split_pair(qr, kr, off):
                 groups.setdefault(qrange, ([], []))[0 if c else 1].append((src, krange))
+    any_causal = any(cs for cs, _ in groups.values())
     causal: List[Seq] = []
     full: List[Seq] = []
-    for qrange, (cs, fs) in groups.items():
+    for qrange, (cs, fs) in groups.items():  # row order kept: the call's query rows stay one slice
         if cs:
             causal.append((qrange, fs + cs[:1]))
             causal.extend((qrange, [c]) for c in cs[1:])  # the same rows again: merged by LSE
+        elif any_causal and qrange[1] - qrange[0] == 1:  # one query sees every key under bottom-right
+            causal.append((qrange, fs))                  # causal too: no second call for it
         else:
             full.append((qrange, fs))
-    if causal:  # one query row sees every key under bottom-right causal too: no second call for it
-        causal += [s for s in full if s[0][1] - s[0][0] == 1]
-        full = [s for s in full if s[0][1] - s[0][0] > 1]
     return causal, full
 
 
@@ -103,6 +103,7 @@ class Call:
         self.spec = Varlen(tuple(q[1] - q[0] for q, _ in seqs),
                            tuple(sum(b - a for _, (a, b) in ks) for _, ks in seqs), causal)
         self.q_rows = _rows([q for q, _ in seqs])
+        self.q_unique = isinstance(self.q_rows, slice) or len(np.unique(self.q_rows)) == len(self.q_rows)
         per_src: Dict[int, Tuple[list, list]] = {}
         pos = 0
         for _, ks in seqs:
@@ -174,7 +175,7 @@ def blocks_forward(kernel, q, blocks, out, lse, scale: float) -> None:
     ks, vs = [b[0] for b in blocks], [b[1] for b in blocks]
     for c in plan_calls([b[2] for b in blocks]):
         o, l = kernel(_take(q, c.q_rows, cache), _gather(ks, c, cache), _gather(vs, c, cache), c.spec, scale)
-        merge_rows(out, lse, _rows_arg(c.q_rows, q.device, cache), o, l)
+        merge_rows(out, lse, _rows_arg(c.q_rows, q.device, cache), o, l, unique=c.q_unique)
 
 
 def blocks_backward(kernel, dout, q, out, lse, dq, blocks, scale: float) -> None:
