@@ -181,9 +181,9 @@ gradients, ZeRO-1 optimizer states and activations within 90% of memory_GB). *Me
 (`tokens_per_gpu: memory`): each GPU holds what its memory allows without activation recompute
 and the batch fills 0.8 of that. *A set number of tokens per GPU* (16K): with the fastest
 activation recompute that holds it (none; Megatron's selective recompute of core_attn, +mlp,
-+layernorm; full), the same for every strategy; its forward work is charged again in the backward
-(planner/recompute.py; recomputing a ring-split document's core attention repeats its ring
-communication, a local document's repeats none). In both, every strategy must fit the capacity on
++layernorm; full), the same for every strategy; the forward it recomputes runs again inside each
+layer's backward, in the prediction and in the simulator's task graph (recompute.py; recomputing a
+ring-split document's core attention repeats its K/V ring exchanges, a local document's repeats none). In both, every strategy must fit the capacity on
 every rank: a plan over it is out of memory. The lower bound: every document's attention whole,
 all linear work and (with TP) the TP all-reduces' bandwidth, and the least recompute, perfectly
 balanced, all other communication hidden.
