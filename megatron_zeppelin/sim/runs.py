@@ -66,7 +66,7 @@ class RunSpec:
     seed: int = 0
     capacity: int = 0  # per-rank token capacity every strategy must fit (memory); 0 = the planner's default
     batches: int = DEFAULT_BATCHES  # batches of the run
-    recompute: str = "none"  # activation recompute of the run (dp/memory.py Recompute), the same for every strategy
+    recompute: str = "none"  # activation recompute of the run (recompute.py), the same for every strategy
     regime: str = "fixed"  # "memory": the batch memory allows (capacity binds); "fixed": tokens_per_gpu as set
 
     def key(self) -> str:
