@@ -12,6 +12,11 @@ tasks: each Compute is a kernel on every rank it involves, each Post a StepExcha
 CommOps (executor.run_step, so routed schedules are timed as run), each Wait a join of the rank's
 stream with its part of that exchange.
 
+Activation recompute (``CostModel.recompute``, from the plan): the backward first reruns the forward
+it recomputes, as tasks (category ``recompute``): full, the whole layer's forward; selective
+``core_attn``, the attention program's forward (its K/V exchanges again for ring-split documents)
+right before the attention backward; ``mlp``, the MLP's forward (and TP all-reduce) before its backward.
+
 Worked example: a 2-member intra ring backward whose compute hides its transfers. Step 0's dK/dV
 flies during step 1's compute, so only the last dK/dV exchange (T) is exposed: time = c0 + c1 + T
 (not c0 + T + c1 + T as with the dK/dV exchange waited at once).
