@@ -24,7 +24,7 @@ backward and forward do not hide (ring model of sim/allreduce.py, fp32 gradients
 
 Memory per GPU: weights, gradients, optimizer states sharded over the ``W / TP`` data-parallel x
 context-parallel ranks (dp/memory.py), ZeRO-3's two gathered layers, and the activations of the
-fullest rank of one micro-batch by recompute level (dp/recompute.py). The pick: the fastest that
+fullest rank of one micro-batch by recompute level (dp/memory.py; the levels: recompute.py ADVISE_LEVELS). The pick: the fastest that
 fits in 90% of the GPU memory; within 3% of the fastest the simplest: no recompute before
 selective before full, the distributed optimizer before DDP (it moves 6 instead of 8 bytes per
 parameter and shards the optimizer states) before ZeRO-2/3, smaller TP, smaller CP, packed DP
@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence
 
 from .config import ZeppelinConfig
-from .dp.memory import HEADROOM, MemoryPrediction, predict_memory
-from .dp.recompute import Recompute, act_bytes_per_token, time_factor
+from .dp.memory import HEADROOM, MemoryPrediction, activation_bytes_per_token, predict_memory
+from .recompute import ADVISE_LEVELS, Recompute
 from .errors import ZeppelinError
 from .model_spec import ModelSpec
 from .profile import HardwareProfile
@@ -52,6 +52,20 @@ DP_VARIANT = {0: "megatron-core DDP, --overlap-grad-reduce (bucketed all-reduce 
               2: "ZeRO-2: Megatron-FSDP, gradients and optimizer states sharded (optim_grads)",
               3: "ZeRO-3: Megatron-FSDP, parameters too (optim_grads_params)"}
 
+
+
+def time_factor(m: ModelSpec, level: Recompute) -> float:
+    """Multiplier on a micro-batch's forward+backward time (forward ~ 1/3 of it): full re-runs every
+    layer's forward (4/3); the MLP's selective recompute re-runs the MLP, at most its share of the
+    linear FLOPs. (advise's coarse estimate; simulated runs time recompute in the layer program.)"""
+    if level.full:
+        return 4.0 / 3.0
+    if level.has("mlp"):
+        h, d = m.hidden, m.head_dim
+        attn = h * m.heads * d * 2 + 2 * h * m.kv_heads * d
+        mlp = 3 * h * m.ffn
+        return 1.0 + mlp / (attn + mlp) / 3.0
+    return 1.0
 
 class AdviseError(ZeppelinError):
     pass
@@ -82,12 +96,12 @@ class Candidate:
         return self.tp > 1 and self.strategy != "zeppelin"
 
     def key(self):
-        return (list(Recompute).index(self.recompute), ZERO_ORDER.index(self.zero_stage), self.tp, self.cp,
+        return (ADVISE_LEVELS.index(self.recompute), ZERO_ORDER.index(self.zero_stage), self.tp, self.cp,
                 STRATEGY_ORDER.index(self.strategy) if self.strategy in STRATEGY_ORDER else 9, -self.mbs)
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["memory"], d["recompute"] = self.memory.to_dict(), self.recompute.value
+        d["memory"], d["recompute"] = self.memory.to_dict(), self.recompute.granularity
         return d
 
 
@@ -216,7 +230,7 @@ def advise(lengths, model: ModelSpec, profile: HardwareProfile, nodes: int, gpu_
                                                               model, tp, strategy, cp, use_sim)
                     except (PlanError, ZeppelinError):
                         continue  # e.g. a document longer than this layout holds
-                    for level in Recompute:
+                    for level in ADVISE_LEVELS:
                         f = time_factor(model, level)
                         compute = ga * (fwd + bwd) * f
                         for stage in (0, 1, 2, 3):
@@ -225,7 +239,7 @@ def advise(lengths, model: ModelSpec, profile: HardwareProfile, nodes: int, gpu_
                             states = predict_memory(model, 0, dp=domain, tp=tp, zero_stage=stage)
                             gathered = 2 * 2 * _layer_params(model) // tp if stage == 3 else 0
                             sp = tp > 1 and strategy != "zeppelin"
-                            act = act_bytes_per_token(model, tp, level, sp) * cap
+                            act = activation_bytes_per_token(model, tp, level, sp) * cap
                             mem = MemoryPrediction(states.weights + gathered, states.gradients, states.optimizer,
                                                    int(act))
                             cands.append(Candidate(tp, cp, strategy, stage, level, mbs, ga, dp, t, total / t, cap,
@@ -240,7 +254,7 @@ def advise(lengths, model: ModelSpec, profile: HardwareProfile, nodes: int, gpu_
         small = min(cands, key=lambda c: c.memory.total)
         return Advice(None, cands, [
             f"nothing fits in {gpu_memory_bytes / 2**30:.0f} GiB x {HEADROOM:.0%}: the smallest candidate "
-            f"(TP {small.tp}, CP {small.cp}, ZeRO-{small.zero_stage}, {small.recompute.value} recompute, "
+            f"(TP {small.tp}, CP {small.cp}, ZeRO-{small.zero_stage}, {small.recompute.granularity} recompute, "
             f"micro-batch {small.mbs}) needs {small.memory.describe()}; add --nodes or use pipeline parallelism"])
     fastest = min(c.iteration_s for c in fit)
     best = min((c for c in fit if c.iteration_s <= fastest * NEAR), key=lambda c: c.key())

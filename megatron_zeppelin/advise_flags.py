@@ -7,10 +7,10 @@ flags are the user's (``DATA_FLAGS``: a placeholder set that runs on mock data).
 
 >>> from megatron_zeppelin.model_spec import ModelSpec
 >>> from megatron_zeppelin.dp.memory import MemoryPrediction
->>> from megatron_zeppelin.dp.recompute import Recompute
+>>> from megatron_zeppelin.recompute import Recompute
 >>> from megatron_zeppelin.advise import Candidate
 >>> m = ModelSpec(name="m", layers=4, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=1000)
->>> c = Candidate(tp=2, cp=1, strategy="packed_dp", zero_stage=1, recompute=Recompute.FULL, mbs=1, ga=2, dp=4,
+>>> c = Candidate(tp=2, cp=1, strategy="packed_dp", zero_stage=1, recompute=Recompute("full"), mbs=1, ga=2, dp=4,
 ...               iteration_s=1.0, tokens_per_s=1.0, capacity_tokens=1, memory=MemoryPrediction(0, 0, 0, 0), fits=True)
 >>> line = megatron_flags(c, m, seq_length=4096, global_batch_tokens=4096 * 8)
 >>> " ".join(line[line.index("--tensor-model-parallel-size"):][:3])
@@ -24,7 +24,7 @@ from __future__ import annotations
 import shlex
 from typing import List
 
-from .dp.recompute import Recompute
+from .recompute import Recompute
 from .model_spec import ModelSpec
 
 DATA_FLAGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--lr", "3e-4", "--min-lr", "3e-5",
@@ -60,7 +60,7 @@ def megatron_flags(c, m: ModelSpec, seq_length: int, global_batch_tokens: int, c
         out += ["--use-megatron-fsdp", "--use-distributed-optimizer", "--data-parallel-sharding-strategy",
                 "optim_grads" if c.zero_stage == 2 else "optim_grads_params", "--overlap-grad-reduce",
                 "--overlap-param-gather", "--ckpt-format", "fsdp_dtensor"]
-    out += c.recompute.megatron_flags(m.layers)
+    out += c.recompute.megatron_flags()
     if c.strategy in ("zeppelin", "hybrid_dp"):
         out += ["--zeppelin-balance", "--zeppelin-strategy", c.strategy, "--zeppelin-cluster", cluster,
                 "--zeppelin-gpus-per-node", str(gpus_per_node // c.tp), "--dataloader-type", "external"]
@@ -115,8 +115,8 @@ def check_consistency(flags: List[str], c, m: ModelSpec, world: int, seq_length:
         bad.append("--recompute-granularity full needs --recompute-method and --recompute-num-layers")
     if gran == "selective" and ("--recompute-method" in flags or "--recompute-num-layers" in flags):
         bad.append("selective recompute takes no --recompute-method / --recompute-num-layers")
-    if (gran or "none") != c.recompute.value:
-        bad.append(f"recompute {gran} != advised {c.recompute.value}")
+    if (gran or "none") != c.recompute.granularity:
+        bad.append(f"recompute {gran} != advised {c.recompute.granularity}")
     if "--sequence-parallel" in flags and ("--zeppelin-balance" in flags or tp == 1):
         bad.append("--sequence-parallel needs TP > 1 and is not supported with --zeppelin-balance")
     if "--zeppelin-balance" in flags and cp != 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .dp.recompute import Recompute
+from .recompute import ADVISE_LEVELS
 
 G = 2**30
 
@@ -38,8 +38,8 @@ def reasons(best, cands, mem_bytes: float) -> List[str]:
     out.append(f"ZeRO-{best.zero_stage} ({best.comm_exposed_s * 1e3:.0f} ms of DP communication exposed per step); "
                f"{zs}. The distributed optimizer moves 6 bytes per parameter per step to DDP's 8; ZeRO-2/3 "
                f"reduce (and ZeRO-3 gathers) once per micro-batch.")
-    rs = "; ".join(f"{lv.value}: {_say(_alt(best, cands, recompute=lv))}" for lv in Recompute if lv != best.recompute)
-    out.append(f"recompute {best.recompute.value}; {rs}.")
+    rs = "; ".join(f"{lv.granularity}: {_say(_alt(best, cands, recompute=lv))}" for lv in ADVISE_LEVELS if lv != best.recompute)
+    out.append(f"recompute {best.recompute.granularity}; {rs}.")
     tps = sorted({c.tp for c in cands})
     ts = "; ".join(f"TP {t}: {_say(min((c for c in cands if c.tp == t and c.fits), key=lambda c: c.iteration_s, default=None))}"
                    for t in tps if t != best.tp)

@@ -13,6 +13,7 @@ megatron_zeppelin.config.ConfigError: unknown strategy 'bogus' (set --zeppelin-s
 from __future__ import annotations
 
 from .errors import ZeppelinError
+from .recompute import Recompute
 
 from dataclasses import dataclass, field, replace
 from typing import Tuple
@@ -40,6 +41,9 @@ class ZeppelinConfig:
     min_route_bytes: int = 0  # --zeppelin-min-route-bytes: 0 = derived from the profile
     debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
     tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
+    # activation recompute (from Megatron's --recompute-granularity / --recompute-modules;
+    # recompute.py): plans are predicted with the recomputed forward it runs
+    recompute: str = "none"
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -61,6 +65,7 @@ class ZeppelinConfig:
         if self.tp < 1:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
         object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
+        object.__setattr__(self, "recompute", Recompute.parse(self.recompute).describe())
 
     def routing_enabled(self, nodes: int) -> bool:
         return self.routing == "multi-nic" or (self.routing == "auto" and nodes > 1)

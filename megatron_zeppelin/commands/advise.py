@@ -56,7 +56,7 @@ def run(args) -> int:
     seq = {"packed_dp": "packed DP (no CP)", "zeppelin": "Zeppelin (--zeppelin-balance)",
            "static_cp": f"Megatron CP {b.cp}", "hybrid_dp": "hybrid DP (Zeppelin engine)"}.get(b.strategy, b.strategy)
     print(f"recommend: TP {b.tp}{' + SP' if b.sp else ''}, {seq}, DP {b.dp}, micro-batch {b.mbs} x "
-          f"{b.ga} accumulation steps, {DP_VARIANT[b.zero_stage]}, recompute {b.recompute.value}")
+          f"{b.ga} accumulation steps, {DP_VARIANT[b.zero_stage]}, recompute {b.recompute.granularity}")
     print(f"predicted: {b.iteration_s * 1e3:.0f} ms per iteration ({b.compute_s * 1e3:.0f} compute + "
           f"{b.comm_exposed_s * 1e3:.0f} exposed DP communication), {b.tokens_per_s:,.0f} tokens/s, "
           f"{b.memory.total / 2**30:.1f} GiB per GPU")

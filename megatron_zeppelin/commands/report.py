@@ -160,11 +160,24 @@ def run(args) -> int:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
             json.dump(doc, f, indent=1, default=float)
         with open(args.out, "w") as f:
-            f.write(render(doc, commands, figs, validation, notes=_NOTES if paper else ""))
+            f.write(render(doc, commands, figs, validation, notes=(_NOTES + _coverage(doc)) if paper else ""))
     except OSError as e:
         raise ZeppelinError(f"cannot write the report: {e}") from None
     print(f"wrote {args.out} and {len(figs)} figures in {args.figures}")
     return 0
+
+
+def _coverage(doc: dict) -> str:
+    """Which of the project matrix's studies this report holds (the whole matrix may be too slow to
+    run on the machine at hand; the report says so rather than passing a part off as the whole)."""
+    from ..sim.matrix import load_matrix
+    _, matrix = load_matrix(None)
+    have = sorted({r["study"] for r in doc["runs"]})
+    missing = [s for s in matrix["studies"] if s not in have]
+    if not missing:
+        return ""
+    return (f"\n\nStudies in this report: {', '.join(have)}; not run for it: {', '.join(missing)} "
+            "(too slow for the machine this report was made on; `zeppelin bench` without --studies runs them all).")
 
 
 _NOTES = """What the simulator models (megatron_zeppelin/sim/): the Plan's own schedule ops on per-GPU NVLink
@@ -181,9 +194,9 @@ gradients, ZeRO-1 optimizer states and activations within 90% of memory_GB). *Me
 (`tokens_per_gpu: memory`): each GPU holds what its memory allows without activation recompute
 and the batch fills 0.8 of that. *A set number of tokens per GPU* (16K): with the fastest
 activation recompute that holds it (none; Megatron's selective recompute of core_attn, +mlp,
-+layernorm; full), the same for every strategy; its forward work is charged again in the backward
-(planner/recompute.py; recomputing a ring-split document's core attention repeats its ring
-communication, a local document's repeats none). In both, every strategy must fit the capacity on
++layernorm; full), the same for every strategy; the forward it recomputes runs again inside each
+layer's backward, in the prediction and in the simulator's task graph (recompute.py; recomputing a
+ring-split document's core attention repeats its K/V ring exchanges, a local document's repeats none). In both, every strategy must fit the capacity on
 every rank: a plan over it is out of memory. The lower bound: every document's attention whole,
 all linear work and (with TP) the TP all-reduces' bandwidth, and the least recompute, perfectly
 balanced, all other communication hidden.

@@ -39,6 +39,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--context-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
+    g.add_argument("--recompute-granularity", choices=("selective", "full"), default=None,
+                   help="Megatron's activation recompute (full: every layer, --recompute-method uniform, 1 layer)")
+    g.add_argument("--recompute-modules", nargs="*", default=None,
+                   help="with selective: core_attn (default), mlp, layernorm (layernorm needs Transformer Engine)")
     g.add_argument("--save", default="")
     g.add_argument("--save-interval", type=int, default=0)
     g.add_argument("--load", default="")

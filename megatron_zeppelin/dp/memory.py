@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import ZeppelinError
 from ..model_spec import ModelSpec
+from ..recompute import LADDER, Recompute
 
 
 class MemoryModelError(ZeppelinError):
@@ -38,106 +39,75 @@ class MemoryModelError(ZeppelinError):
 HEADROOM = 0.90  # fraction of GPU memory the prediction may use (allocator, workspaces, NCCL buffers)
 
 
-RECOMPUTE_GRANULARITY = ("none", "selective", "full")  # Megatron's --recompute-granularity (none = flag unset)
-# Megatron's --recompute-modules names this model knows (core_attn is Megatron's default module).
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+# The recompute concept (levels, Megatron's flags) lives in megatron_zeppelin/recompute.py; this
+# module says what each level keeps in memory.
+RECOMPUTE_LADDER = LADDER
 
 
-@dataclass(frozen=True)
-class Recompute:
-    """Activation recompute as Megatron's flags set it: ``--recompute-granularity`` (selective or
-    full) and, for selective, ``--recompute-modules``. Parsed from "none", "full", "selective"
-    (= core_attn, Megatron's default) or "selective:core_attn,mlp,layernorm".
-
-    >>> Recompute.parse("selective:mlp,core_attn").describe(), Recompute.parse("full").granularity
-    ('selective:core_attn,mlp', 'full')
-    >>> Recompute.parse("selective:bogus")
-    Traceback (most recent call last):
-    ...
-    megatron_zeppelin.dp.memory.MemoryModelError: unknown recompute module 'bogus' (set --recompute-modules to some of core_attn, mlp, layernorm)
-    """
-    granularity: str = "none"
-    modules: tuple = ()
-
-    @classmethod
-    def parse(cls, x) -> "Recompute":
-        if isinstance(x, Recompute):
-            return x
-        if x is True:
-            return cls("full")
-        if x in (None, False, "", "none"):
-            return cls()
-        gran, _, mods = str(x).partition(":")
-        if gran not in RECOMPUTE_GRANULARITY:
-            raise MemoryModelError(f"unknown recompute granularity '{gran}' (set --recompute-granularity to "
-                                   f"one of {', '.join(RECOMPUTE_GRANULARITY)})")
-        if gran != "selective":
-            return cls(gran)
-        names = [m.strip() for m in mods.split(",") if m.strip()] or ["core_attn"]
-        for m in names:
-            if m not in RECOMPUTE_MODULES:
-                raise MemoryModelError(f"unknown recompute module '{m}' (set --recompute-modules to some of "
-                                       f"{', '.join(RECOMPUTE_MODULES)})")
-        return cls("selective", tuple(m for m in RECOMPUTE_MODULES if m in names))
-
-    def has(self, module: str) -> bool:
-        return self.granularity == "full" or module in self.modules
-
-    def describe(self) -> str:
-        return self.granularity + (":" + ",".join(self.modules) if self.modules else "")
-
-
-# The fastest first: each later choice saves more memory and recomputes more (Megatron users' ladder).
-RECOMPUTE_LADDER = ("none", "selective:core_attn", "selective:core_attn,mlp", "selective:core_attn,mlp,layernorm",
-                    "full")
+def layer_parts_per_token(m: ModelSpec, recompute=None) -> tuple:
+    """Elements one layer saves per token for the backward, split by layout and by where they live
+    under TP: ((attention replicated, attention sharded), (linear replicated, linear sharded)).
+    Replicated without sequence parallelism (sharded /TP with it): input norm in/out (2h) and the
+    out-projection output (h) on the attention side, pre-MLP norm in/out (2h) and the fc2 output
+    (h) on the linear side. Always sharded /TP (inside the TP region): QKV output (h + 2kv), rotary
+    q, k (h + kv), core attention output (h) and its log-sum-exp (heads); fc1 output, SwiGLU product
+    and SiLU (4 ffn). Selective recompute drops what its modules recompute: core_attn the attention
+    output and LSE (q, k, v stay: they are its inputs), mlp the 4 ffn inside the MLP, layernorm the
+    two norm outputs."""
+    rc = Recompute.parse(recompute)
+    kv = m.kv_heads * m.head_dim
+    a_rep, a_sh = 3 * m.hidden, 3 * m.hidden + 3 * kv + m.heads
+    l_rep, l_sh = 3 * m.hidden, 4 * m.ffn
+    if rc.granularity == "selective":
+        if rc.has("core_attn"):
+            a_sh -= m.hidden + m.heads
+        if rc.has("mlp"):
+            l_sh -= 4 * m.ffn
+        if rc.has("layernorm"):
+            a_rep -= m.hidden
+            l_rep -= m.hidden
+    return (a_rep, a_sh), (l_rep, l_sh)
 
 
 def layer_elements_per_token(m: ModelSpec, recompute=None) -> tuple:
-    """Elements one layer saves per token for the backward: (attention-layout part, linear-layout
-    part). Attention side ``6h + 3kv + heads``: input norm in/out (2h), QKV output (h + 2kv), rotary
-    q, k (h + kv), core attention output (h) and its log-sum-exp (heads), out-projection output (h);
-    linear side ``3h + 4ffn``: pre-MLP norm in/out (2h), fc1 output and SwiGLU product and SiLU
-    (4 ffn), fc2 output (h). Selective recompute drops what its modules recompute: core_attn the
-    attention output and LSE (q, k, v stay: they are its inputs), mlp the 4 ffn inside the MLP,
-    layernorm the two norm outputs."""
-    rc = Recompute.parse(recompute)
-    kv = m.kv_heads * m.head_dim
-    att = 6 * m.hidden + 3 * kv + m.heads
-    lin = 3 * m.hidden + 4 * m.ffn
-    if rc.granularity == "selective":
-        if rc.has("core_attn"):
-            att -= m.hidden + m.heads
-        if rc.has("mlp"):
-            lin -= 4 * m.ffn
-        if rc.has("layernorm"):
-            att -= m.hidden
-            lin -= m.hidden
-    return att, lin
+    """(attention-layout, linear-layout) elements one layer saves per token (``layer_parts_per_token``
+    summed): ``6h + 3kv + heads`` and ``3h + 4ffn`` without recompute."""
+    (a_rep, a_sh), (l_rep, l_sh) = layer_parts_per_token(m, recompute)
+    return a_rep + a_sh, l_rep + l_sh
 
 
-def head_bytes_per_token(m: ModelSpec, tp: int = 1) -> int:
-    return int(2 * m.hidden * m.dtype_bytes + 3 * m.vocab * 4 // tp)  # final norm; logits path in fp32
+def head_bytes_per_token(m: ModelSpec, tp: int = 1, sp: bool = True) -> int:
+    """Final norm (sharded with sequence parallelism) and the logits path in fp32 (3 vocab / TP)."""
+    return int(2 * m.hidden * m.dtype_bytes // (tp if sp else 1) + 3 * m.vocab * 4 // tp)
 
 
-def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1, recompute=None) -> int:
+def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1, recompute=None,
+                     sp: bool = True) -> int:
     """Peak activation bytes of a rank holding ``att_tokens`` in the attention layout and
-    ``lin_tokens`` in the linear layout (the head runs on the linear layout). Full recompute keeps
-    each layer's input (h, attention layout) plus one layer's saved tensors while it is recomputed."""
+    ``lin_tokens`` in the linear layout (the head runs on the linear layout), with TP ``tp`` and
+    sequence parallelism ``sp`` (without it the replicated parts are whole on every TP rank). Full
+    recompute keeps each layer's input (h, attention layout) plus one layer's saved tensors while
+    it is recomputed."""
     rc = Recompute.parse(recompute)
-    a, l = layer_elements_per_token(m, "none" if rc.granularity == "full" else rc)
-    one = a * att_tokens + l * lin_tokens
-    if rc.granularity == "full":
-        layers = (m.layers * m.hidden * att_tokens + one) * m.dtype_bytes // tp
+    rep_div = tp if sp else 1
+    (a_rep, a_sh), (l_rep, l_sh) = layer_parts_per_token(m, "none" if rc.full else rc)
+    db = m.dtype_bytes
+    if sp:  # everything /TP
+        one = ((a_rep + a_sh) * att_tokens + (l_rep + l_sh) * lin_tokens) * db // tp
     else:
-        layers = m.layers * one * m.dtype_bytes // tp
-    return int(layers + head_bytes_per_token(m, tp) * lin_tokens)
+        one = (a_rep * att_tokens + l_rep * lin_tokens) * db + (a_sh * att_tokens + l_sh * lin_tokens) * db // tp
+    if rc.full:
+        layers = m.layers * m.hidden * att_tokens * db // rep_div + one
+    else:
+        layers = m.layers * one
+    return int(layers + head_bytes_per_token(m, tp, sp) * lin_tokens)
 
 
-def activation_bytes_per_token(m: ModelSpec, tp: int = 1, recompute=False) -> int:
+def activation_bytes_per_token(m: ModelSpec, tp: int = 1, recompute=False, sp: bool = True) -> int:
     """Bytes per token when both layouts hold the same tokens. ``recompute``: a Recompute, its string,
     or True for Megatron's full recompute (only each layer's input is kept, plus one layer's saved
     tensors while that layer is recomputed)."""
-    return activation_bytes(m, 1, 1, tp, recompute)
+    return activation_bytes(m, 1, 1, tp, recompute, sp)
 
 
 def plan_memory_balance(plan, model: ModelSpec, tp: int = 1, recompute=None) -> dict:

@@ -23,6 +23,7 @@ import argparse
 
 from ..attention.kernels.select import BACKENDS as ATTENTION_KERNELS
 from ..config import ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
+from ..recompute import Recompute
 from ..token_counts import token_count
 
 
@@ -116,4 +117,8 @@ def config_from_args(args) -> ZeppelinConfig:
         capacity_tokens=int(_get(args, "zeppelin_capacity_tokens", 0)), cp_size=int(_get(args, "zeppelin_cp_size", 0)),
         min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
-        tp=int(_get(args, "tensor_model_parallel_size", 1)))
+        tp=int(_get(args, "tensor_model_parallel_size", 1)),
+        # Megatron's own recompute flags, so plans are priced with the forward the backward reruns
+        # (full with --recompute-method block over fewer layers is priced as full: an upper bound)
+        recompute=Recompute.from_megatron(_get(args, "recompute_granularity", None),
+                                          _get(args, "recompute_modules", None)).describe())

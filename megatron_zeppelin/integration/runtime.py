@@ -62,8 +62,12 @@ def init_parallel(tp: int = 1, seed: int = 1234) -> Runtime:
                    device=device, cpu_shim=shim)
 
 
-def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.float32, recompute: bool = False):
+def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.float32, recompute=None):
+    """``recompute``: megatron-core's own activation recompute (recompute.py: "selective:core_attn",
+    "full", ...; True = full), on whichever spec the model is built with."""
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from ..recompute import Recompute
 
     return TransformerConfig(
         num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads, num_query_groups=m.kv_heads,
@@ -73,18 +77,18 @@ def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.flo
         params_dtype=dtype, bf16=dtype == torch.bfloat16, init_method_std=0.02,
         bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
         gradient_accumulation_fusion=False, persist_layer_norm=False,
-        recompute_granularity="full" if recompute else None,
-        recompute_method="uniform" if recompute else None, recompute_num_layers=1 if recompute else None)
+        **Recompute.parse(recompute).transformer_config_kwargs())
 
 
 def build_model(m: ModelSpec, tp: int = 1, zeppelin: bool = True, max_seq: int = 1 << 16,
-                dtype: torch.dtype = torch.float32, device=None):
-    """A GPT model with the Zeppelin spec (or the stock local spec as the oracle)."""
+                dtype: torch.dtype = torch.float32, device=None, recompute=None):
+    """A GPT model with the Zeppelin spec (or the stock local spec as the oracle), with megatron-core's
+    activation ``recompute`` (transformer_config)."""
     from megatron.core.models.gpt import GPTModel
 
     from .spec import get_gpt_layer_reference_spec, get_gpt_layer_zeppelin_spec
 
-    config = transformer_config(m, tp, dtype)
+    config = transformer_config(m, tp, dtype, recompute)
     spec = (get_gpt_layer_zeppelin_spec(use_te=False if cpu.needed() else None) if zeppelin
             else get_gpt_layer_reference_spec())
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=m.vocab, max_sequence_length=max_seq,

@@ -93,7 +93,8 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     ds = DocumentDataset(prefix)
     sampler = BatchSampler(ds.lengths, o.tokens_per_batch, o.max_doc_tokens, seed=o.seed)
 
-    model = build_model(m, tp=o.tp, max_seq=max(o.max_doc_tokens + 1, 4096), device=rt.device)
+    model = build_model(m, tp=o.tp, max_seq=max(o.max_doc_tokens + 1, 4096), device=rt.device,
+                        recompute=zcfg.recompute)  # megatron-core recompute, as the plans are priced
     ddp = wrap_ddp(model)
     opt = make_optimizer([p for p in ddp.parameters()], lr=o.lr, weight_decay=o.weight_decay)
     sched = warmup_cosine(opt, o.warmup, o.steps, o.min_lr_ratio)

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 from ..config import ZeppelinConfig
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
+from ..recompute import Recompute
 from ..topology import Topology
 from .assemble import assemble
 from .context import Placement, PlanContext
@@ -26,7 +27,8 @@ def make_context(topology: Topology, profile: HardwareProfile, model: ModelSpec,
     config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
     world = topology.world_size
     capacity = config.capacity_tokens or max(1, 2 * -(-total_tokens // world))
-    return PlanContext(topology, model, profile, config, CostModel(model, profile, topology, config.tp), capacity)
+    cost = CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute))
+    return PlanContext(topology, model, profile, config, cost, capacity)
 
 
 def check_lengths(lengths: Sequence[int], capacity: int, world: int) -> list:

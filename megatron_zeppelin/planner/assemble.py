@@ -79,8 +79,14 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
                 rings=rings, attention_layout=att, linear_layout=lin, remap=tuple(moves),
                 schedule=tuple(ops), cost=rank_cost, lower_bound_s=lower_bound(lengths, cost),
                 thresholds=placement.thresholds, kv_bytes_per_token=cost.kv_bytes_per_token,
-                meta=tuple(sorted((str(k), str(v)) for k, v in placement.meta.items())),
+                meta=plan_meta(placement.meta, cost),
                 allreduce_s=cost.dp_allreduce_s())
+
+
+def plan_meta(meta: dict, cost) -> tuple:
+    """The strategy's notes, and the recompute the plan is priced with (the simulator reads it)."""
+    extra = {} if cost.recompute.none else {"recompute": cost.recompute.describe()}
+    return tuple(sorted((str(k), str(v)) for k, v in {**meta, **extra}.items()))
 
 
 def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_node: int, rate: float,

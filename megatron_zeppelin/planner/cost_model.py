@@ -29,6 +29,7 @@ import numpy as np
 
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
+from ..recompute import Recompute
 from ..topology import Topology
 from .types import Link
 
@@ -42,6 +43,9 @@ class CostModel:
     profile: HardwareProfile
     topology: Topology
     tp: int = 1
+    # What the backward recomputes (recompute.py): the layer program runs that forward again
+    # (predict.py, sim/layer.py) and the lower bound counts it.
+    recompute: Recompute = Recompute()
 
     # --- attention: the one block-cost function -----------------------------------------------
     @property

@@ -240,7 +240,7 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     and prepared (layout, routed schedule, ring costs) once; its remap variants share that."""
     from dataclasses import replace as dc_replace
 
-    from .assemble import assemble, prepare  # late: assemble consumes Placements
+    from .assemble import assemble, plan_meta, prepare  # late: assemble consumes Placements
 
     best, seen, placed, err = None, {}, {}, None
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
@@ -273,7 +273,7 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
         raise err
     t, k, pl, plan = best
     pl.meta["variant"] = k if isinstance(k, str) else "/".join(map(str, VARIANTS[k]))
-    pl.assembled = dc_replace(plan, meta=tuple(sorted((str(a), str(b)) for a, b in pl.meta.items())))
+    pl.assembled = dc_replace(plan, meta=plan_meta(pl.meta, ctx.cost))
     return pl
 
 

@@ -191,8 +191,11 @@ def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequenc
     att = _Attention(docs, rings, schedule, cost)
     L, world = cost.model.layers, cost.topology.world_size
     busy, total = np.zeros(world), np.zeros(world)
+    again = cost.recompute.has("core_attn")  # the backward first runs the forward again
     for backward in (False, True):
         clock = np.zeros(world)
+        if backward and again:
+            att.run(clock, False, busy)
         att.run(clock, backward, busy)
         total += clock
     out = RingParts(((busy * L).tolist(), ((total - busy) * L).tolist()))
@@ -250,19 +253,29 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
                 clock[r] = max(clock[r], t)
             remap_t[:] += clock - before
 
+    def forward(c):
+        lin(c, qkv)
+        att.run(c, False, attn_busy)
+        lin(c, out + tp_ar(t_att))
+        remap(c, remap_f)
+        lin(c, mlp + tp_ar(t_lin))
+        remap(c, remap_b)
+
+    rc = cost.recompute  # what the backward runs forward again first (recompute.py)
     c = np.zeros(world)  # forward of one layer
-    lin(c, qkv)
-    att.run(c, False, attn_busy)
-    lin(c, out + tp_ar(t_att))
-    remap(c, remap_f)
-    lin(c, mlp + tp_ar(t_lin))
-    remap(c, remap_b)
+    forward(c)
     total += c
     c = np.zeros(world)  # backward of one layer
+    if rc.full:
+        forward(c)
     remap(c, remap_f)
+    if rc.has("mlp") and not rc.full:
+        lin(c, mlp + tp_ar(t_lin))
     lin(c, 2 * mlp + tp_ar(t_lin))
     remap(c, remap_b)
     lin(c, 2 * out)
+    if rc.has("core_attn") and not rc.full:  # a ring-split document's K/V exchanges again
+        att.run(c, False, attn_busy)
     att.run(c, True, attn_busy)
     lin(c, 2 * qkv + tp_ar(t_att))
     total += c
@@ -283,9 +296,19 @@ def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     proj_s(N) + mlp_s(N) = linear_s(N) whatever the layouts; waiting and exposed transfers only add.
     With TP, every token's activations also go through Megatron's 4 TP all-reduces per layer (2 per
     pass), which run on the critical path whatever the strategy: their bandwidth term is busy time
-    too (``predict``'s ``tp_ar`` without its per-call latency)."""
+    too (``predict``'s ``tp_ar`` without its per-call latency). Recompute (``cost.recompute``) adds
+    the forward it runs again, each document whole, the same way."""
     world = cost.topology.world_size
     n = sum(int(x) for x in lengths)
-    att = float(cost.doc_attention_np(np.asarray(lengths, dtype=np.float64)).sum())
+    L = np.asarray(lengths, dtype=np.float64)
+    att = float(cost.doc_attention_np(L).sum())
     tp_ar = 4 * cost.model.layers * float(cost.tp_allreduce_s(n, latency=False))
-    return (att + cost.linear_s(n) + tp_ar) / world
+    rc, layers = cost.recompute, cost.model.layers
+    again = 0.0
+    if rc.has("core_attn"):
+        again += layers * float(np.sum(cost.block_pass_s(L, L, True, False)))
+    if rc.has("mlp"):
+        again += layers * float(cost.gemm_s(n, "mlp"))
+    if rc.full:
+        again += layers * float(cost.gemm_s(n, "qkv") + cost.gemm_s(n, "out"))
+    return (att + cost.linear_s(n) + tp_ar + again) / world

@@ -15,6 +15,9 @@ Layers (``layers``):
   ranks); an upper bound in general, since without a barrier a rank that is fast in one phase can
   run ahead (tests measure the gap against "all"). The last layer's remap back is counted.
 - ``"all"``: every layer chained, no barriers (exact for the model; L times slower to simulate).
+
+Activation recompute (the plan's, ``Plan.meta["recompute"]``; recompute.py) is in each layer's
+backward: the forward it reruns, as tasks, before the backward it serves (layer.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..model_spec import ModelSpec
 from ..planner.cost_model import CostModel
 from ..planner.types import Plan
 from ..profile import HardwareProfile
+from ..recompute import Recompute
 from .allreduce import exposed_s
 from .compute import LayerCosts
 from .events import FLOW, TaskGraph
@@ -69,6 +73,11 @@ class SimResult:
         return d
 
     @property
+    def recompute_s(self) -> float:
+        """The busiest rank's recomputed forward work (its own seconds; waiting not included)."""
+        return max((r.get("recompute", 0.0) for r in self.rank_compute_s), default=0.0)
+
+    @property
     def max_nic_util(self) -> float:
         return max((max(n["util_out"], n["util_in"]) for n in self.nic), default=0.0)
 
@@ -88,7 +97,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
         from ..errors import ZeppelinError
         raise ZeppelinError(f"unknown layers mode '{opt.layers}' (set --sim-layers to scale or all)")
     topo = plan.topology
-    cost = CostModel(model, profile, topo, tp)
+    cost = CostModel(model, profile, topo, tp, plan_recompute(plan))
     costs = LayerCosts(cost)
     links = LinkTable(topo, cost.bandwidth("nvlink"), cost.bandwidth("nic"), profile.host_cores,
                       profile.host_copy_GBps * 1e9)
@@ -132,6 +141,11 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
     ar_exp = exposed_s(ar, layer_ends, backward_end, opt.overlap_grad_reduce)
     iteration = backward_end + ar_exp
     return _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, opt.layers)
+
+
+def plan_recompute(plan: Plan) -> Recompute:
+    """The activation recompute the plan was priced with (its meta; none when absent)."""
+    return Recompute.parse(dict(plan.meta).get("recompute", "none"))
 
 
 def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, mode) -> SimResult:

@@ -12,6 +12,11 @@ tasks: each Compute is a kernel on every rank it involves, each Post a StepExcha
 CommOps (executor.run_step, so routed schedules are timed as run), each Wait a join of the rank's
 stream with its part of that exchange.
 
+Activation recompute (``CostModel.recompute``, from the plan): the backward first reruns the forward
+it recomputes, as tasks (category ``recompute``): full, the whole layer's forward; selective
+``core_attn``, the attention program's forward (its K/V exchanges again for ring-split documents)
+right before the attention backward; ``mlp``, the MLP's forward (and TP all-reduce) before its backward.
+
 Worked example: a 2-member intra ring backward whose compute hides its transfers. Step 0's dK/dV
 flies during step 1's compute, so only the last dK/dV exchange (T) is exposed: time = c0 + c1 + T
 (not c0 + T + c1 + T as with the dK/dV exchange waited at once).
@@ -73,6 +78,7 @@ class LayerBuilder:
                             "qkv": (max(1, m.heads // tp) + 2 * max(1, m.kv_heads // tp)) * m.head_dim * db,
                             "ctx": max(1, m.heads // tp) * m.head_dim * db}
         self.cursor: List[Optional[int]] = [None] * self.world
+        self.recomputing = False  # tasks are the backward's recomputed forward (category "recompute")
         if ring_cache is None or "work" not in ring_cache:  # priced once per plan (shared fwd/bwd)
             work = AttentionWork(costs.cost, plan.docs, plan.rings, self.world)
             ring_cache = {} if ring_cache is None else ring_cache
@@ -85,6 +91,7 @@ class LayerBuilder:
         with the other ranks' kernels (``cpu=False``: not CPU work, e.g. a TP collective)."""
         res = self.links.cpu(rank) if cpu else None
         deps = [self.cursor[rank], *deps]
+        cat = "recompute" if self.recomputing else cat
         if res is None:
             self.cursor[rank] = self.g.delay(seconds, deps, tag=(rank, cat, cat))
         else:
@@ -158,24 +165,47 @@ class LayerBuilder:
             self.compute(r, k.out_s(self.t_att[r]), "linear")
         self._tp(self.t_att)
         self._remap(reverse=False)
-        for r in range(self.world):
-            self.compute(r, k.mlp_s(self.t_lin[r]), "linear")
-        self._tp(self.t_lin)
+        self._mlp_forward()
         if remap_back:
             self._remap(reverse=True)
+
+    def _mlp_forward(self):
+        for r in range(self.world):
+            self.compute(r, self.k.mlp_s(self.t_lin[r]), "linear")
+        self._tp(self.t_lin)
+
+    def _again(self, module: str) -> bool:
+        """Whether the backward first runs ``module``'s forward again (selective recompute; full
+        recompute reruns the whole layer's forward first instead)."""
+        rc = self.k.cost.recompute
+        return rc.has(module) and not rc.full
+
+    def _recomputed(self, run):
+        """Run ``run`` (forward work the backward repeats) with its tasks labelled ``recompute``."""
+        self.recomputing = True
+        try:
+            run()
+        finally:
+            self.recomputing = False
 
     def backward(self, remap_back: bool = True):
         if self.remap_point == "core_attention":
             return self._backward_core()
         k = self.k
+        if self.k.cost.recompute.full:  # the layer's forward again (its ring exchanges and remaps too)
+            self._recomputed(lambda: self.forward(remap_back))
         if remap_back:
             self._remap(reverse=False)  # gradient of "remap back": attention layout -> linear layout
+        if self._again("mlp"):
+            self._recomputed(self._mlp_forward)
         for r in range(self.world):
             self.compute(r, 2 * k.mlp_s(self.t_lin[r]), "linear")
         self._tp(self.t_lin)
         self._remap(reverse=True)
         for r in range(self.world):
             self.compute(r, 2 * k.out_s(self.t_att[r]), "linear")
+        if self._again("core_attn"):  # a ring-split document repeats its K/V exchanges; a local one none
+            self._recomputed(lambda: self._attention(False))
         self._attention(True)
         for r in range(self.world):
             self.compute(r, 2 * k.qkv_s(self.t_att[r]), "linear")
@@ -197,10 +227,16 @@ class LayerBuilder:
 
     def _backward_core(self):
         k = self.k
+        if k.cost.recompute.full:
+            self._recomputed(self._forward_core)
+        if self._again("mlp"):
+            self._recomputed(lambda: [self.compute(r, k.mlp_s(self.t_lin[r]), "linear") for r in range(self.world)])
         for r in range(self.world):
             self.compute(r, 2 * (k.out_s(self.t_lin[r]) + k.mlp_s(self.t_lin[r])), "linear")
         self._tp(self.t_lin)
         self._remap(reverse=True, what="ctx")
+        if self._again("core_attn"):
+            self._recomputed(lambda: self._attention(False))
         self._attention(True)
         self._remap(reverse=False, what="qkv")
         for r in range(self.world):

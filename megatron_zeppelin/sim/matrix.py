@@ -7,7 +7,7 @@ runs: speedup = the variant's mean simulated iteration over the run / Zeppelin's
 ``deployed`` (the baseline's run-level settings fixed for the run, as deployed; sim/runs.py) and
 ``oracle`` (tuned per batch, with hindsight: an upper bound on the baseline). ``batches`` (matrix-wide
 or per study, default 16) sets the run's length; ``recompute`` the activation recompute ("auto": the
-fastest that fits, dp/memory.py RECOMPUTE_LADDER; the same for every strategy).
+fastest that fits, recompute.py LADDER; the same for every strategy).
 
 >>> parse_tokens("64K"), parse_tokens(4096)
 (65536, 4096)

@@ -66,7 +66,7 @@ class RunSpec:
     seed: int = 0
     capacity: int = 0  # per-rank token capacity every strategy must fit (memory); 0 = the planner's default
     batches: int = DEFAULT_BATCHES  # batches of the run
-    recompute: str = "none"  # activation recompute of the run (dp/memory.py Recompute), the same for every strategy
+    recompute: str = "none"  # activation recompute of the run (recompute.py), the same for every strategy
     regime: str = "fixed"  # "memory": the batch memory allows (capacity binds); "fixed": tokens_per_gpu as set
 
     def key(self) -> str:
@@ -166,6 +166,7 @@ class _Rounds:
         self.head_s = sum(r.head_s for r in results)
         self.max_nic_util = max(r.max_nic_util for r in results)
         self.link_bytes = {k: sum(r.link_bytes.get(k, 0.0) for r in results) for k in ("nic", "nvlink")}
+        self.recompute_s = sum(r.recompute_s for r in results)
 
 
 def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions = None):
@@ -215,12 +216,10 @@ def run_lengths(spec: RunSpec, world: int) -> List[List[int]]:
 
 
 def _batch_record(plan, res, spec, model, profile, plan_s, sim_s) -> Dict:
-    """A batch's plan and simulated iteration, with the run's activation recompute charged
-    (planner/recompute.py: the busiest rank's recomputed forward is added to the simulated
-    iteration, per rank to the prediction) and the plan's time and memory balance."""
+    """A batch's plan and simulated iteration (the run's activation recompute is in both: the plan
+    is priced with it, the simulator runs the recomputed forward in each layer's backward;
+    ``recompute_s`` is the busiest rank's recomputed work) and the plan's time and memory balance."""
     from ..dp.memory import plan_memory_balance
-    from ..planner.cost_model import CostModel
-    from ..planner.recompute import recompute_lower_bound_s, recompute_s
     mem = plan_memory_balance(plan, model, spec.tp, spec.recompute)
     if isinstance(res, _Rounds):  # a rank holds one round's activations at a time
         parts = [plan_memory_balance(p, model, spec.tp, spec.recompute) for p in res.plans]
@@ -228,15 +227,11 @@ def _batch_record(plan, res, spec, model, profile, plan_s, sim_s) -> Dict:
         mem = dict(mem, bytes=by, max_bytes=max(by), imbalance=max(by) / (sum(by) / len(by)) if sum(by) else 1.0,
                    imbalance_attention=max(x["imbalance_attention"] for x in parts),
                    imbalance_linear=max(x["imbalance_linear"] for x in parts))
-    cost = CostModel(model, profile, plan.topology, spec.tp)
-    extra = recompute_s(plan, cost, spec.recompute)
-    lb_extra = recompute_lower_bound_s(plan.lengths, cost, spec.recompute)
-    t = [c.total_s + e for c, e in zip(plan.cost, extra)]
-    predicted = max(t) if not isinstance(res, _Rounds) else \
-        sum(max(c.total_s for c in p.cost) for p in res.plans) + max(extra)
-    return dict(iteration_s=res.iteration_s + max(extra), recompute_s=max(extra),
+    t = [c.total_s for c in plan.cost]
+    predicted = max(t) if not isinstance(res, _Rounds) else sum(max(c.total_s for c in p.cost) for p in res.plans)
+    return dict(iteration_s=res.iteration_s, recompute_s=res.recompute_s,
                 predicted_s=predicted + res.allreduce_exposed_s,
-                lower_bound_s=plan.lower_bound_s + lb_extra + res.allreduce_exposed_s, allreduce_s=res.allreduce_exposed_s,
+                lower_bound_s=plan.lower_bound_s + res.allreduce_exposed_s, allreduce_s=res.allreduce_exposed_s,
                 forward_s=res.forward_s, backward_s=res.backward_s, head_s=res.head_s,
                 max_nic_util=res.max_nic_util, nic_bytes=res.link_bytes.get("nic", 0.0),
                 nvlink_bytes=res.link_bytes.get("nvlink", 0.0), plan_s=plan_s, sim_s=sim_s,
@@ -267,7 +262,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     runs = run_lengths(spec, topo.world_size)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp,
-                            capacity_tokens=spec.capacity)
+                            capacity_tokens=spec.capacity, recompute=spec.recompute)
     capacity = spec.capacity or 2 * spec.tokens_per_gpu  # the planner's default: twice the mean per rank
     out = []
     for v in variants:

@@ -85,7 +85,7 @@ def load_full(model, full, tp_rank: int, tp: int):
             p.copy_(t)
 
 
-def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init_state):
+def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init_state, recompute="none"):
     from megatron_zeppelin.integration.batch import build_rank_batch, default_engine_factory
     from megatron_zeppelin.integration.runtime import build_model, init_parallel, wrap_ddp
     from megatron_zeppelin.integration.step import make_optimizer, train_step
@@ -97,14 +97,15 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
     factory = local_engine_factory if engine == "local" else default_engine_factory
     out = {}
     for strategy in strategies:
-        model = build_model(m, tp=tp, device=rt.device)
+        model = build_model(m, tp=tp, device=rt.device, recompute=recompute)
         load_full(model, init_state, rt.tp_rank, tp)
         ddp = wrap_ddp(model)
         opt = make_optimizer([p for p in ddp.parameters()], lr=LR)
         # Small capacity forces zeppelin to split the long documents (intra and inter rings);
         # static_cp runs every document over fixed CP groups of 2.
         cfg = ZeppelinConfig(strategy=strategy, gpus_per_node=gpus_per_node, tp=tp,
-                             capacity_tokens=CAPACITY.get(rt.domain_size, 0) if strategy == "zeppelin" else 0, cp_size=2)
+                             capacity_tokens=CAPACITY.get(rt.domain_size, 0) if strategy == "zeppelin" else 0, cp_size=2,
+                             recompute=recompute)
         losses, grads, classes = [], [], {}
         for s in range(steps):
             docs = step_docs(s, m.vocab)
@@ -116,7 +117,8 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
             losses.append(r["loss"])
             grads.append(gather_full(ddp.module.named_parameters(), rt.tp_group, tp, grads=True))
             classes = {c: classes.get(c, 0) + n for c, n in plan.class_counts().items()}
-        out[strategy] = {"losses": losses, "grads": grads if rank == 0 else None, "classes": classes}
+        out[strategy] = {"losses": losses, "grads": grads if rank == 0 else None, "classes": classes,
+                         "recompute": model.config.recompute_granularity}
     return out
 
 

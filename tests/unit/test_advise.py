@@ -9,7 +9,7 @@ from megatron_zeppelin.advise import AdviseError, advise, comm_exposed_s, parse_
 from megatron_zeppelin.advise_flags import check_consistency, command_line, megatron_flags
 from megatron_zeppelin.cli import main
 from megatron_zeppelin.dp.memory import predict_memory
-from megatron_zeppelin.dp.recompute import Recompute
+from megatron_zeppelin.recompute import ADVISE_LEVELS, Recompute
 from megatron_zeppelin.model_spec import load_model
 from megatron_zeppelin.profile import load_profile
 
@@ -48,10 +48,10 @@ def test_pick_fits_and_is_fastest_within_tolerance(a13):
 
 def test_flag_line_is_complete_and_consistent(a13):
     m = load_model("llama-13b")
-    for c in [a13.best] + [c for c in a13.candidates if c.recompute is not Recompute.NONE][:40:7]:
+    for c in [a13.best] + [c for c in a13.candidates if not c.recompute.none][:40:7]:
         flags = megatron_flags(c, m, SEQ, sum(BATCH), "a800", 8, 4)
         assert check_consistency(flags, c, m, world=8, seq_length=SEQ, global_batch_tokens=sum(BATCH)) == []
-        if c.recompute is Recompute.FULL:  # issue 18 item 7: never "--recompute-granularity full" alone
+        if c.recompute.full:  # issue 18 item 7: never "--recompute-granularity full" alone
             assert flags[flags.index("--recompute-granularity"):][:6] == [
                 "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     line = command_line(a13.best, m, 1, 8, SEQ, sum(BATCH), "a800", 4)
@@ -61,7 +61,7 @@ def test_flag_line_is_complete_and_consistent(a13):
 def test_consistency_check_catches_incomplete_recompute(a13):
     import dataclasses
     m = load_model("llama-13b")
-    c = dataclasses.replace(a13.best, recompute=Recompute.FULL)
+    c = dataclasses.replace(a13.best, recompute=Recompute("full"))
     flags = megatron_flags(c, m, SEQ, sum(BATCH))
     i = flags.index("--recompute-method")
     bad_line = flags[:i] + flags[i + 4:]  # "--recompute-granularity full" alone (issue 18 item 7)

@@ -13,7 +13,7 @@ import pytest
 
 from megatron_zeppelin.advise import advise
 from megatron_zeppelin.advise_flags import DATA_FLAGS, launch_env, megatron_flags
-from megatron_zeppelin.dp.recompute import Recompute
+from megatron_zeppelin.recompute import ADVISE_LEVELS, Recompute
 from megatron_zeppelin.model_spec import load_model
 from megatron_zeppelin.profile import load_profile
 
@@ -45,7 +45,7 @@ def test_advised_lines_pass_megatron_validation():
         m, p = load_model(model), load_profile(cluster)
         lengths = [seq] * (32 * nodes)
         a = advise(lengths, m, p, nodes, p.memory_GB * 1e9, seq_length=seq, use_sim=False)
-        picks = [a.best] + [dataclasses.replace(a.best, recompute=lv) for lv in Recompute if lv != a.best.recompute]
+        picks = [a.best] + [dataclasses.replace(a.best, recompute=lv) for lv in ADVISE_LEVELS if lv != a.best.recompute]
         picks += [next(c for c in a.candidates if c.zero_stage == z and c.fits) for z in range(4)
                   if any(c.zero_stage == z and c.fits for c in a.candidates)]
         picks += [c for c in a.candidates if c.strategy == "zeppelin" and c.tp > 1][:1]
@@ -55,13 +55,13 @@ def test_advised_lines_pass_megatron_validation():
     for (flags, c, _, _), r in zip(jobs, _validate(jobs)):
         assert r["ok"], (shlex.join(flags), r["error"], r.get("trace"))
         assert r["dp"] == c.dp and r["distopt"] == (c.zero_stage >= 1)
-        assert (r["recompute"] or "none") == c.recompute.value
+        assert (r["recompute"] or "none") == c.recompute.granularity
 
 
 def test_full_recompute_alone_is_rejected_by_megatron():
     m = load_model("llama-7b")
     a = advise([8192] * 32, m, load_profile("a800"), 1, 80e9, seq_length=8192, use_sim=False)
-    c = dataclasses.replace(a.best, recompute=Recompute.FULL)
+    c = dataclasses.replace(a.best, recompute=Recompute("full"))
     flags = megatron_flags(c, m, 8192, 8192 * 32) + DATA_FLAGS
     i = flags.index("--recompute-method")
     (good, bad) = _validate([(flags, c, 8, 8), (flags[:i] + flags[i + 4:], c, 8, 8)])

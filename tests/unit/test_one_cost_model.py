@@ -12,6 +12,7 @@ from megatron_zeppelin.planner import make_context, plan_batch
 from megatron_zeppelin.planner.assemble import assemble
 from megatron_zeppelin.planner.baselines.static_cp import cp_placement
 from megatron_zeppelin.planner.cost_model import CostModel
+from megatron_zeppelin.planner.program import Post, attention_program
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.sim.compute import LayerCosts
 from megatron_zeppelin.sim.iteration import SimOptions, simulate
@@ -89,3 +90,55 @@ def test_zeppelin_plans_predicted_as_simulated(profile):
     plan = plan_batch(_lengths(40, seed=5, hi=12000), topo, profile, TOY_MODEL, strategy="zeppelin")
     res = simulate(plan, profile, TOY_MODEL)
     assert res.iteration_s == pytest.approx(plan.predicted_with_allreduce_s, rel=0.05)
+
+
+RECOMPUTES = ["selective:core_attn", "selective:core_attn,mlp", "full"]
+
+
+def _recompute(plan, rc, topo, profile, cp=None):
+    """The same placement planned with activation recompute ``rc``."""
+    cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, recompute=rc)
+    if cp is not None:
+        ctx = make_context(topo, profile, TOY_MODEL, cfg, total_tokens=sum(plan.lengths))
+        return assemble("static_cp", list(plan.lengths), ctx, cp_placement(list(plan.lengths), ctx, cp=cp, comm="p2p"))
+    return plan_batch(list(plan.lengths), topo, profile, TOY_MODEL, cfg, strategy=plan.strategy)
+
+
+@pytest.mark.parametrize("rc", RECOMPUTES)
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_recompute_local_plans_predicted_exactly(profile, rc):
+    """Recompute is in the layer program's backward, priced the same by the prediction and the
+    simulator (every layer chained); a local document repeats no communication."""
+    topo = Topology(2, 2, 2)
+    base = plan_batch(_lengths(20, hi=3000), topo, profile, TOY_MODEL, strategy="packed_dp")
+    plan = _recompute(base, rc, topo, profile)
+    res = simulate(plan, profile, TOY_MODEL, options=SimOptions(layers="all"))
+    assert res.iteration_s == pytest.approx(plan.predicted_with_allreduce_s, rel=1e-9)
+    assert plan.predicted_iteration_s > base.predicted_iteration_s
+    assert plan.lower_bound_s > base.lower_bound_s
+    plain = simulate(base, profile, TOY_MODEL, options=SimOptions(layers="all"))
+    recomputed = max(r.get("recompute", 0.0) for r in res.rank_compute_s)
+    assert recomputed > 0 and res.link_bytes.get("nvlink", 0) >= plain.link_bytes.get("nvlink", 0)
+    if rc.startswith("selective"):  # remaps are not repeated: the same bytes on the links
+        assert res.link_bytes == plain.link_bytes
+
+
+@pytest.mark.parametrize("rc", RECOMPUTES)
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_recompute_ring_plans_predicted_as_simulated(profile, rc):
+    """Recomputed ring attention repeats its forward K/V exchanges: one more forward's ring bytes
+    per layer on the links, and the prediction still times what the simulator times."""
+    topo = Topology(1, 4)
+    base = _ring_plan([6000, 3000, 800], topo, cp=4, profile=profile)
+    plan = _recompute(base, rc, topo, profile, cp=4)
+    res, plain = simulate(plan, profile, TOY_MODEL), simulate(base, profile, TOY_MODEL)
+    assert res.iteration_s == pytest.approx(plan.predicted_with_allreduce_s, rel=0.02)
+    assert res.iteration_s > plain.iteration_s
+    posts = [x for x in attention_program(base.rings, False, backward=False) if isinstance(x, Post)]
+    fwd_ring = TOY_MODEL.layers * sum(o.nbytes for x in posts for o in base.ops(x.queue, x.step)
+                                      if o.ring in x.rings)  # the forward's K/V, once per layer
+    extra = res.link_bytes["nvlink"] - plain.link_bytes["nvlink"]
+    if rc.startswith("selective"):
+        assert extra == pytest.approx(fwd_ring, rel=1e-9)
+    else:  # full: the remap's forward moves too (none here: CP plans keep their layout)
+        assert extra >= fwd_ring * (1 - 1e-9)

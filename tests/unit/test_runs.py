@@ -8,11 +8,10 @@ import sys
 import pytest
 
 from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.dp.memory import (RECOMPUTE_LADDER, Recompute, activation_bytes, capacity_tokens,
-                                         plan_memory_balance)
+from megatron_zeppelin.dp.memory import RECOMPUTE_LADDER, activation_bytes, capacity_tokens, plan_memory_balance
+from megatron_zeppelin.recompute import Recompute
 from megatron_zeppelin.model_spec import load_model
 from megatron_zeppelin.planner import make_context, plan_batch
-from megatron_zeppelin.planner.recompute import recompute_lower_bound_s, recompute_s
 from megatron_zeppelin.profile import load_profile
 from megatron_zeppelin.sim.matrix import batch_and_recompute, load_matrix
 from megatron_zeppelin.sim.runs import domain_topology, make_plan, run_settings
@@ -44,18 +43,27 @@ def test_the_matrix_takes_the_fastest_recompute_that_fits():
 
 
 def test_recompute_repeats_ring_communication_only_for_split_documents():
+    """The recomputed forward is in each layer's backward (predict and simulator: test_one_cost_model);
+    here on the 7B/A800 case: a local document repeats only its attention compute, a ring-split one
+    also waits on its ring again, full recompute adds more than core_attn on every rank."""
     profile, spec, topo, cfg = _setup()
-    ctx = make_context(topo, profile, spec, cfg, 65536)
     ring = plan_batch([65536], topo, profile, spec, cfg, strategy="static_cp")
     assert ring.rings and max(c.comm_exposed_s for c in ring.cost) > 0
     local = plan_batch([4096] * 16, topo, profile, spec, cfg, strategy="packed_dp")
+    ctx = make_context(topo, profile, spec, cfg, 65536)
     for plan in (ring, local):
-        core = recompute_s(plan, ctx.cost, "selective:core_attn")
-        want = [c.attention_s / 3.5 + (c.comm_exposed_s / 3 if plan is ring else 0.0) for c in plan.cost]
-        assert core == pytest.approx(want)
-        full = recompute_s(plan, ctx.cost, "full")
-        assert all(f >= c for f, c in zip(full, core)) and max(f - c for f, c in zip(full, core)) > 0
-    assert recompute_lower_bound_s(local.lengths, ctx.cost, "full") <= max(recompute_s(local, ctx.cost, "full"))
+        core, full = (make_plan(plan.strategy, list(plan.lengths), topo, profile, spec, cfg.with_(recompute=rc),
+                                plan.meta and dict(plan.meta).get("cp_size") or None)
+                      for rc in ("selective:core_attn", "full"))
+        assert dict(core.meta)["recompute"] == "selective:core_attn"
+        assert all(f.total_s >= c.total_s >= b.total_s for f, c, b in zip(full.cost, core.cost, plan.cost))
+        assert full.predicted_iteration_s > core.predicted_iteration_s > plan.predicted_iteration_s
+        assert plan.lower_bound_s < core.lower_bound_s <= core.predicted_iteration_s
+    core_local = plan_batch(list(local.lengths), topo, profile, spec, cfg.with_(recompute="selective:core_attn"),
+                            strategy="packed_dp")
+    for r in range(topo.world_size):  # local: exactly the attention forward again, no communication
+        fwd = spec.layers * sum(float(ctx.cost.block_pass_s(d.length, d.length, True)) for d in local.local_docs(r))
+        assert core_local.cost[r].total_s - local.cost[r].total_s == pytest.approx(fwd)
 
 
 def test_memory_balance_of_a_plan():

@@ -61,3 +61,26 @@ def test_token_counts_take_suffixes_like_plan():
     assert (a.global_batch_tokens, a.max_doc_tokens) == (32768, 4096)
     b = build_parser().parse_args(["plan", "--global-batch-tokens", "32K"])
     assert b.global_batch_tokens == a.global_batch_tokens
+
+
+@pytest.mark.parametrize("argv,want", [
+    ([], "none"),
+    (["--recompute-granularity", "selective"], "selective:core_attn"),  # Megatron's default module
+    (["--recompute-granularity", "selective", "--recompute-modules", "mlp", "core_attn"], "selective:core_attn,mlp"),
+    (["--recompute-granularity", "full"], "full"),
+])
+def test_megatrons_recompute_flags_reach_the_plans_and_the_model(argv, want):
+    """The flags set the ZeppelinConfig the plans are priced with; the trainer builds the model with it."""
+    from megatron_zeppelin.commands.train import options_from_args
+    assert options_from_args(build_parser().parse_args(["train", "--zeppelin-balance", *argv])).zeppelin["recompute"] == want
+
+
+def test_megatron_lm_args_set_the_recompute():
+    from argparse import Namespace
+
+    from megatron_zeppelin.integration.args import config_from_args
+    from megatron_zeppelin.recompute import RecomputeError
+    assert config_from_args(Namespace(recompute_granularity="selective", recompute_modules=None)).recompute == \
+        "selective:core_attn"
+    with pytest.raises(RecomputeError, match="--recompute-modules"):
+        config_from_args(Namespace(recompute_granularity="selective", recompute_modules=["moe"]))
