@@ -40,6 +40,7 @@ class ZeppelinConfig:
     min_route_bytes: int = 0  # --zeppelin-min-route-bytes: 0 = derived from the profile
     debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
     tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
+    sequence_parallel: bool = False  # Megatron's --sequence-parallel: layouts split over TP along tokens
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -60,6 +61,8 @@ class ZeppelinConfig:
             raise ConfigError(f"--zeppelin-min-route-bytes must be >= 0, got {self.min_route_bytes}")
         if self.tp < 1:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1 (or drop it)")
         object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
 
     def routing_enabled(self, nodes: int) -> bool:

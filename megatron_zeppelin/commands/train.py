@@ -37,6 +37,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--data-path", default="", help="Megatron indexed dataset prefix (default: embedded corpus)")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron's sequence parallelism: the TP group splits each rank's layouts along tokens")
     g.add_argument("--context-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--save", default="")

@@ -87,8 +87,6 @@ def check_megatron_args(args) -> None:
     if _get(args, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         raise ConfigError("--zeppelin-balance does not support virtual pipeline stages: drop "
                           "--num-layers-per-virtual-pipeline-stage")
-    if _get(args, "sequence_parallel", False):
-        raise ConfigError("--zeppelin-balance does not support --sequence-parallel yet: drop it")
     if _get(args, "num_experts", None):
         raise ConfigError("--zeppelin-balance supports dense models only: drop --num-experts")
     if _get(args, "multi_latent_attention", False):
@@ -116,4 +114,5 @@ def config_from_args(args) -> ZeppelinConfig:
         capacity_tokens=int(_get(args, "zeppelin_capacity_tokens", 0)), cp_size=int(_get(args, "zeppelin_cp_size", 0)),
         min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
-        tp=int(_get(args, "tensor_model_parallel_size", 1)))
+        tp=int(_get(args, "tensor_model_parallel_size", 1)),
+        sequence_parallel=bool(_get(args, "sequence_parallel", False)))
