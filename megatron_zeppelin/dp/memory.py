@@ -119,10 +119,41 @@ def head_bytes_per_token(m: ModelSpec, tp: int = 1) -> int:
     return int(2 * m.hidden * m.dtype_bytes + 3 * m.vocab * 4 // tp)  # final norm; logits path in fp32
 
 
-def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1, recompute=None) -> int:
+def sp_rows(tokens: int, tp: int) -> int:
+    """Rows of a layout of ``tokens`` tokens under sequence parallelism: a multiple of TP, at least
+    one per TP rank (the pad rows the batch adds; cost_model.layout_rows is the same rule).
+
+    >>> sp_rows(0, 2), sp_rows(5, 2), sp_rows(5, 1)
+    (2, 6, 5)
+    """
+    return max(-(-tokens // tp) * tp, tp) if tp > 1 else tokens
+
+
+def tp_replicated_elements_per_token(m: ModelSpec, recompute=None) -> tuple:
+    """Of ``layer_elements_per_token``, what TP *without* sequence parallelism keeps whole on every
+    TP rank (the residual stream outside the TP regions): (attention side: input norm in/out and
+    the out-projection output, 3h; linear side: pre-MLP norm in/out and fc2 output, 3h), less
+    the norm outputs selective layernorm recompute drops."""
+    rc = Recompute.parse(recompute)
+    drop = m.hidden if rc.granularity == "selective" and rc.has("layernorm") else 0
+    return 3 * m.hidden - drop, 3 * m.hidden - drop
+
+
+def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1, recompute=None,
+                     sequence_parallel: bool = True) -> int:
     """Peak activation bytes of a rank holding ``att_tokens`` in the attention layout and
     ``lin_tokens`` in the linear layout (the head runs on the linear layout). Full recompute keeps
-    each layer's input (h, attention layout) plus one layer's saved tensors while it is recomputed."""
+    each layer's input (h, attention layout) plus one layer's saved tensors while it is recomputed.
+    With TP, ``sequence_parallel`` (Megatron's --sequence-parallel, what this model assumed) splits
+    every saved tensor over TP (a plan's pad rows: ``plan_memory_balance``); without it the residual
+    stream's tensors (``tp_replicated_elements_per_token``, and the kept layer inputs of full
+    recompute) are whole on every TP rank.
+
+    >>> from megatron_zeppelin.model_spec import ModelSpec
+    >>> tiny = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, dtype_bytes=4)
+    >>> activation_bytes(tiny, 1000, 1000, tp=2) < activation_bytes(tiny, 1000, 1000, tp=2, sequence_parallel=False)
+    True
+    """
     rc = Recompute.parse(recompute)
     a, l = layer_elements_per_token(m, "none" if rc.granularity == "full" else rc)
     one = a * att_tokens + l * lin_tokens
@@ -130,6 +161,11 @@ def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1
         layers = (m.layers * m.hidden * att_tokens + one) * m.dtype_bytes // tp
     else:
         layers = m.layers * one * m.dtype_bytes // tp
+    if not sequence_parallel and tp > 1:
+        ra, rl = tp_replicated_elements_per_token(m, "none" if rc.granularity == "full" else rc)
+        rep = ra * att_tokens + rl * lin_tokens
+        rep = m.layers * m.hidden * att_tokens + rep if rc.granularity == "full" else m.layers * rep
+        layers += rep * m.dtype_bytes * (tp - 1) // tp
     return int(layers + head_bytes_per_token(m, tp) * lin_tokens)
 
 
@@ -140,15 +176,17 @@ def activation_bytes_per_token(m: ModelSpec, tp: int = 1, recompute=False) -> in
     return activation_bytes(m, 1, 1, tp, recompute)
 
 
-def plan_memory_balance(plan, model: ModelSpec, tp: int = 1, recompute=None) -> dict:
-    """Per-rank peak activation memory of a Plan (attention and linear layouts, with ``recompute``):
+def plan_memory_balance(plan, model: ModelSpec, tp: int = 1, recompute=None, sequence_parallel: bool = True) -> dict:
+    """Per-rank peak activation memory of a Plan (attention and linear layouts, with ``recompute``;
+    with TP and ``sequence_parallel`` each layout's pad rows, ``sp_rows``, count too):
     ``bytes`` per rank, ``max_bytes``, ``imbalance`` = max / mean, and the same ratio of each
     layout's token counts (``imbalance_attention``, ``imbalance_linear``). Memory is what DistCA
     (arXiv 2510.18121) names as the weak side of per-document planning; a ratio of 1 is even."""
     world = len(plan.attention_layout)
     att = [sum(s.stop - s.start for s in plan.attention_layout[r]) for r in range(world)]
     lin = [sum(s.stop - s.start for s in plan.linear_layout[r]) for r in range(world)]
-    by = [activation_bytes(model, a, b, tp, recompute) for a, b in zip(att, lin)]
+    rows = (lambda n: sp_rows(n, tp)) if sequence_parallel else (lambda n: n)  # SP's pad rows are held too
+    by = [activation_bytes(model, rows(a), rows(b), tp, recompute, sequence_parallel) for a, b in zip(att, lin)]
 
     def ratio(xs):
         mean = sum(xs) / len(xs)

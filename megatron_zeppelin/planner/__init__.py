@@ -26,7 +26,8 @@ def make_context(topology: Topology, profile: HardwareProfile, model: ModelSpec,
     config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
     world = topology.world_size
     capacity = config.capacity_tokens or max(1, 2 * -(-total_tokens // world))
-    return PlanContext(topology, model, profile, config, CostModel(model, profile, topology, config.tp), capacity)
+    cost = CostModel(model, profile, topology, config.tp, config.sequence_parallel)
+    return PlanContext(topology, model, profile, config, cost, capacity)
 
 
 def check_lengths(lengths: Sequence[int], capacity: int, world: int) -> list:
