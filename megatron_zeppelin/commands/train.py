@@ -127,7 +127,8 @@ def header(args, opts, world: int, backend: str) -> str:
     data = args.data_path or "the embedded corpus (Python sources, byte tokens)"
     strategy = z["strategy"] + ("" if args.zeppelin_balance else " (stock Megatron packing: --zeppelin-balance plans "
                                                                  "the batch with --zeppelin-strategy)")
-    lines = [f"zeppelin train: strategy {strategy}, {world} ranks (TP {tp} x DP {world // max(1, tp)}, {backend}, "
+    sp = " + SP" if z.get("sequence_parallel") else ""
+    lines = [f"zeppelin train: strategy {strategy}, {world} ranks (TP {tp}{sp} x DP {world // max(1, tp)}, {backend}, "
              f"{z.get('gpus_per_node')} GPUs per node), model {m.name} ({m.layers} layers, hidden {m.hidden}, "
              f"{m.heads} heads)",
              f"  data: {data}; {args.train_iters} iterations x {args.global_batch_tokens} tokens, documents cut at "
