@@ -92,8 +92,8 @@ class Candidate:
 
     @property
     def sp(self) -> bool:
-        """Megatron sequence parallelism with TP (Zeppelin's engine does not support it yet)."""
-        return self.tp > 1 and self.strategy != "zeppelin"
+        """Megatron sequence parallelism with TP (every strategy, Zeppelin included)."""
+        return self.tp > 1
 
     def key(self):
         return (ADVISE_LEVELS.index(self.recompute), ZERO_ORDER.index(self.zero_stage), self.tp, self.cp,
@@ -238,7 +238,7 @@ def advise(lengths, model: ModelSpec, profile: HardwareProfile, nodes: int, gpu_
                             t = compute + comm
                             states = predict_memory(model, 0, dp=domain, tp=tp, zero_stage=stage)
                             gathered = 2 * 2 * _layer_params(model) // tp if stage == 3 else 0
-                            sp = tp > 1 and strategy != "zeppelin"
+                            sp = tp > 1
                             act = activation_bytes_per_token(model, tp, level, sp) * cap
                             mem = MemoryPrediction(states.weights + gathered, states.gradients, states.optimizer,
                                                    int(act))

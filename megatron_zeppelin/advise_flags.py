@@ -117,8 +117,8 @@ def check_consistency(flags: List[str], c, m: ModelSpec, world: int, seq_length:
         bad.append("selective recompute takes no --recompute-method / --recompute-num-layers")
     if (gran or "none") != c.recompute.granularity:
         bad.append(f"recompute {gran} != advised {c.recompute.granularity}")
-    if "--sequence-parallel" in flags and ("--zeppelin-balance" in flags or tp == 1):
-        bad.append("--sequence-parallel needs TP > 1 and is not supported with --zeppelin-balance")
+    if "--sequence-parallel" in flags and tp == 1:
+        bad.append("--sequence-parallel needs TP > 1")
     if "--zeppelin-balance" in flags and cp != 1:
         bad.append("--zeppelin-balance plans CP itself: --context-parallel-size must be 1")
     if "--overlap-param-gather" in flags and "--use-distributed-optimizer" not in flags:

@@ -43,9 +43,7 @@ def reasons(best, cands, mem_bytes: float) -> List[str]:
     tps = sorted({c.tp for c in cands})
     ts = "; ".join(f"TP {t}: {_say(min((c for c in cands if c.tp == t and c.fits), key=lambda c: c.iteration_s, default=None))}"
                    for t in tps if t != best.tp)
-    out.append(f"TP {best.tp}" + (" with sequence parallelism" if best.sp else
-                                  (" without sequence parallelism (not supported with --zeppelin-balance)"
-                                   if best.tp > 1 else "")) + f"; best that fits at {ts}.")
+    out.append(f"TP {best.tp}" + (" with sequence parallelism" if best.sp else "") + f"; best that fits at {ts}.")
     strat = {}
     for c in cands:
         if c.tp == best.tp and c.fits and (c.strategy not in strat or c.iteration_s < strat[c.strategy].iteration_s):

@@ -44,6 +44,7 @@ class ZeppelinConfig:
     # activation recompute (from Megatron's --recompute-granularity / --recompute-modules;
     # recompute.py): plans are predicted with the recomputed forward it runs
     recompute: str = "none"
+    sequence_parallel: bool = False  # Megatron's --sequence-parallel: layouts split over TP along tokens
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -64,6 +65,8 @@ class ZeppelinConfig:
             raise ConfigError(f"--zeppelin-min-route-bytes must be >= 0, got {self.min_route_bytes}")
         if self.tp < 1:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1 (or drop it)")
         object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
         object.__setattr__(self, "recompute", Recompute.parse(self.recompute).describe())
 

@@ -34,6 +34,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-doc-tokens", type=token_count, default=4096, help="longest document kept whole (default 4096)")
     p.add_argument("--ranks", type=int, default=4, help="domain ranks (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=2, help="ranks per simulated node (default 2)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel size: each domain rank is a TP group of this many processes (default 1)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron's sequence parallelism over each TP group (needs --tp > 1)")
     p.add_argument("--static-cp-size", type=int, default=0,
                    help="CP group size of the static_cp baseline (default 0: the best for each batch)")
     p.add_argument("--cluster", default="auto",
@@ -117,14 +121,20 @@ def _run(args) -> int:
     from ..integration.trainer import TrainOptions, run_local
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    if torch.cuda.is_available() and torch.cuda.device_count() < args.ranks:
-        raise ZeppelinError(f"--ranks {args.ranks} needs that many GPUs, this machine has "
-                            f"{torch.cuda.device_count()}: lower --ranks")
+    if args.tp < 1:
+        raise ZeppelinError(f"--tp {args.tp}: must be >= 1")
+    if args.sequence_parallel and args.tp == 1:
+        raise ZeppelinError("--sequence-parallel needs --tp > 1")
+    procs = args.ranks * args.tp
+    if torch.cuda.is_available() and torch.cuda.device_count() < procs:
+        raise ZeppelinError(f"--ranks {args.ranks} x --tp {args.tp} needs {procs} GPUs, this machine has "
+                            f"{torch.cuda.device_count()}: lower --ranks or --tp")
     os.makedirs(args.out, exist_ok=True)
     backend = "NCCL" if torch.cuda.is_available() else "gloo (CPU)"
     nodes = args.ranks // max(1, args.gpus_per_node)
+    tp = f" x TP {args.tp}{' + SP' if args.sequence_parallel else ''} ({procs} processes)" if args.tp > 1 else ""
     print(f"zeppelin demo: tiny GPT, {args.steps} steps x {args.global_batch_tokens} tokens, {args.ranks} ranks "
-          f"as {nodes} nodes x {args.gpus_per_node} GPUs, {backend}", flush=True)
+          f"as {nodes} nodes x {args.gpus_per_node} GPUs{tp}, {backend}", flush=True)
     if not args.data_path:
         t = time.time()
         print("  data: embedded corpus (Python standard library sources, byte tokens) ...", end=" ", flush=True)
@@ -137,24 +147,24 @@ def _run(args) -> int:
         from ..calibrate.measure import measure_profile
         from ..model_spec import load_model
         print("  cost model: measuring this machine (attention by length, GEMM, gloo) ...", flush=True)
-        prof, _ = measure_profile(load_model("tiny"), "cpu", repeats=3, gpus_per_node=args.gpus_per_node,
+        prof, _ = measure_profile(load_model("tiny"), "cpu", tp=args.tp, repeats=3, gpus_per_node=args.gpus_per_node,
                                   name="demo-cpu", log=lambda m: print("    " + m, flush=True))
         cluster = os.path.join(args.out, "cpu_profile.yaml")
         prof.save(cluster)
         print(f"  cost model: {cluster}", flush=True)
     histories, rows = {}, {}
     for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] training with {name} (starting {args.ranks} ranks) ...", flush=True)
+        print(f"[{i}/{len(names)}] training with {name} (starting {procs} processes) ...", flush=True)
         t = time.time()
         z = {"strategy": name, "gpus_per_node": args.gpus_per_node, "cluster": cluster, "cp_size": args.static_cp_size
-             if name in ("static_cp", "allgather_cp") else 0}
-        opts = TrainOptions(steps=args.steps, tokens_per_batch=args.global_batch_tokens,
+             if name in ("static_cp", "allgather_cp") else 0, "sequence_parallel": args.sequence_parallel}
+        opts = TrainOptions(steps=args.steps, tokens_per_batch=args.global_batch_tokens, tp=args.tp,
                             max_doc_tokens=args.max_doc_tokens, data_path=args.data_path, label=name,
                             log_path=os.path.join(args.out, f"{name}.jsonl"), zeppelin=z)
         if os.path.exists(opts.log_path):
             os.remove(opts.log_path)
         try:
-            histories[name] = run_local(opts, args.ranks, timeout=args.timeout)
+            histories[name] = run_local(opts, procs, timeout=args.timeout)
         except DistributedFailure as e:  # the first line names the rank that caused it
             print(f"zeppelin demo: {name} failed: {e}", file=sys.stderr, flush=True)
             return 1

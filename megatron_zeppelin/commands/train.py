@@ -37,6 +37,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--data-path", default="", help="Megatron indexed dataset prefix (default: embedded corpus)")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron's sequence parallelism: the TP group splits each rank's layouts along tokens")
     g.add_argument("--context-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--recompute-granularity", choices=("selective", "full"), default=None,
@@ -129,7 +131,8 @@ def header(args, opts, world: int, backend: str) -> str:
     data = args.data_path or "the embedded corpus (Python sources, byte tokens)"
     strategy = z["strategy"] + ("" if args.zeppelin_balance else " (stock Megatron packing: --zeppelin-balance plans "
                                                                  "the batch with --zeppelin-strategy)")
-    lines = [f"zeppelin train: strategy {strategy}, {world} ranks (TP {tp} x DP {world // max(1, tp)}, {backend}, "
+    sp = " + SP" if z.get("sequence_parallel") else ""
+    lines = [f"zeppelin train: strategy {strategy}, {world} ranks (TP {tp}{sp} x DP {world // max(1, tp)}, {backend}, "
              f"{z.get('gpus_per_node')} GPUs per node), model {m.name} ({m.layers} layers, hidden {m.hidden}, "
              f"{m.heads} heads)",
              f"  data: {data}; {args.train_iters} iterations x {args.global_batch_tokens} tokens, documents cut at "

@@ -81,13 +81,29 @@ def head_bytes_per_token(m: ModelSpec, tp: int = 1, sp: bool = True) -> int:
     return int(2 * m.hidden * m.dtype_bytes // (tp if sp else 1) + 3 * m.vocab * 4 // tp)
 
 
+def sp_rows(tokens: int, tp: int) -> int:
+    """Rows of a layout of ``tokens`` tokens under sequence parallelism: a multiple of TP, at least
+    one per TP rank (the pad rows the batch adds; cost_model.layout_rows is the same rule).
+
+    >>> sp_rows(0, 2), sp_rows(5, 2), sp_rows(5, 1)
+    (2, 6, 5)
+    """
+    return max(-(-tokens // tp) * tp, tp) if tp > 1 else tokens
+
+
 def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1, recompute=None,
                      sp: bool = True) -> int:
     """Peak activation bytes of a rank holding ``att_tokens`` in the attention layout and
     ``lin_tokens`` in the linear layout (the head runs on the linear layout), with TP ``tp`` and
-    sequence parallelism ``sp`` (without it the replicated parts are whole on every TP rank). Full
-    recompute keeps each layer's input (h, attention layout) plus one layer's saved tensors while
-    it is recomputed."""
+    sequence parallelism ``sp`` (Megatron's --sequence-parallel; without it the replicated parts are
+    whole on every TP rank; a plan's pad rows: ``plan_memory_balance``). Full recompute keeps each
+    layer's input (h, attention layout) plus one layer's saved tensors while it is recomputed.
+
+    >>> from megatron_zeppelin.model_spec import ModelSpec
+    >>> tiny = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, dtype_bytes=4)
+    >>> activation_bytes(tiny, 1000, 1000, tp=2) < activation_bytes(tiny, 1000, 1000, tp=2, sp=False)
+    True
+    """
     rc = Recompute.parse(recompute)
     rep_div = tp if sp else 1
     (a_rep, a_sh), (l_rep, l_sh) = layer_parts_per_token(m, "none" if rc.full else rc)
@@ -110,15 +126,17 @@ def activation_bytes_per_token(m: ModelSpec, tp: int = 1, recompute=False, sp: b
     return activation_bytes(m, 1, 1, tp, recompute, sp)
 
 
-def plan_memory_balance(plan, model: ModelSpec, tp: int = 1, recompute=None) -> dict:
-    """Per-rank peak activation memory of a Plan (attention and linear layouts, with ``recompute``):
+def plan_memory_balance(plan, model: ModelSpec, tp: int = 1, recompute=None, sequence_parallel: bool = True) -> dict:
+    """Per-rank peak activation memory of a Plan (attention and linear layouts, with ``recompute``;
+    with TP and ``sequence_parallel`` each layout's pad rows, ``sp_rows``, count too):
     ``bytes`` per rank, ``max_bytes``, ``imbalance`` = max / mean, and the same ratio of each
     layout's token counts (``imbalance_attention``, ``imbalance_linear``). Memory is what DistCA
     (arXiv 2510.18121) names as the weak side of per-document planning; a ratio of 1 is even."""
     world = len(plan.attention_layout)
     att = [sum(s.stop - s.start for s in plan.attention_layout[r]) for r in range(world)]
     lin = [sum(s.stop - s.start for s in plan.linear_layout[r]) for r in range(world)]
-    by = [activation_bytes(model, a, b, tp, recompute) for a, b in zip(att, lin)]
+    rows = (lambda n: sp_rows(n, tp)) if sequence_parallel else (lambda n: n)  # SP's pad rows are held too
+    by = [activation_bytes(model, rows(a), rows(b), tp, recompute, sequence_parallel) for a, b in zip(att, lin)]
 
     def ratio(xs):
         mean = sum(xs) / len(xs)

@@ -42,7 +42,7 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-strategy", default="zeppelin", choices=STRATEGIES,
                    help="Planner: zeppelin, or a baseline run through the same engine.")
     g.add_argument("--zeppelin-gpus-per-node", type=int, default=None,
-                   help="GPUs per node of the domain (default: LOCAL_WORLD_SIZE, else 8).")
+                   help="Domain (DP x CP) ranks per node (default: LOCAL_WORLD_SIZE, else 8, over the TP size).")
     g.add_argument("--zeppelin-nics-per-node", type=int, default=0,
                    help="NICs per node (0 = one per GPU, or the cluster profile's).")
     g.add_argument("--zeppelin-gpu-nic-map", type=_int_list, default=(),
@@ -88,8 +88,6 @@ def check_megatron_args(args) -> None:
     if _get(args, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         raise ConfigError("--zeppelin-balance does not support virtual pipeline stages: drop "
                           "--num-layers-per-virtual-pipeline-stage")
-    if _get(args, "sequence_parallel", False):
-        raise ConfigError("--zeppelin-balance does not support --sequence-parallel yet: drop it")
     if _get(args, "num_experts", None):
         raise ConfigError("--zeppelin-balance supports dense models only: drop --num-experts")
     if _get(args, "multi_latent_attention", False):
@@ -108,7 +106,9 @@ def config_from_args(args) -> ZeppelinConfig:
     import os
 
     check_megatron_args(args)
-    gpn = _get(args, "zeppelin_gpus_per_node", None) or int(os.environ.get("LOCAL_WORLD_SIZE", 0) or 8)
+    tp = int(_get(args, "tensor_model_parallel_size", 1))
+    # a node's domain ranks: its GPUs over TP (Megatron keeps each TP group inside a node)
+    gpn = _get(args, "zeppelin_gpus_per_node", None) or max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 0) or 8) // tp)
     return ZeppelinConfig(
         balance=bool(_get(args, "zeppelin_balance", False)), strategy=_get(args, "zeppelin_strategy", "zeppelin"),
         gpus_per_node=int(gpn), nics_per_node=int(_get(args, "zeppelin_nics_per_node", 0)),
@@ -117,7 +117,8 @@ def config_from_args(args) -> ZeppelinConfig:
         capacity_tokens=int(_get(args, "zeppelin_capacity_tokens", 0)), cp_size=int(_get(args, "zeppelin_cp_size", 0)),
         min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
-        tp=int(_get(args, "tensor_model_parallel_size", 1)),
+        tp=tp,
+        sequence_parallel=bool(_get(args, "sequence_parallel", False)),
         # Megatron's own recompute flags, so plans are priced with the forward the backward reruns
         # (full with --recompute-method block over fewer layers is priced as full: an upper bound)
         recompute=Recompute.from_megatron(_get(args, "recompute_granularity", None),

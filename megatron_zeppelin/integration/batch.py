@@ -41,20 +41,43 @@ class ZeppelinPackedSeqParams(PackedSeqParams):
     max_position: int = 0
     position_ids: Optional[torch.Tensor] = None  # [1, t_att] (pad rows at position 0)
     segment_cu_seqlens: Optional[torch.Tensor] = None
-    # megatron-core cannot run a 0-token micro-batch, so a rank that holds no tokens in a layout
-    # carries one pad row there: outside the plan, never attended to, cut before remap and loss.
+    # Pad rows at the end of a layout: outside the plan, never attended to, cut before remap and
+    # loss. megatron-core cannot run a 0-token micro-batch (one pad row), and with sequence
+    # parallelism each layout is a multiple of the TP size (megatron splits it along tokens).
     pad_attention: int = 0
     pad_linear: int = 0
+    # --sequence-parallel: the TP group. Between layers a TP rank holds 1/T of the rows; the remap
+    # gathers them (the same all-gather linear_qkv / linear_fc1 do), remaps the whole layout over
+    # this TP rank's domain group, and keeps its 1/T share of the result.
+    sp_group: Any = None
 
     def to_linear(self, x: torch.Tensor) -> torch.Tensor:
         from ..remapping import remap_to_linear
+        x = self._gather(x)
         y = remap_to_linear(x[:x.shape[0] - self.pad_attention], self.plan, self.rank, self.group)
-        return _pad(y, self.pad_linear)
+        return self._scatter(_pad(y, self.pad_linear))
 
     def to_attention(self, y: torch.Tensor) -> torch.Tensor:
         from ..remapping import remap_to_attention
+        y = self._gather(y)
         x = remap_to_attention(y[:y.shape[0] - self.pad_linear], self.plan, self.rank, self.group)
-        return _pad(x, self.pad_attention)
+        return self._scatter(_pad(x, self.pad_attention))
+
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        # [t/T, 1, h] -> [t, 1, h]. The gradient of the whole layout is the same on every TP rank
+        # (the remap and _scatter's all-gather make it so), so the backward keeps its own share
+        # (split) instead of summing T copies (tensor_parallel_output_grad=False).
+        if self.sp_group is None:
+            return x
+        from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+        return gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False, group=self.sp_group)
+
+    def _scatter(self, x: torch.Tensor) -> torch.Tensor:
+        # [t, 1, h] -> this TP rank's [t/T, 1, h]; backward all-gathers the gradient
+        if self.sp_group is None:
+            return x
+        from megatron.core.tensor_parallel import scatter_to_sequence_parallel_region
+        return scatter_to_sequence_parallel_region(x, group=self.sp_group)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The engine on the plan's rows; pad rows get a zero output."""
@@ -101,14 +124,30 @@ def default_engine_factory(plan, rank, group, softmax_scale, counters, kernel="a
     return AttentionEngine(plan, rank, group, softmax_scale=softmax_scale, counters=counters, backend=kernel)
 
 
+def pad_rows(tokens: int, multiple: int = 1) -> int:
+    """Pad rows after ``tokens`` rows: up to a multiple of ``multiple`` (the TP size with sequence
+    parallelism), and at least one row per TP rank when the layout is empty.
+
+    >>> [pad_rows(n, 1) for n in (0, 5)], [pad_rows(n, 2) for n in (0, 5, 6)]
+    ([1, 0], [2, 1, 0])
+    """
+    return multiple if tokens == 0 else -tokens % multiple
+
+
 def build_rank_batch(docs: Sequence[torch.Tensor], plan: Plan, rank: int, group, *, softmax_scale: float,
-                     device=None, counters=None, engine_factory: Callable = default_engine_factory
-                     ) -> RankBatch:
-    """This rank's tensors for one planned micro-batch (``docs``: L+1 token ids per document)."""
+                     device=None, counters=None, engine_factory: Callable = default_engine_factory,
+                     sp_group=None) -> RankBatch:
+    """This rank's tensors for one planned micro-batch (``docs``: L+1 token ids per document).
+    ``sp_group``: the TP group under ``--sequence-parallel`` (layouts padded to a multiple of its size)."""
+    import torch.distributed as dist
+
     check_docs(docs, plan)
     device = device or torch.device("cpu")
     att, lin = plan.attention_layout[rank], plan.linear_layout[rank]
-    pad_att, pad_lin = int(not att), int(not lin)
+    sp = dist.get_world_size(sp_group) if sp_group is not None else 1
+    if sp == 1:
+        sp_group = None
+    pad_att, pad_lin = pad_rows(sum(map(len, att)), sp), pad_rows(sum(map(len, lin)), sp)
     engine = engine_factory(plan, rank, group, softmax_scale, counters)
     positions = _pad(gather_positions(att), pad_att).view(1, -1).to(device)
     # max_seqlen = the longest document: megatron sizes its rotary table by it (layer.py indexes it)
@@ -116,6 +155,7 @@ def build_rank_batch(docs: Sequence[torch.Tensor], plan: Plan, rank: int, group,
         qkv_format="thd", max_seqlen_q=max(plan.lengths), max_seqlen_kv=max(plan.lengths), plan=plan, rank=rank, group=group,
         engine=engine, remap=tuple(att) != tuple(lin),
         max_position=max(plan.lengths), position_ids=positions, pad_attention=pad_att, pad_linear=pad_lin,
+        sp_group=sp_group,
         segment_cu_seqlens=torch.tensor(cu_seqlens(att), dtype=torch.int32, device=device))
     labels = gather_tokens(docs, lin, shift=1)
     return RankBatch(tokens=_pad(gather_tokens(docs, att), pad_att).view(1, -1).to(device),

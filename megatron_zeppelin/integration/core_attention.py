@@ -2,7 +2,9 @@
 
 Sits in the ``core_attention`` slot of SelfAttention. With THD input megatron hands it
 ``q: [t, heads, head_dim]``, ``k, v: [t, kv_heads, head_dim]`` (this rank's tokens in attention-layout
-order, this TP rank's heads) and reshapes nothing itself: the output goes back as ``(t, 1, heads*dim)``.
+order, this TP rank's heads; with ``--sequence-parallel`` all of them, after linear_qkv's all-gather,
+plus the pad rows that make ``t`` a multiple of TP) and reshapes nothing itself: the output goes back
+as ``(t, 1, heads*dim)``.
 The engine of the current micro-batch (built once per plan, shared by every layer) travels in
 ``packed_seq_params`` (a ZeppelinPackedSeqParams), so no global state is read here.
 """

@@ -235,7 +235,8 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
                              softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),
-                             engine_factory=partial(default_engine_factory, kernel=kernel))
+                             engine_factory=partial(default_engine_factory, kernel=kernel),
+                             sp_group=ps.get_tensor_model_parallel_group() if cfg.sequence_parallel else None)
     out = model(batch.tokens, batch.position_ids, None, labels=batch.labels,
                 packed_seq_params=batch.packed_seq_params)
     return out, partial(loss_func, batch.label_tokens)

@@ -62,7 +62,8 @@ def init_parallel(tp: int = 1, seed: int = 1234) -> Runtime:
                    device=device, cpu_shim=shim)
 
 
-def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.float32, recompute=None):
+def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.float32, recompute=None,
+                       sequence_parallel: bool = False):
     """``recompute``: megatron-core's own activation recompute (recompute.py: "selective:core_attn",
     "full", ...; True = full), on whichever spec the model is built with."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -73,7 +74,7 @@ def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.flo
         num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads, num_query_groups=m.kv_heads,
         kv_channels=m.head_dim, ffn_hidden_size=m.ffn, normalization="RMSNorm", gated_linear_unit=True,
         activation_func=F.silu, add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
-        tensor_model_parallel_size=tp, use_cpu_initialization=True, calculate_per_token_loss=True,
+        tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel, use_cpu_initialization=True, calculate_per_token_loss=True,
         params_dtype=dtype, bf16=dtype == torch.bfloat16, init_method_std=0.02,
         bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
         gradient_accumulation_fusion=False, persist_layer_norm=False,
@@ -81,16 +82,20 @@ def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.flo
 
 
 def build_model(m: ModelSpec, tp: int = 1, zeppelin: bool = True, max_seq: int = 1 << 16,
-                dtype: torch.dtype = torch.float32, device=None, recompute=None):
+                dtype: torch.dtype = torch.float32, device=None, recompute=None, sequence_parallel: bool = False):
     """A GPT model with the Zeppelin spec (or the stock local spec as the oracle), with megatron-core's
-    activation ``recompute`` (transformer_config)."""
+    activation ``recompute`` (transformer_config); with ``sequence_parallel`` Megatron's SP regions
+    (the Zeppelin spec only)."""
     from megatron.core.models.gpt import GPTModel
 
+    from .sp_norm import sequence_parallel_block_spec
     from .spec import get_gpt_layer_reference_spec, get_gpt_layer_zeppelin_spec
 
-    config = transformer_config(m, tp, dtype, recompute)
-    spec = (get_gpt_layer_zeppelin_spec(use_te=False if cpu.needed() else None) if zeppelin
-            else get_gpt_layer_reference_spec())
+    config = transformer_config(m, tp, dtype, recompute, sequence_parallel=sequence_parallel)
+    spec = (get_gpt_layer_zeppelin_spec(use_te=False if cpu.needed() else None, sequence_parallel=sequence_parallel)
+            if zeppelin else get_gpt_layer_reference_spec())
+    if sequence_parallel:
+        spec = sequence_parallel_block_spec(spec, m.layers)
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=m.vocab, max_sequence_length=max_seq,
                 position_embedding_type="rope", share_embeddings_and_output_weights=False,
                 pre_process=True, post_process=True)

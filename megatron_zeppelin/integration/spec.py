@@ -22,6 +22,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from ..errors import ZeppelinError
 from .core_attention import ZeppelinCoreAttention
 from .layer import ZeppelinTransformerLayer
+from .sp_norm import swap_torch_norms
 
 
 def _have_te() -> bool:
@@ -34,8 +35,9 @@ def _have_te() -> bool:
 
 
 def get_gpt_layer_zeppelin_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False,
-                                use_te: bool = None) -> ModuleSpec:
-    """The GPT layer spec for ``--zeppelin-balance`` (dense models; MoE/MLA are not supported)."""
+                                use_te: bool = None, sequence_parallel: bool = False) -> ModuleSpec:
+    """The GPT layer spec for ``--zeppelin-balance`` (dense models; MoE/MLA are not supported).
+    ``sequence_parallel``: the local spec's torch norms become SequenceParallelNorm (sp_norm.py)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     use_te = _have_te() if use_te is None else use_te
@@ -46,6 +48,8 @@ def get_gpt_layer_zeppelin_spec(normalization: str = "RMSNorm", qk_layernorm: bo
     spec = copy.deepcopy(base)
     spec.module = ZeppelinTransformerLayer
     spec.submodules.self_attention.submodules.core_attention = ModuleSpec(module=ZeppelinCoreAttention)
+    if sequence_parallel and not use_te:
+        swap_torch_norms(spec.submodules)
     return spec
 
 
@@ -75,7 +79,8 @@ def zeppelin_spec_for_config(config) -> ModuleSpec:
                             "install it or set --transformer-impl local")
     return get_gpt_layer_zeppelin_spec(normalization=getattr(config, "normalization", "LayerNorm"),
                                        qk_layernorm=bool(getattr(config, "qk_layernorm", False)),
-                                       use_te=impl == "transformer_engine")
+                                       use_te=impl == "transformer_engine",
+                                       sequence_parallel=bool(getattr(config, "sequence_parallel", False)))
 
 
 def get_gpt_layer_reference_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False) -> ModuleSpec:

@@ -40,6 +40,21 @@ def grad_norm(params: Iterable[torch.nn.Parameter], tp_group=None, tp_rank: int 
     return math.sqrt(float(sq))
 
 
+def allreduce_sequence_parallel_grads(params, tp_group) -> None:
+    """Sum over the TP group the gradients of weights used on 1/T of the tokens each (norms in
+    megatron's sequence-parallel regions, marked ``sequence_parallel``): what megatron's
+    finalize_model_grads does after the DP reduction. One flat all-reduce."""
+    if tp_group is None or dist.get_world_size(tp_group) == 1:
+        return
+    grads = [p.main_grad for p in params if getattr(p, "sequence_parallel", False)]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=tp_group)
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+
 def clip_(params, max_norm: float, norm: float) -> None:
     if max_norm > 0 and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
@@ -59,6 +74,7 @@ def train_step(ddp_model, optimizer, batch: RankBatch, *, domain_group, tp_group
     (local / batch.domain_tokens).backward()
     ddp_model.finish_grad_sync()
     params = [p for p in ddp_model.parameters() if p.requires_grad]
+    allreduce_sequence_parallel_grads(params, tp_group)
     for p in params:
         p.grad = p.main_grad.to(p.dtype)  # torch optimizers read .grad
     norm = grad_norm(params, tp_group, tp_rank)

@@ -93,8 +93,10 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     ds = DocumentDataset(prefix)
     sampler = BatchSampler(ds.lengths, o.tokens_per_batch, o.max_doc_tokens, seed=o.seed)
 
+    sp_group = rt.tp_group if zcfg.sequence_parallel else None
     model = build_model(m, tp=o.tp, max_seq=max(o.max_doc_tokens + 1, 4096), device=rt.device,
-                        recompute=zcfg.recompute)  # megatron-core recompute, as the plans are priced
+                        recompute=zcfg.recompute,  # megatron-core recompute, as the plans are priced
+                        sequence_parallel=zcfg.sequence_parallel)
     ddp = wrap_ddp(model)
     opt = make_optimizer([p for p in ddp.parameters()], lr=o.lr, weight_decay=o.weight_decay)
     sched = warmup_cosine(opt, o.warmup, o.steps, o.min_lr_ratio)
@@ -120,7 +122,7 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
             check_plan_agreement(plan, rt.domain_group)
         counters = CommCounters()
         batch = build_rank_batch(docs, plan, rt.domain_rank, rt.domain_group, softmax_scale=scale,
-                                 device=rt.device, counters=counters)
+                                 device=rt.device, counters=counters, sp_group=sp_group)
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         r = train_step(ddp, opt, batch, domain_group=rt.domain_group, tp_group=rt.tp_group,

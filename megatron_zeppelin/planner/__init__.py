@@ -27,7 +27,7 @@ def make_context(topology: Topology, profile: HardwareProfile, model: ModelSpec,
     config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
     world = topology.world_size
     capacity = config.capacity_tokens or max(1, 2 * -(-total_tokens // world))
-    cost = CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute))
+    cost = CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute), config.sequence_parallel)
     return PlanContext(topology, model, profile, config, cost, capacity)
 
 

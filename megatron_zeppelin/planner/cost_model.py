@@ -46,6 +46,7 @@ class CostModel:
     # What the backward recomputes (recompute.py): the layer program runs that forward again
     # (predict.py, sim/layer.py) and the lower bound counts it.
     recompute: Recompute = Recompute()
+    sp: bool = False  # Megatron's --sequence-parallel (tp > 1): TP all-reduces become AG + RS
 
     # --- attention: the one block-cost function -----------------------------------------------
     @property
@@ -195,6 +196,46 @@ class CostModel:
         lat = self.latency("nvlink") if latency else 0.0
         out = 2 * (tp - 1) * (lat + t * self.hidden_bytes_per_token / tp / self.bandwidth("nvlink")) * (t > 0)
         return float(out) if out.ndim == 0 else out
+
+    # --- sequence parallelism (Megatron's --sequence-parallel) -------------------------------
+    def layout_rows(self, tokens):
+        """Rows a rank's layout of ``tokens`` tokens has: with sequence parallelism a multiple of the
+        TP size (megatron splits it along tokens; the pad rows are computed, never attended to),
+        and at least one row per TP rank. Works on arrays.
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> from dataclasses import replace
+        >>> c = replace(toy_context().cost, tp=2, sp=True)
+        >>> c.layout_rows(0), c.layout_rows(5), c.layout_rows(6), replace(c, sp=False).layout_rows(5)
+        (2, 6, 6, 5)
+        """
+        t = np.asarray(tokens, dtype=np.int64)
+        if self.sp and self.tp > 1:
+            t = np.maximum(-(-t // self.tp) * self.tp, self.tp)
+        return int(t) if t.ndim == 0 else t
+
+    def sp_allgather_s(self, tokens, latency: bool = True):
+        """One ring all-gather (or reduce-scatter: the same bytes) of a layout of ``tokens``
+        hidden states over the TP group (NVLink): each TP rank receives (TP-1)/TP of the rows.
+        Sequence parallelism runs one of each where TP without it runs one all-reduce, so a layer
+        pass costs the same bytes; the remap adds one all-gather of its source layout (it remaps
+        the whole layout over the DP-CP ranks of each TP rank). Works on arrays.
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> from dataclasses import replace
+        >>> c = replace(toy_context().cost, tp=2, sp=True)
+        >>> bool(2 * c.sp_allgather_s(1000) == c.tp_allreduce_s(1000)), c.sp_allgather_s(0)
+        (True, 0.0)
+        """
+        return 0.5 * self.tp_allreduce_s(tokens, latency)
+
+    def tp_comm_s(self, tokens, latency: bool = True):
+        """Megatron's TP communication of one layout in one layer pass (after the attention or
+        the MLP block): one all-reduce without sequence parallelism; with it, the all-gather
+        before the block and the reduce-scatter after it, on the padded rows. Works on arrays."""
+        if self.sp and self.tp > 1:
+            return 2 * self.sp_allgather_s(self.layout_rows(tokens), latency)
+        return self.tp_allreduce_s(tokens, latency)
 
     def dp_allreduce_s(self, grad_bytes_per_param: int = 4) -> float:
         """The data-parallel gradient all-reduce of one iteration over every rank of the domain

@@ -230,10 +230,22 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     att = parts.attention if isinstance(parts, RingParts) else _Attention(docs, rings, schedule, cost)
     t_att = _attention_tokens(docs, rings, world)
     t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
-    qkv, out, mlp = cost.gemm_s(t_att, "qkv"), cost.gemm_s(t_att, "out"), cost.gemm_s(t_lin, "mlp")  # forward, one layer
-    head = LINEAR_PASSES * cost.gemm_s(t_lin, "head")
+    # the linear modules run on each layout's rows: with sequence parallelism padded to a multiple of TP
+    r_att = np.asarray(cost.layout_rows(t_att.astype(np.int64)), dtype=np.float64)
+    r_lin = np.asarray(cost.layout_rows(t_lin.astype(np.int64)), dtype=np.float64)
+    qkv, out, mlp = cost.gemm_s(r_att, "qkv"), cost.gemm_s(r_att, "out"), cost.gemm_s(r_lin, "mlp")  # forward, one layer
+    head = LINEAR_PASSES * cost.gemm_s(r_lin, "head")
 
-    tp_ar = cost.tp_allreduce_s  # Megatron TP (no sequence parallelism): 2 all-reduces per layer and pass
+    # Megatron TP: per layer and pass an all-reduce after attention and after the MLP, or with
+    # sequence parallelism an all-gather before and a reduce-scatter after each (cost_model.tp_comm_s)
+    tp_ar = cost.tp_comm_s
+    # With sequence parallelism each remap first all-gathers its source layout over TP (on the
+    # ranks whose layouts differ), in the forward and in the backward
+    moved = np.zeros(world)
+    for mv in moves:
+        if mv.tokens and cost.sp and cost.tp > 1:
+            moved[mv.src] = moved[mv.dst] = 1.0
+    sp_att, sp_lin = cost.sp_allgather_s(r_att) * moved, cost.sp_allgather_s(r_lin) * moved
 
     remap_f = [_hop("direct", mv.src, mv.dst, mv.tokens * cost.hidden_bytes_per_token,
                     cost.link_of(mv.src, mv.dst), cost.topology.nic_of(mv.src), cost) for mv in moves if mv.tokens]
@@ -256,9 +268,9 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     def forward(c):
         lin(c, qkv)
         att.run(c, False, attn_busy)
-        lin(c, out + tp_ar(t_att))
+        lin(c, out + tp_ar(t_att) + sp_att)
         remap(c, remap_f)
-        lin(c, mlp + tp_ar(t_lin))
+        lin(c, mlp + tp_ar(t_lin) + sp_lin)
         remap(c, remap_b)
 
     rc = cost.recompute  # what the backward runs forward again first (recompute.py)
@@ -268,10 +280,11 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     c = np.zeros(world)  # backward of one layer
     if rc.full:
         forward(c)
+    lin(c, sp_att)
     remap(c, remap_f)
     if rc.has("mlp") and not rc.full:
-        lin(c, mlp + tp_ar(t_lin))
-    lin(c, 2 * mlp + tp_ar(t_lin))
+        lin(c, mlp + tp_ar(t_lin) + sp_lin)
+    lin(c, 2 * mlp + tp_ar(t_lin) + sp_lin)
     remap(c, remap_b)
     lin(c, 2 * out)
     if rc.has("core_attn") and not rc.full:  # a ring-split document's K/V exchanges again
@@ -296,8 +309,9 @@ def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     proj_s(N) + mlp_s(N) = linear_s(N) whatever the layouts; waiting and exposed transfers only add.
     With TP, every token's activations also go through Megatron's 4 TP all-reduces per layer (2 per
     pass), which run on the critical path whatever the strategy: their bandwidth term is busy time
-    too (``predict``'s ``tp_ar`` without its per-call latency). Recompute (``cost.recompute``) adds
-    the forward it runs again, each document whole, the same way."""
+    too (``predict``'s ``tp_ar`` without its per-call latency); sequence parallelism moves the same
+    bytes (an all-gather and a reduce-scatter per all-reduce), its pad rows and remap gathers only add.
+    Recompute (``cost.recompute``) adds the forward it runs again, each document whole, the same way."""
     world = cost.topology.world_size
     n = sum(int(x) for x in lengths)
     L = np.asarray(lengths, dtype=np.float64)

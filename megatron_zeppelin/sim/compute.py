@@ -56,8 +56,13 @@ class LayerCosts:
         return LINEAR_PASSES * float(self.cost.gemm_s(tokens, "head"))
 
     def tp_allreduce_s(self, tokens: int) -> float:
-        """One ring all-reduce of ``tokens`` hidden states over the TP group (NVLink)."""
-        return float(self.cost.tp_allreduce_s(tokens))
+        """Megatron's TP communication of ``tokens`` hidden states after a block (NVLink): one ring
+        all-reduce, or with sequence parallelism an all-gather and a reduce-scatter (cost_model.tp_comm_s)."""
+        return float(self.cost.tp_comm_s(tokens))
+
+    def sp_allgather_s(self, tokens: int) -> float:
+        """With sequence parallelism, the remap's all-gather of its source layout over TP."""
+        return float(self.cost.sp_allgather_s(self.cost.layout_rows(tokens))) if self.cost.sp else 0.0
 
     # Attention blocks: (q, kv, causal) of one layer.
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:

@@ -91,19 +91,19 @@ class _Run:
 
 
 def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1,
-             options: Optional[SimOptions] = None) -> SimResult:
+             options: Optional[SimOptions] = None, sequence_parallel: bool = False) -> SimResult:
     opt = options or SimOptions()
     if opt.layers not in ("scale", "all"):
         from ..errors import ZeppelinError
         raise ZeppelinError(f"unknown layers mode '{opt.layers}' (set --sim-layers to scale or all)")
     topo = plan.topology
-    cost = CostModel(model, profile, topo, tp, plan_recompute(plan))
+    cost = CostModel(model, profile, topo, tp, plan_recompute(plan), sequence_parallel)
     costs = LayerCosts(cost)
     links = LinkTable(topo, cost.bandwidth("nvlink"), cost.bandwidth("nic"), profile.host_cores,
                       profile.host_copy_GBps * 1e9)
     L = model.layers
     world = plan.world_size
-    head = [costs.head_iteration_s(plan.tokens(r, "linear")) for r in range(world)]
+    head = [costs.head_iteration_s(cost.layout_rows(plan.tokens(r, "linear"))) for r in range(world)]
     head_s = shared_makespan(head, profile.host_cores)
     runs: List[_Run] = []
     if opt.layers == "scale":

@@ -67,8 +67,9 @@ class LayerBuilder:
         self.ops = defaultdict(list)
         for o in plan.schedule:
             self.ops[(o.queue, o.step)].append(o)
-        self.t_att = [plan.tokens(r, "attention") for r in range(self.world)]
-        self.t_lin = [plan.tokens(r, "linear") for r in range(self.world)]
+        # rows the linear modules run on (sequence parallelism pads each layout to a multiple of TP)
+        self.t_att = [costs.cost.layout_rows(plan.tokens(r, "attention")) for r in range(self.world)]
+        self.t_lin = [costs.cost.layout_rows(plan.tokens(r, "linear")) for r in range(self.world)]
         if remap_point not in REMAP_POINTS:
             from ..errors import ZeppelinError
             raise ZeppelinError(f"unknown remap point '{remap_point}' (set --remap-point to one of {REMAP_POINTS})")
@@ -113,6 +114,9 @@ class LayerBuilder:
             return
         hops = reverse_hops(hops, self.topo) if reverse else hops
         ranks = {h.src for h in hops} | {h.dst for h in hops}
+        if self.tp_comm and self.k.cost.sp and what == "hidden":  # SP: gather the source layout over TP first
+            for r in sorted(ranks):
+                self.compute(r, self.k.sp_allgather_s((self.t_lin if reverse else self.t_att)[r]), "tp_comm", cpu=False)
         self._wait(run_step(self.g, self.links, self.topo, hops, {r: [self.cursor[r]] for r in ranks}, self.lat))
 
     def _tp(self, tokens: List[int]):

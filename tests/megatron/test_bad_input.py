@@ -33,6 +33,11 @@ def test_unsupported_megatron_settings_name_the_flag(megatron, flag):
         config_from_args(_args(**megatron))
 
 
+def test_sequence_parallel_is_accepted_with_tensor_parallelism():
+    c = config_from_args(_args(tensor_model_parallel_size=2, sequence_parallel=True))
+    assert (c.tp, c.sequence_parallel) == (2, True)
+
+
 def test_flags_round_trip_and_without_balance_nothing_is_refused():
     c = ZeppelinConfig.from_args(_args("--zeppelin-strategy", "static_cp", "--zeppelin-cp-size", "4",
                                        "--no-zeppelin-remap", tensor_model_parallel_size=2))

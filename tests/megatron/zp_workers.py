@@ -85,7 +85,8 @@ def load_full(model, full, tp_rank: int, tp: int):
             p.copy_(t)
 
 
-def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init_state, recompute="none"):
+def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init_state, recompute="none",
+                 sequence_parallel=False):
     from megatron_zeppelin.integration.batch import build_rank_batch, default_engine_factory
     from megatron_zeppelin.integration.runtime import build_model, init_parallel, wrap_ddp
     from megatron_zeppelin.integration.step import make_optimizer, train_step
@@ -97,13 +98,13 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
     factory = local_engine_factory if engine == "local" else default_engine_factory
     out = {}
     for strategy in strategies:
-        model = build_model(m, tp=tp, device=rt.device, recompute=recompute)
+        model = build_model(m, tp=tp, device=rt.device, recompute=recompute, sequence_parallel=sequence_parallel)
         load_full(model, init_state, rt.tp_rank, tp)
         ddp = wrap_ddp(model)
         opt = make_optimizer([p for p in ddp.parameters()], lr=LR)
         # Small capacity forces zeppelin to split the long documents (intra and inter rings);
         # static_cp runs every document over fixed CP groups of 2.
-        cfg = ZeppelinConfig(strategy=strategy, gpus_per_node=gpus_per_node, tp=tp,
+        cfg = ZeppelinConfig(strategy=strategy, gpus_per_node=gpus_per_node, tp=tp, sequence_parallel=sequence_parallel,
                              capacity_tokens=CAPACITY.get(rt.domain_size, 0) if strategy == "zeppelin" else 0, cp_size=2,
                              recompute=recompute)
         losses, grads, classes = [], [], {}
@@ -111,7 +112,8 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
             docs = step_docs(s, m.vocab)
             plan = plan_batch([d.numel() - 1 for d in docs], topo, profile, m, cfg)
             batch = build_rank_batch(docs, plan, rt.domain_rank, rt.domain_group, device=rt.device,
-                                     softmax_scale=m.head_dim ** -0.5, engine_factory=factory)
+                                     softmax_scale=m.head_dim ** -0.5, engine_factory=factory,
+                                     sp_group=rt.tp_group if sequence_parallel else None)
             r = train_step(ddp, opt, batch, domain_group=rt.domain_group, tp_group=rt.tp_group,
                            tp_rank=rt.tp_rank, clip_grad=1.0)
             losses.append(r["loss"])
