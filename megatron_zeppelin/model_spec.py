@@ -45,6 +45,7 @@ class ModelSpec:
     experts: int = 0  # MoE experts per layer (0 = dense MLP)
     top_k: int = 0  # experts each token is routed to (MoE only)
     expert_ffn: int = 0  # width of one expert (0 = ffn)
+    router_skew: float = 0.0  # Zipf exponent of sampled expert loads in the cost model (planner/moe_cost.py)
 
     def __post_init__(self):
         if not self.head_dim:

@@ -37,6 +37,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--data-path", default="", help="Megatron indexed dataset prefix (default: embedded corpus)")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--expert-model-parallel-size", type=int, default=0,
+                   help="MoE models: experts spread over this many DP ranks (0 = the largest size dividing both "
+                        "the DP size and the expert count)")
     g.add_argument("--context-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--save", default="")
@@ -67,6 +70,7 @@ def options_from_args(args):
                         max_doc_tokens=args.max_doc_tokens, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
                         warmup=args.lr_warmup_iters, clip_grad=args.clip_grad, weight_decay=args.weight_decay,
                         seed=args.seed, data_path=args.data_path, tp=args.tensor_model_parallel_size,
+                        ep=args.expert_model_parallel_size,
                         save=args.save, save_interval=args.save_interval, load=args.load,
                         log_path=args.log_jsonl, tensorboard_dir=args.tensorboard_dir, zeppelin=z)
 
@@ -90,7 +94,7 @@ def check_args(args) -> None:
     for flag, v in positive.items():
         if not v > 0:
             raise ZeppelinError(f"{flag} {v}: must be > 0")
-    non_negative = {"--nproc": args.nproc, "--lr-warmup-iters": args.lr_warmup_iters, "--clip-grad": args.clip_grad,
+    non_negative = {"--nproc": args.nproc, "--expert-model-parallel-size": args.expert_model_parallel_size, "--lr-warmup-iters": args.lr_warmup_iters, "--clip-grad": args.clip_grad,
                     "--weight-decay": args.weight_decay, "--save-interval": args.save_interval}
     for flag, v in non_negative.items():
         if not v >= 0:
@@ -127,7 +131,7 @@ def header(args, opts, world: int, backend: str) -> str:
                                                                  "the batch with --zeppelin-strategy)")
     lines = [f"zeppelin train: strategy {strategy}, {world} ranks (TP {tp} x DP {world // max(1, tp)}, {backend}, "
              f"{z.get('gpus_per_node')} GPUs per node), model {m.name} ({m.layers} layers, hidden {m.hidden}, "
-             f"{m.heads} heads)",
+             f"{m.heads} heads" + (f", {m.experts} experts, top-{m.top_k}" if m.is_moe else "") + ")",
              f"  data: {data}; {args.train_iters} iterations x {args.global_batch_tokens} tokens, documents cut at "
              f"{args.max_doc_tokens}; lr {args.lr:g} (warmup {args.lr_warmup_iters}, cosine to x{args.min_lr_ratio:g}), "
              f"seed {args.seed}"]

@@ -23,6 +23,7 @@ import numpy as np
 from typing import Dict, List, Sequence, Tuple
 
 from .cost_model import LINEAR_PASSES, CostModel
+from .moe_cost import moe_pass_s
 from .program import AttentionWork, Compute, Post, attention_program
 from .types import MIRROR, STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
 
@@ -229,6 +230,9 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
     qkv, out, mlp = cost.gemm_s(t_att, "qkv"), cost.gemm_s(t_att, "out"), cost.gemm_s(t_lin, "mlp")  # forward, one layer
     head = LINEAR_PASSES * cost.gemm_s(t_lin, "head")
+    mlp_b = 2 * mlp
+    if cost.model.is_moe:  # the EP group's sampled expert load and the dispatch/combine all-to-alls
+        mlp, mlp_b = moe_pass_s(cost, t_lin), moe_pass_s(cost, t_lin, backward=True)
 
     tp_ar = cost.tp_allreduce_s  # Megatron TP (no sequence parallelism): 2 all-reduces per layer and pass
 
@@ -260,7 +264,7 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     total += c
     c = np.zeros(world)  # backward of one layer
     remap(c, remap_f)
-    lin(c, 2 * mlp + tp_ar(t_lin))
+    lin(c, mlp_b + tp_ar(t_lin))
     remap(c, remap_b)
     lin(c, 2 * out)
     att.run(c, True, attn_busy)

@@ -64,6 +64,7 @@ class LayerBuilder:
             self.ops[(o.queue, o.step)].append(o)
         self.t_att = [plan.tokens(r, "attention") for r in range(self.world)]
         self.t_lin = [plan.tokens(r, "linear") for r in range(self.world)]
+        self.mlp_fwd, self.mlp_bwd = costs.mlp_pass_s(self.t_lin)  # MoE: whole EP groups' loads
         if remap_point not in REMAP_POINTS:
             from ..errors import ZeppelinError
             raise ZeppelinError(f"unknown remap point '{remap_point}' (set --remap-point to one of {REMAP_POINTS})")
@@ -159,7 +160,7 @@ class LayerBuilder:
         self._tp(self.t_att)
         self._remap(reverse=False)
         for r in range(self.world):
-            self.compute(r, k.mlp_s(self.t_lin[r]), "linear")
+            self.compute(r, self.mlp_fwd[r], "linear")
         self._tp(self.t_lin)
         if remap_back:
             self._remap(reverse=True)
@@ -171,7 +172,7 @@ class LayerBuilder:
         if remap_back:
             self._remap(reverse=False)  # gradient of "remap back": attention layout -> linear layout
         for r in range(self.world):
-            self.compute(r, 2 * k.mlp_s(self.t_lin[r]), "linear")
+            self.compute(r, self.mlp_bwd[r], "linear")
         self._tp(self.t_lin)
         self._remap(reverse=True)
         for r in range(self.world):
