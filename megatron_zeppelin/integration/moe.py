@@ -95,6 +95,31 @@ def get_gpt_layer_zeppelin_moe_spec(num_experts: int, normalization: str = "RMSN
     return spec
 
 
+def zeppelin_moe_spec_for_config(config) -> ModuleSpec:
+    """The Zeppelin MoE layer spec for a megatron TransformerConfig (Megatron-LM's ``--num-experts``):
+    the local MoE layer (SequentialMLP experts, or GroupedMLP with ``--moe-grouped-gemm``), every
+    layer MoE; settings it has not been checked with are refused by flag."""
+    if getattr(config, "transformer_impl", "local") != "local":
+        raise ZeppelinError("--zeppelin-balance with --num-experts runs megatron's local MoE layer: "
+                            "set --transformer-impl local")
+    freq = getattr(config, "moe_layer_freq", 1)
+    if freq != 1 and not (isinstance(freq, list) and all(freq)):
+        raise ZeppelinError("--zeppelin-balance with --num-experts needs every layer MoE: drop --moe-layer-freq")
+    if getattr(config, "moe_token_dispatcher_type", "alltoall") == "flex":
+        raise ZeppelinError("--zeppelin-balance runs the alltoall or allgather token dispatcher: "
+                            "set --moe-token-dispatcher-type alltoall")
+    if getattr(config, "moe_shared_expert_intermediate_size", None):
+        raise ZeppelinError("--zeppelin-balance does not support shared experts yet: drop "
+                            "--moe-shared-expert-intermediate-size")
+    spec = get_gpt_layer_zeppelin_moe_spec(config.num_moe_experts, getattr(config, "normalization", "LayerNorm"),
+                                           bool(getattr(config, "qk_layernorm", False)))
+    if getattr(config, "moe_grouped_gemm", False):
+        from megatron.core.models.gpt import gpt_layer_specs as specs
+        grouped = specs.get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=True)
+        spec.submodules.mlp = grouped.submodules.mlp
+    return spec
+
+
 def get_moe_reference_spec(num_experts: int, normalization: str = "RMSNorm", qk_layernorm: bool = False):
     """The stock local MoE spec: the single-process oracle."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
