@@ -10,10 +10,9 @@ group is a sub-group of the DP ranks (here the Zeppelin domain), ``--expert-mode
 Exactness: a token's expert choice and weights depend on that token only when the router has no
 capacity (dropless: ``moe_expert_capacity_factor=None``) and no batch-dependent balancing (the
 balancing type ``none``), so the plan's layout cannot change the result: the tests hold it to one
-process. ``global_aux_loss`` (Megatron reduces its expert loads over the whole TP x DP x CP group)
-is layout-invariant too: its gradients do not depend on which rank holds a token. The per-rank
-``aux_loss`` / ``seq_aux_loss`` are not (they balance each rank's own tokens, as Megatron's do
-for its own per-rank micro-batches).
+process. Aux losses follow the layout: ``aux_loss`` / ``seq_aux_loss`` balance each rank's own
+tokens (as Megatron's do for its own per-rank micro-batches), and ``global_aux_loss``'s gradient
+scale under the per-token loss is not yet held to one process (docs/megatron.md).
 
 On CPU (the shim): the local expert MLPs (``SequentialMLP``, no grouped GEMM), no permute fusion;
 megatron's alltoall dispatcher creates a ``torch.cuda.Stream`` for device-to-host copies, which
