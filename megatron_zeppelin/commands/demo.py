@@ -29,6 +29,8 @@ STRATEGIES = ("zeppelin", "packed_dp", "static_cp")
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="train a tiny GPT with zeppelin, packed_dp and static_cp and compare",
                               description=__doc__.split("\n\n>>>")[0])
+    p.add_argument("--model", default="tiny",
+                   help="model preset (configs/models) or YAML path, e.g. tiny-moe (default tiny)")
     p.add_argument("--steps", type=int, default=20, help="training steps per strategy (default 20)")
     p.add_argument("--global-batch-tokens", type=token_count, default=8192, help="trained tokens per step (default 8192)")
     p.add_argument("--max-doc-tokens", type=token_count, default=4096, help="longest document kept whole (default 4096)")
@@ -132,8 +134,12 @@ def _run(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     backend = "NCCL" if torch.cuda.is_available() else "gloo (CPU)"
     nodes = args.ranks // max(1, args.gpus_per_node)
+    from ..model_spec import load_model
+    m = load_model(args.model)
+    kind = f"{m.name} GPT" + (f" (MoE: {m.experts} experts, top-{m.top_k}, expert parallel over the ranks)"
+                              if m.is_moe else "")
     tp = f" x TP {args.tp}{' + SP' if args.sequence_parallel else ''} ({procs} processes)" if args.tp > 1 else ""
-    print(f"zeppelin demo: tiny GPT, {args.steps} steps x {args.global_batch_tokens} tokens, {args.ranks} ranks "
+    print(f"zeppelin demo: {kind}, {args.steps} steps x {args.global_batch_tokens} tokens, {args.ranks} ranks "
           f"as {nodes} nodes x {args.gpus_per_node} GPUs{tp}, {backend}", flush=True)
     if not args.data_path:
         t = time.time()
@@ -145,9 +151,8 @@ def _run(args) -> int:
         cluster = "h200"
     elif cluster == "auto":
         from ..calibrate.measure import measure_profile
-        from ..model_spec import load_model
         print("  cost model: measuring this machine (attention by length, GEMM, gloo) ...", flush=True)
-        prof, _ = measure_profile(load_model("tiny"), "cpu", tp=args.tp, repeats=3, gpus_per_node=args.gpus_per_node,
+        prof, _ = measure_profile(m, "cpu", tp=args.tp, repeats=3, gpus_per_node=args.gpus_per_node,
                                   name="demo-cpu", log=lambda m: print("    " + m, flush=True))
         cluster = os.path.join(args.out, "cpu_profile.yaml")
         prof.save(cluster)
@@ -158,7 +163,7 @@ def _run(args) -> int:
         t = time.time()
         z = {"strategy": name, "gpus_per_node": args.gpus_per_node, "cluster": cluster, "cp_size": args.static_cp_size
              if name in ("static_cp", "allgather_cp") else 0, "sequence_parallel": args.sequence_parallel}
-        opts = TrainOptions(steps=args.steps, tokens_per_batch=args.global_batch_tokens, tp=args.tp,
+        opts = TrainOptions(model=args.model, steps=args.steps, tokens_per_batch=args.global_batch_tokens, tp=args.tp,
                             max_doc_tokens=args.max_doc_tokens, data_path=args.data_path, label=name,
                             log_path=os.path.join(args.out, f"{name}.jsonl"), zeppelin=z)
         if os.path.exists(opts.log_path):

@@ -39,6 +39,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron's sequence parallelism: the TP group splits each rank's layouts along tokens")
+    g.add_argument("--expert-model-parallel-size", type=int, default=0,
+                   help="MoE models: experts spread over this many DP ranks (0 = the largest size dividing both "
+                        "the DP size and the expert count)")
     g.add_argument("--context-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--recompute-granularity", choices=("selective", "full"), default=None,
@@ -73,6 +76,7 @@ def options_from_args(args):
                         max_doc_tokens=args.max_doc_tokens, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
                         warmup=args.lr_warmup_iters, clip_grad=args.clip_grad, weight_decay=args.weight_decay,
                         seed=args.seed, data_path=args.data_path, tp=args.tensor_model_parallel_size,
+                        ep=args.expert_model_parallel_size,
                         save=args.save, save_interval=args.save_interval, load=args.load,
                         log_path=args.log_jsonl, tensorboard_dir=args.tensorboard_dir, zeppelin=z)
 
@@ -96,7 +100,7 @@ def check_args(args) -> None:
     for flag, v in positive.items():
         if not v > 0:
             raise ZeppelinError(f"{flag} {v}: must be > 0")
-    non_negative = {"--nproc": args.nproc, "--lr-warmup-iters": args.lr_warmup_iters, "--clip-grad": args.clip_grad,
+    non_negative = {"--nproc": args.nproc, "--expert-model-parallel-size": args.expert_model_parallel_size, "--lr-warmup-iters": args.lr_warmup_iters, "--clip-grad": args.clip_grad,
                     "--weight-decay": args.weight_decay, "--save-interval": args.save_interval}
     for flag, v in non_negative.items():
         if not v >= 0:
@@ -134,7 +138,7 @@ def header(args, opts, world: int, backend: str) -> str:
     sp = " + SP" if z.get("sequence_parallel") else ""
     lines = [f"zeppelin train: strategy {strategy}, {world} ranks (TP {tp}{sp} x DP {world // max(1, tp)}, {backend}, "
              f"{z.get('gpus_per_node')} GPUs per node), model {m.name} ({m.layers} layers, hidden {m.hidden}, "
-             f"{m.heads} heads)",
+             f"{m.heads} heads" + (f", {m.experts} experts, top-{m.top_k}" if m.is_moe else "") + ")",
              f"  data: {data}; {args.train_iters} iterations x {args.global_batch_tokens} tokens, documents cut at "
              f"{args.max_doc_tokens}; lr {args.lr:g} (warmup {args.lr_warmup_iters}, cosine to x{args.min_lr_ratio:g}), "
              f"seed {args.seed}"]

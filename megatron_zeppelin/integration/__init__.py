@@ -1,6 +1,6 @@
 """Megatron-Core integration: the only package that imports megatron.
 
-args (--zeppelin-* flags), spec/layer/core_attention/model (the Zeppelin GPT), batch (plan ->
+args (--zeppelin-* flags), spec/layer/core_attention/model (the Zeppelin GPT; moe: its MoE layers), batch (plan ->
 per-rank tensors), cpu (the CPU shim), runtime/step/trainer/checkpoint (the training loop), data
 (indexed datasets and the embedded corpus).
 """

@@ -88,8 +88,9 @@ def check_megatron_args(args) -> None:
     if _get(args, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         raise ConfigError("--zeppelin-balance does not support virtual pipeline stages: drop "
                           "--num-layers-per-virtual-pipeline-stage")
-    if _get(args, "num_experts", None):
-        raise ConfigError("--zeppelin-balance supports dense models only: drop --num-experts")
+    if _get(args, "num_experts", None) and _get(args, "moe_token_dispatcher_type", "alltoall") == "flex":
+        raise ConfigError("--zeppelin-balance runs MoE with the alltoall or allgather token dispatcher: "
+                          "set --moe-token-dispatcher-type alltoall")
     if _get(args, "multi_latent_attention", False):
         raise ConfigError("--zeppelin-balance does not support --multi-latent-attention")
     if _get(args, "attention_dropout", 0.0):

@@ -9,6 +9,11 @@ What it patches and why (design.md "Megatron-Core facts"):
   (the local attention and TP weight init always fork it); activation recompute needs the same
   CPU get/set of the state.
 - ``torch.cuda.synchronize`` / ``empty_cache`` become no-ops (DDP and timers call them).
+- MoE: the alltoall token dispatcher makes a ``torch.cuda.Stream`` for its device-to-host copies
+  of the split sizes and syncs on its event; on CPU one ``CpuStream`` stands for every stream
+  (``current_stream`` is it, so the dispatcher sees no side stream) and its events are done.
+  Its "device-to-host" helper converts split sizes to numpy only for CUDA tensors, and
+  ``all_to_all_single`` refuses tensor split sizes: on CPU the helper converts CPU tensors too.
 """
 
 from __future__ import annotations
@@ -68,6 +73,51 @@ class CpuRNGStatesTracker:
             torch.set_rng_state(orig)
 
 
+class CpuEvent:
+    """A finished event: CPU work is synchronous."""
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def wait(self, stream=None):
+        pass
+
+
+class CpuStream:
+    """The one CPU "stream": ordering is program order, so waits and events are no-ops."""
+
+    def __new__(cls, *args, **kwargs):
+        global _STREAM
+        if _STREAM is None:
+            _STREAM = super().__new__(cls)
+        return _STREAM
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        return CpuEvent()
+
+    def synchronize(self):
+        pass
+
+
+_STREAM = None
+
+
+def _host_copy(tensor, as_numpy=False, record_stream=False):
+    """megatron's maybe_move_tensor_to_cpu for tensors already on the host."""
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.numpy()
+    return tensor
+
+
 def _get_rng_state(device=None, clone=False, graph_safe=False):
     return torch.get_rng_state()
 
@@ -84,10 +134,15 @@ def install() -> bool:
     if _INSTALLED:
         return True
     from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import token_dispatcher
 
+    token_dispatcher.maybe_move_tensor_to_cpu = _host_copy
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda *a, **k: None
+    torch.cuda.Stream = CpuStream
+    torch.cuda.current_stream = lambda *a, **k: CpuStream()
+    torch.cuda.stream = lambda s=None: contextlib.nullcontext()
     # torch.cuda.manual_seed is already a lazy no-op without CUDA; the tracker must be CPU.
     mrandom._get_cuda_rng_state = _get_rng_state
     mrandom._set_cuda_rng_state = _set_rng_state

@@ -56,7 +56,6 @@ def get_gpt_layer_zeppelin_spec(normalization: str = "RMSNorm", qk_layernorm: bo
 # TransformerConfig fields that make Megatron's GPT builder pick a spec Zeppelin cannot swap into,
 # with the flag that set them.
 _REFUSED = (
-    ("num_moe_experts", "--num-experts"),
     ("multi_latent_attention", "--multi-latent-attention"),
     ("experimental_attention_variant", "--experimental-attention-variant"),
     ("qk_l2_norm", "--qk-l2-norm"),
@@ -71,6 +70,9 @@ def zeppelin_spec_for_config(config) -> ModuleSpec:
     for field, flag in _REFUSED:
         if getattr(config, field, None):
             raise ZeppelinError(f"--zeppelin-balance supports dense GPT layers only: drop {flag}")
+    if getattr(config, "num_moe_experts", None):  # megatron's MoE layer on the linear layout (moe.py)
+        from .moe import zeppelin_moe_spec_for_config
+        return zeppelin_moe_spec_for_config(config)
     impl = getattr(config, "transformer_impl", "local")
     if impl not in ("local", "transformer_engine"):
         raise ZeppelinError(f"--zeppelin-balance supports --transformer-impl local or transformer_engine, not {impl}")

@@ -24,17 +24,26 @@ def forward_loss_sum(model, batch: RankBatch) -> torch.Tensor:
     return loss[:, :batch.label_tokens].sum()  # pad rows (empty linear layout) carry no loss
 
 
-def grad_norm(params: Iterable[torch.nn.Parameter], tp_group=None, tp_rank: int = 0) -> float:
+def grad_norm(params: Iterable[torch.nn.Parameter], tp_group=None, tp_rank: int = 0, ep_group=None) -> float:
     """Global L2 norm of ``main_grad`` (or ``grad``): TP-split parameters counted on every TP rank,
-    replicated ones once."""
+    replicated ones once; MoE experts (megatron marks them ``allreduce=False``) live on one rank of
+    the expert-parallel group, so their squares are summed over ``ep_group``."""
     sq = torch.zeros((), dtype=torch.float64)
+    sq_experts = torch.zeros((), dtype=torch.float64)
     for p in params:
         g = getattr(p, "main_grad", None)
         g = p.grad if g is None else g
         if g is None:
             continue
         if getattr(p, "tensor_model_parallel", False) or tp_rank == 0:
-            sq += g.detach().double().pow(2).sum().cpu()
+            part = g.detach().double().pow(2).sum().cpu()
+            if getattr(p, "allreduce", True):
+                sq += part
+            else:
+                sq_experts += part
+    if ep_group is not None and dist.get_world_size(ep_group) > 1:
+        dist.all_reduce(sq_experts, group=ep_group)
+    sq += sq_experts
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
         dist.all_reduce(sq, group=tp_group)
     return math.sqrt(float(sq))
@@ -66,7 +75,7 @@ def clip_(params, max_norm: float, norm: float) -> None:
 
 
 def train_step(ddp_model, optimizer, batch: RankBatch, *, domain_group, tp_group=None, tp_rank: int = 0,
-               clip_grad: float = 1.0, scheduler=None) -> dict:
+               clip_grad: float = 1.0, scheduler=None, ep_group=None) -> dict:
     """Forward, backward, gradient sync, clip, optimizer step. Returns the domain mean loss."""
     ddp_model.zero_grad_buffer()
     optimizer.zero_grad(set_to_none=True)
@@ -77,7 +86,7 @@ def train_step(ddp_model, optimizer, batch: RankBatch, *, domain_group, tp_group
     allreduce_sequence_parallel_grads(params, tp_group)
     for p in params:
         p.grad = p.main_grad.to(p.dtype)  # torch optimizers read .grad
-    norm = grad_norm(params, tp_group, tp_rank)
+    norm = grad_norm(params, tp_group, tp_rank, ep_group)
     clip_(params, clip_grad, norm)
     optimizer.step()
     if scheduler is not None:

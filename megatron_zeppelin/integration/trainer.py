@@ -42,6 +42,7 @@ class TrainOptions:
     seed: int = 1234
     data_path: str = ""  # Megatron indexed dataset prefix; "" = the embedded corpus
     tp: int = 1
+    ep: int = 0  # MoE expert-parallel size over the domain's DP ranks (0 = integration/moe.py's default)
     save: str = ""
     save_interval: int = 0
     load: str = ""
@@ -83,7 +84,8 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     o = TrainOptions(**options)
     zcfg = ZeppelinConfig(**{**o.zeppelin, "tp": o.tp})
     m = load_model(o.model)
-    rt = init_parallel(tp=o.tp, seed=o.seed)
+    from .moe import expert_parallel_size
+    rt = init_parallel(tp=o.tp, seed=o.seed, ep=expert_parallel_size(m, world // o.tp, o.ep))
     topo = Topology.from_world(rt.domain_size, zcfg.gpus_per_node, zcfg.nics_per_node, zcfg.gpu_nic_map)
     profile = load_profile(zcfg.cluster)
     if not o.data_path and dist.get_rank() == 0:
@@ -94,7 +96,7 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     sampler = BatchSampler(ds.lengths, o.tokens_per_batch, o.max_doc_tokens, seed=o.seed)
 
     sp_group = rt.tp_group if zcfg.sequence_parallel else None
-    model = build_model(m, tp=o.tp, max_seq=max(o.max_doc_tokens + 1, 4096), device=rt.device,
+    model = build_model(m, tp=o.tp, max_seq=max(o.max_doc_tokens + 1, 4096), device=rt.device, ep=rt.ep,
                         recompute=zcfg.recompute,  # megatron-core recompute, as the plans are priced
                         sequence_parallel=zcfg.sequence_parallel)
     ddp = wrap_ddp(model)
@@ -126,7 +128,7 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         r = train_step(ddp, opt, batch, domain_group=rt.domain_group, tp_group=rt.tp_group,
-                       tp_rank=rt.tp_rank, clip_grad=o.clip_grad, scheduler=sched)
+                       tp_rank=rt.tp_rank, clip_grad=o.clip_grad, scheduler=sched, ep_group=rt.ep_group)
         cpu_s, wall_s = time.process_time() - c0, time.perf_counter() - t0
         rb = remap_bytes(plan, rt.domain_rank, m.hidden, 4, m.layers)
         mine = torch.tensor([cpu_s, wall_s, counters.bytes_by_link.get("nvlink", 0) + rb["nvlink"],

@@ -23,6 +23,7 @@ import numpy as np
 from typing import Dict, List, Sequence, Tuple
 
 from .cost_model import LINEAR_PASSES, CostModel
+from .moe_cost import moe_pass_s
 from .program import AttentionWork, Compute, Post, attention_program
 from .types import MIRROR, STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
 
@@ -235,6 +236,9 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     r_lin = np.asarray(cost.layout_rows(t_lin.astype(np.int64)), dtype=np.float64)
     qkv, out, mlp = cost.gemm_s(r_att, "qkv"), cost.gemm_s(r_att, "out"), cost.gemm_s(r_lin, "mlp")  # forward, one layer
     head = LINEAR_PASSES * cost.gemm_s(r_lin, "head")
+    mlp_b = 2 * mlp
+    if cost.model.is_moe:  # the EP group's sampled expert load and the dispatch/combine all-to-alls
+        mlp, mlp_b = moe_pass_s(cost, r_lin), moe_pass_s(cost, r_lin, backward=True)
 
     # Megatron TP: per layer and pass an all-reduce after attention and after the MLP, or with
     # sequence parallelism an all-gather before and a reduce-scatter after each (cost_model.tp_comm_s)
@@ -284,7 +288,7 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     remap(c, remap_f)
     if rc.has("mlp") and not rc.full:
         lin(c, mlp + tp_ar(t_lin) + sp_lin)
-    lin(c, 2 * mlp + tp_ar(t_lin) + sp_lin)
+    lin(c, mlp_b + tp_ar(t_lin) + sp_lin)
     remap(c, remap_b)
     lin(c, 2 * out)
     if rc.has("core_attn") and not rc.full:  # a ring-split document's K/V exchanges again

@@ -70,6 +70,7 @@ class LayerBuilder:
         # rows the linear modules run on (sequence parallelism pads each layout to a multiple of TP)
         self.t_att = [costs.cost.layout_rows(plan.tokens(r, "attention")) for r in range(self.world)]
         self.t_lin = [costs.cost.layout_rows(plan.tokens(r, "linear")) for r in range(self.world)]
+        self.mlp_fwd, self.mlp_bwd = costs.mlp_pass_s(self.t_lin)  # MoE: whole EP groups' loads
         if remap_point not in REMAP_POINTS:
             from ..errors import ZeppelinError
             raise ZeppelinError(f"unknown remap point '{remap_point}' (set --remap-point to one of {REMAP_POINTS})")
@@ -175,7 +176,7 @@ class LayerBuilder:
 
     def _mlp_forward(self):
         for r in range(self.world):
-            self.compute(r, self.k.mlp_s(self.t_lin[r]), "linear")
+            self.compute(r, self.mlp_fwd[r], "linear")
         self._tp(self.t_lin)
 
     def _again(self, module: str) -> bool:
@@ -203,7 +204,7 @@ class LayerBuilder:
         if self._again("mlp"):
             self._recomputed(self._mlp_forward)
         for r in range(self.world):
-            self.compute(r, 2 * k.mlp_s(self.t_lin[r]), "linear")
+            self.compute(r, self.mlp_bwd[r], "linear")
         self._tp(self.t_lin)
         self._remap(reverse=True)
         for r in range(self.world):

@@ -25,7 +25,7 @@ def _args(*argv, **megatron):
     ({"context_parallel_size": 2}, "--context-parallel-size"),
     ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size"),
     ({"sequence_parallel": True}, "--sequence-parallel"),
-    ({"num_experts": 8}, "--num-experts"),
+    ({"num_experts": 8, "moe_token_dispatcher_type": "flex"}, "--moe-token-dispatcher-type"),
     ({"apply_rope_fusion": True}, "--no-rope-fusion"),
 ])
 def test_unsupported_megatron_settings_name_the_flag(megatron, flag):

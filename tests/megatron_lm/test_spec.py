@@ -42,12 +42,26 @@ def test_spec_follows_qk_layernorm_and_normalization():
 
 
 @pytest.mark.parametrize("field,value,flag", [
-    ("num_moe_experts", 8, "--num-experts"), ("multi_latent_attention", True, "--multi-latent-attention"),
+    ("multi_latent_attention", True, "--multi-latent-attention"),
     ("qk_l2_norm", True, "--qk-l2-norm"), ("mtp_num_layers", 1, "--mtp-num-layers"),
     ("transformer_impl", "inference_optimized", "--transformer-impl")])
 def test_spec_refuses_by_flag(field, value, flag):
     with pytest.raises(ZeppelinError, match=flag):
         megatron_lm.zeppelin_layer_spec(config(**{field: value}))
+
+
+@pytest.mark.moe
+def test_moe_spec_keeps_megatron_moe_layer_with_the_zeppelin_slots():
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    s = megatron_lm.zeppelin_layer_spec(config(num_moe_experts=4))
+    assert s.module is ZeppelinTransformerLayer and s.submodules.mlp.module is MoELayer
+    assert s.submodules.self_attention.submodules.core_attention.module is ZeppelinCoreAttention
+    for kw, flag in (({"moe_layer_freq": 2}, "--moe-layer-freq"),
+                     ({"moe_token_dispatcher_type": "flex"}, "--moe-token-dispatcher-type"),
+                     ({"moe_shared_expert_intermediate_size": 64}, "--moe-shared-expert-intermediate-size")):
+        with pytest.raises(ZeppelinError, match=flag):
+            megatron_lm.zeppelin_layer_spec(config(num_moe_experts=4, **kw))
 
 
 def test_transformer_engine_without_te_names_the_flag():
