@@ -139,10 +139,10 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
     kv = torch.randn(view.block_rows(ring, 1), 2 * m.kv_heads * m.head_dim, generator=g)
     out, lse = torch.zeros_like(q), torch.full((view.tokens, m.heads), float("-inf"))
     scale = m.head_dim ** -0.5
-    attend(view, ring, 1, kv, q, out, lse, scale, "auto")  # a real output and LSE
+    attend(view, [(ring, 1, kv)], q, out, lse, scale, "auto")  # a real output and LSE
     dkv, dq, dout = torch.zeros_like(kv), torch.zeros_like(q), torch.randn_like(q)
-    return (lambda: attend(view, ring, 1, kv, q, out.clone(), lse.clone(), scale, "auto"),
-            lambda: attend_backward(view, ring, 1, kv, dkv, q, out, lse, dout, dq, scale, "auto"), calls)
+    return (lambda: attend(view, [(ring, 1, kv)], q, out.clone(), lse.clone(), scale, "auto"),
+            lambda: attend_backward(view, [(ring, 1, kv, dkv)], q, out, lse, dout, dq, scale, "auto"), calls)
 
 
 def _engine_call(rank: int, repeat: int) -> Tuple[float, float]:
