@@ -242,7 +242,7 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
 
     from .assemble import assemble, prepare  # late: assemble consumes Placements
 
-    best, seen, placed, err = None, {}, {}, None
+    best, seen, placed, err, memo = None, {}, {}, None, {}
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
@@ -251,7 +251,7 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
         pk = (rate_kind, inter, rings)
         if pk not in placed:
             placed[pk] = []
-            for chosen in _choose(lengths, ctx, rate_kind, inter, rings):
+            for chosen in _choose(lengths, ctx, rate_kind, inter, rings, memo):
                 key = (tuple(sorted(chosen[1].items())), tuple(sorted(chosen[2].items())))
                 if key in seen:  # the same placement as an earlier one (no document near a threshold)
                     continue
@@ -317,21 +317,35 @@ def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: 
     return pl
 
 
-def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = "free"):
+def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = "free", memo=None):
     """The greedy's passes worth assembling: [(order, ring_of, owner, thresholds, meta)], the
     arguments of _placement. Free rings: the pass of least estimate. Aligned rings: every pass, as
-    their loads charge ring waiting only roughly and the honest prediction picks among them."""
+    their loads charge ring waiting only roughly and the honest prediction picks among them.
+
+    ``memo`` (one per plan_zeppelin call) keeps what the calls share: the batch's arrays and
+    thresholds, the ring tables per rate, and the "hide" passes in which no document spanned nodes
+    by the hiding rule alone, which the "forced" pass of the same budget repeats exactly."""
+    memo = {} if memo is None else memo
     cost = ctx.cost
-    L = np.asarray(lengths, dtype=np.int64)
-    order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
+    if "batch" not in memo:
+        L = np.asarray(lengths, dtype=np.int64)
+        order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
+        memo["batch"] = (L, order, order.tolist(), L.tolist(), cost.doc_attention_np(L), zeppelin_thresholds(ctx))
+    L, order, order_list, L_list, att_whole, th = memo["batch"]
     rate = cost.linear_s(1) if rate_kind == "all" else cost.proj_s(1)
-    whole = cost.doc_attention_np(L) + rate * L
+    whole = att_whole + rate * L
     budget = float(whole.sum()) / ctx.topology.world_size
-    th = zeppelin_thresholds(ctx)
-    args = (ctx, L.tolist(), whole.tolist(), order.tolist(), th, rate, {}, inter == "forced", rings == "aligned")
+    tables = memo.setdefault(("tables", rate_kind), {})
+    args = (ctx, L_list, whole.tolist(), order_list, th, rate, tables, inter == "forced", rings == "aligned")
     passes = []
     for f in (TARGETS_ALIGNED if rings == "aligned" else TARGETS):
-        ring_of, owner, est = _greedy(*args, budget * f)
+        key = (rate_kind, rings, f)
+        if inter == "forced" and key in memo:
+            ring_of, owner, est = memo[key]
+        else:
+            ring_of, owner, est, spanned_by_hiding = _greedy(*args, budget * f)
+            if inter == "hide" and not spanned_by_hiding:
+                memo[key] = (ring_of, owner, est)
         passes.append((est, f, ring_of, owner))
         if est <= GOOD * budget:
             break
@@ -353,7 +367,8 @@ def _estimate(ranks: _Ranks, g: int) -> float:
 
 def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables: dict, forced_only: bool,
             aligned: bool, budget: float):
-    """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate)."""
+    """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate, whether a
+    document took an inter ring that a ``forced_only`` pass would not have considered)."""
     topo, cost = ctx.topology, ctx.cost
     world, g, nodes = topo.world_size, topo.gpus_per_node, topo.nodes
     ranks = _Ranks(world, ctx.capacity)
@@ -363,6 +378,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
     inter_sizes = np.arange(2, world + 1) if nodes > 1 else np.arange(0)
     local_max, cap = th.local_max, ctx.capacity
     heap, load, tok, att, ver = ranks.heap, ranks.load, ranks.tok, ranks.att, ranks.ver
+    spanned_by_hiding = False
     for i in order:
         Li, ui = L_list[i], whole_list[i]
         t, r, v = heap[0]
@@ -409,6 +425,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
             if cand[0] == _INF:
                 cand = _inter(ranks, g, inter_sizes, member, need, ok, budget)
             if cand[0] < best[0]:
+                spanned_by_hiding |= best[0] != _INF  # a forced_only pass keeps the intra/local form
                 best, cls = cand, "inter"
         if best[0] == _INF:
             raise PlanError(f"document {i} ({Li} tokens) fits no ranks with room (raise "
@@ -427,7 +444,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
             t = (b[k + 1] - b[k]) + (b[2 * G - k] - b[2 * G - 1 - k])
             ranks.add(r, m_att + rate * t, t, rate)
         ring_of[i] = (cls, members)
-    return ring_of, owner, _estimate(ranks, g)
+    return ring_of, owner, _estimate(ranks, g), spanned_by_hiding
 
 
 def _local_doc(i: int, length: int, owner: int) -> DocPlan:
