@@ -33,6 +33,7 @@ class Prepared:
     attention_layout: tuple
     ops: list
     parts: tuple
+    att_tokens: tuple = ()  # attention-layout tokens per rank
 
 
 def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
@@ -50,7 +51,8 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
-    return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost))
+    tokens = tuple([sum([s.stop - s.start for s in r]) for r in att])
+    return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost), tokens)
 
 
 def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
@@ -66,13 +68,13 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
             # Ranks busier with attention + exposed communication + their projections (which run on
             # the attention layout and so cannot move) get fewer linear tokens: only the MLP-side
             # work (MLP and vocab head) is movable by the remap.
-            tokens = [sum([s.stop - s.start for s in r]) for r in att]
+            tokens = pre.att_tokens
             busy = [a + e + cost.proj_s(t) for a, e, t in zip(parts[0], parts[1], tokens)]
             caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), ctx.capacity)
         lin, moves = plan_remap(att, topo, cost=cost, capacities=caps)
     else:
         lin, moves = att, ()
-    rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts)
+    rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens)
     if ctx.config.capacity_tokens:  # a set capacity is memory: every strategy must fit it
         _check_fits(strategy, att, lin, ctx.config.capacity_tokens)
     return Plan(strategy=strategy, topology=topo, lengths=tuple(map(int, lengths)), docs=docs,

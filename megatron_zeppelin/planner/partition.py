@@ -451,7 +451,8 @@ def _local_doc(i: int, length: int, owner: int) -> DocPlan:
     """``DocPlan(i, length, "local", -1, owner, (0, length))`` without the frozen dataclass's
     per-field ``__setattr__`` (most documents are local; this is half their planning time)."""
     d = object.__new__(DocPlan)
-    d.__dict__.update(doc=i, length=length, cls="local", ring=-1, owner=owner, bounds=(0, length))
+    object.__setattr__(d, "__dict__", {"doc": i, "length": length, "cls": "local", "ring": -1, "owner": owner,
+                                       "bounds": (0, length)})
     return d
 
 

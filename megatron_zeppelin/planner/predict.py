@@ -101,10 +101,13 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=()) -> Di
         own.setdefault(h[2], clock[h[2]])
     arrived: Dict[Tuple, List[Tuple[int, int, float]]] = defaultdict(list)  # (message, rank) -> pieces
     relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
+    by_stage: Dict[str, list] = defaultdict(list)
+    for h in hops:
+        by_stage[h[0]].append(h)
+    bw = {k: cost.bandwidth(k) for k in {h[5] for h in hops}}
+    lat = {k: cost.latency(k) for k in bw}
     for stage in STAGES:
-        for h in hops:
-            if h[0] != stage:
-                continue
+        for h in by_stage.get(stage, ()):
             _, src, dst, _, keys, link, (src_own, dst_own), piece = h
             ready = clock[src]
             if not src_own:  # a relayed piece: when it arrived here, after the relay's previous forward
@@ -115,8 +118,8 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=()) -> Di
             t0 = max(ready, clock[dst])
             if busy_until is not None:
                 t0 = max(t0, busy_until.get(src, 0.0), busy_until.get(dst, 0.0))
-            t = t0 if src == dst else t0 + cost.latency(link) + max(
-                load[(stage,) + keys[0]], load[(stage,) + keys[1]]) / cost.bandwidth(link)
+            t = t0 if src == dst else t0 + lat[link] + max(
+                load[(stage,) + keys[0]], load[(stage,) + keys[1]]) / bw[link]
             if piece is not None:
                 arrived[(piece[0], dst)].append((piece[1], piece[2], t))
             if src_own and t > own[src]:
@@ -216,17 +219,27 @@ def _attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
 
 
 def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Sequence[Sequence[Segment]],
-            schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel, parts=None
+            schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel, parts=None, att_tokens=None
             ) -> Tuple[RankCost, ...]:
     """Per-rank predicted costs: RankCost(attention, linear (projections on the attention layout, MLP
     and vocab head on the linear layout), exposed ring communication and waiting for partners, remap
     (its transfers and the wait for its partners)); ``total_s`` is when the rank finishes.
-    ``parts``: ``ring_costs``'s result when the caller already has it (its attention model is reused)."""
+    ``parts``: ``ring_costs``'s result when the caller already has it (its attention model is reused);
+    ``att_tokens``: the attention layout's tokens per rank when the caller has counted them (the
+    linear layout's then follow from the moves)."""
     world = cost.topology.world_size
     L = cost.model.layers
     att = parts.attention if isinstance(parts, RingParts) else _Attention(docs, rings, schedule, cost)
-    t_att = _attention_tokens(docs, rings, world)
-    t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
+    if att_tokens is None:
+        t_att = _attention_tokens(docs, rings, world)
+        t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
+    else:
+        t_att = np.asarray(att_tokens, dtype=np.float64)
+        t_lin = t_att.copy()
+        if moves:
+            n = np.array([mv.tokens for mv in moves], dtype=np.float64)
+            np.subtract.at(t_lin, np.array([mv.src for mv in moves]), n)
+            np.add.at(t_lin, np.array([mv.dst for mv in moves]), n)
     qkv, out, mlp = cost.gemm_s(t_att, "qkv"), cost.gemm_s(t_att, "out"), cost.gemm_s(t_lin, "mlp")  # forward, one layer
     head = LINEAR_PASSES * cost.gemm_s(t_lin, "head")
 
@@ -285,7 +298,8 @@ def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     pass), which run on the critical path whatever the strategy: their bandwidth term is busy time
     too (``predict``'s ``tp_ar`` without its per-call latency)."""
     world = cost.topology.world_size
-    n = sum(int(x) for x in lengths)
-    att = float(cost.doc_attention_np(np.asarray(lengths, dtype=np.float64)).sum())
+    arr = np.asarray(lengths, dtype=np.int64)
+    n = int(arr.sum())
+    att = float(cost.doc_attention_np(arr.astype(np.float64)).sum())
     tp_ar = 4 * cost.model.layers * float(cost.tp_allreduce_s(n, latency=False))
     return (att + cost.linear_s(n) + tp_ar) / world

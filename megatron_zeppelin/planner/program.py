@@ -59,35 +59,42 @@ class RingBlocks:
 
 def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
     """Every block of ``rings``, in (ring, step, member, document, q chunk, kv chunk) order: the
-    blocks ``ring_step_blocks`` lists, built with numpy (a ring of G members over D documents has
-    up to 4 G^2 D blocks: hundreds of thousands for a CP 32 ring)."""
-    parts = []
+    blocks ``ring_step_blocks`` lists, built with numpy one ring size at a time (a ring of G
+    members over D documents has up to 4 G^2 D blocks: hundreds of thousands for a CP 32 ring)."""
+    by_size: Dict[int, List[int]] = {}
     for ri, r in enumerate(rings):
-        g = r.size
-        if not r.docs or g == 0:
-            continue
-        chunk = np.diff(np.array([docs[d].bounds for d in r.docs], dtype=np.int64), axis=1)  # [D, 2G]
+        if r.docs and r.size:
+            by_size.setdefault(r.size, []).append(ri)
+    parts = []
+    for g, ris in by_size.items():
+        # One row per (ring, document) pair, rings in order, each ring's documents in order.
+        pair_ring = np.array([ri for ri in ris for _ in rings[ri].docs], dtype=np.int64)
+        chunk = np.diff(np.array([docs[d].bounds for ri in ris for d in rings[ri].docs], dtype=np.int64), axis=1)
+        ranks = np.array([rings[ri].ranks for ri in ris], dtype=np.int64)  # [R, G]
+        slot = np.repeat(np.arange(len(ris)), [len(rings[ri].docs) for ri in ris])  # pair -> row of ranks
         s = np.arange(g)[:, None]
         i = np.broadcast_to(np.arange(g)[None, :], (g, g))
         j = (i - s) % g  # kv member of member i at step s
-        qa = np.stack([i, 2 * g - 1 - i], -1)[:, :, None, :, None]  # [s, i, 1, 2, 1]
-        kb = np.stack([j, 2 * g - 1 - j], -1)[:, :, None, None, :]  # [s, i, 1, 1, 2]
-        d = np.arange(len(r.docs))[None, None, :, None, None]
-        shape = (g, g, len(r.docs), 2, 2)
-        q, k = np.broadcast_to(chunk[d, qa], shape), np.broadcast_to(chunk[d, kb], shape)
+        qa = np.stack([i, 2 * g - 1 - i], -1)[None, :, :, :, None]  # [1, s, i, 2, 1]
+        kb = np.stack([j, 2 * g - 1 - j], -1)[None, :, :, None, :]  # [1, s, i, 1, 2]
+        p = np.arange(len(pair_ring))[:, None, None, None, None]
+        shape = (len(pair_ring), g, g, 2, 2)
+        q, k = np.broadcast_to(chunk[p, qa], shape), np.broadcast_to(chunk[p, kb], shape)
         keep = (q > 0) & (k > 0) & (kb <= qa)
-        step = np.broadcast_to(np.arange(g)[:, None, None, None, None], shape)[keep]
-        member = np.broadcast_to(np.arange(g)[None, :, None, None, None], shape)[keep]
+        step = np.broadcast_to(np.arange(g)[None, :, None, None, None], shape)[keep]
+        member = np.broadcast_to(np.arange(g)[None, None, :, None, None], shape)[keep]
+        pair = np.broadcast_to(p, shape)[keep]
         causal = np.broadcast_to(kb == qa, shape)[keep]
-        parts.append((q[keep], k[keep], causal, np.full(len(step), ri), member, step,
-                      np.asarray(r.ranks, dtype=np.int64)[member]))
+        parts.append((q[keep], k[keep], causal, pair_ring[pair], member, step, ranks[slot[pair], member]))
     f, n, b = np.float64, np.int64, bool
     if not parts:
         e = np.zeros(0)
         return RingBlocks(e, e.copy(), e.astype(b), e.astype(n), e.astype(n), e.astype(n), e.astype(n))
-    cols = [np.concatenate(c) for c in zip(*parts)]
-    return RingBlocks(cols[0].astype(f), cols[1].astype(f), cols[2].astype(b), cols[3].astype(n),
-                      cols[4].astype(n), cols[5].astype(n), cols[6].astype(n))
+    q, kv, c, ri, i, st, rank = (np.concatenate(x) for x in zip(*parts))
+    top = int(max(by_size)) + 1
+    order = np.argsort((ri * top + st) * top + i, kind="stable")  # (ring, step, member); documents stay in order
+    return RingBlocks(q[order].astype(f), kv[order].astype(f), c[order].astype(b), ri[order].astype(n),
+                      i[order].astype(n), st[order].astype(n), rank[order].astype(n))
 
 
 def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps: int, world: int):
