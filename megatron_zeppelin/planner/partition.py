@@ -78,7 +78,7 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     steps = cost.model.layers * (G - 1)
     wait_nv = steps * (np.maximum(0, x_nv - step_c) + np.maximum(0, 2 * x_nv - step_b))
     wait_nic = steps * (np.maximum(0, x_nic - step_c) + np.maximum(0, 2 * x_nic - step_b))
-    return member_att + rate * need, need, hide_nv, hide_nic, wait_nv, wait_nic
+    return member_att + rate * need, need, hide_nv, hide_nic, wait_nv, wait_nic, member_att
 
 
 class _Ranks:
@@ -242,7 +242,7 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
 
     from .assemble import assemble, prepare  # late: assemble consumes Placements
 
-    best, seen, placed, err, memo = None, {}, {}, None, {}
+    best, seen, placed, err, memo = None, [], {}, None, {}
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
@@ -252,10 +252,10 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
         if pk not in placed:
             placed[pk] = []
             for chosen in _choose(lengths, ctx, rate_kind, inter, rings, memo):
-                key = (tuple(sorted(chosen[1].items())), tuple(sorted(chosen[2].items())))
-                if key in seen:  # the same placement as an earlier one (no document near a threshold)
+                # The same placement as an earlier one (no document near a threshold): equal dicts.
+                if any(r is chosen[1] or (r == chosen[1] and o == chosen[2]) for r, o in seen):
                     continue
-                seen[key] = pk
+                seen.append((chosen[1], chosen[2]))
                 pl0 = _placement(lengths, ctx, *chosen)
                 pl0.remap = False
                 placed[pk].append((pl0, prepare(ctx, pl0)))
@@ -403,7 +403,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         if g >= 2:
             if ("intra", Li) not in tables:  # the same for every pass
                 tables[("intra", Li)] = _ring_table(ctx, Li, intra_sizes, rate)
-            member, need, hide_nv, _, wait, _ = tables[("intra", Li)]
+            member, need, hide_nv, _, wait, _, _ = tables[("intra", Li)]
             if aligned:  # the coarse variant also charges a ring's unhidden transfers
                 member = member + wait
             ok = hide_nv | forced
@@ -417,7 +417,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         if (best[0] > budget or best[0] == _INF) and len(inter_sizes) and ((Li > th.intra_max and not forced_only) or best[0] == _INF):
             if ("inter", Li) not in tables:
                 tables[("inter", Li)] = _ring_table(ctx, Li, inter_sizes, rate)
-            member, need, _, hide_nic, _, wait = tables[("inter", Li)]
+            member, need, _, hide_nic, _, wait, _ = tables[("inter", Li)]
             if aligned:
                 member = member + wait
             ok = hide_nic | (best[0] == _INF)
@@ -437,7 +437,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         members = best[2]
         G = len(members)
         b = zigzag_bounds(Li, G)
-        m_att = cost.ring_member_attention_s(Li, G)
+        m_att = float(tables[(cls, Li)][6][G - 2])  # == cost.ring_member_attention_s(Li, G)
         if aligned:  # its load counts the ring's waiting too, as its choice did
             m_att += float(tables[(cls, Li)][4 if cls == "intra" else 5][G - 2])
         for k, r in enumerate(members):
