@@ -50,6 +50,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from .assemble import MEMORY_BALANCE
 from .context import Placement, PlanContext
 from .layout import zigzag_bounds
 from .thresholds import inter_share, zeppelin_thresholds
@@ -235,17 +236,75 @@ VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m i
     ("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off")))
 
 
+# Memory as a constraint with a price: when the fastest plan's per-rank peak activation memory is
+# over MEMORY_BALANCE x the mean (assemble.py), the fastest plan within it is taken instead if it
+# is at most MEMORY_SLACK slower and no slower than any baseline shape assembled (candidates.py:
+# Zeppelin still never predicts slower than a baseline). Remap off moves nothing but leaves the
+# attention layout's token imbalance in memory; the time-balanced remap, capped by memory, evens
+# it out inside each node (not across nodes: a node running a long document's ring while the other
+# nodes take the short documents stays imbalanced).
+MEMORY_SLACK = 0.03
+
+
+class _Choice:
+    """The fastest plan so far and the fastest whose memory is balanced: (seconds, variant,
+    placement, plan) each, or None."""
+
+    def __init__(self, ctx: PlanContext):
+        from .assemble import activation_weights
+        self.best = self.fit = self.shape = None
+        self.weights = activation_weights(ctx.cost)
+
+    def offer(self, plan, k, pl, pre) -> None:
+        t = plan.predicted_iteration_s
+        if isinstance(k, str) and (self.shape is None or t < self.shape[0]):
+            self.shape = (t, k, pl, plan)  # a baseline's shape (fixed_shape_candidates)
+        if self.best is not None and t >= self.best[0] and self.fit is not None and t >= self.fit[0]:
+            return
+        mem = _memory_imbalance(plan, pre, self.weights)
+        if self.best is None or t < self.best[0]:
+            self.best = (t, k, pl, plan)
+        if (self.fit is None or t < self.fit[0]) and mem <= MEMORY_BALANCE:
+            self.fit = (t, k, pl, plan)
+
+    def pick(self):
+        b, f = self.best, self.fit
+        if b is None or f is None or f is b or f[0] > (1 + MEMORY_SLACK) * b[0]:
+            return b
+        if self.shape is not None and f[0] > self.shape[0]:
+            return b
+        return f
+
+
+def _memory_imbalance(plan, pre, weights) -> float:
+    """Per-rank peak activation memory, max / mean: attention tokens from the prepared placement,
+    linear tokens after the remap's moves."""
+    a, l = weights
+    att = np.asarray(pre.att_tokens, dtype=np.float64)
+    lin = att.copy()
+    if plan.remap:
+        n = np.array([mv.tokens for mv in plan.remap], dtype=np.float64)
+        np.subtract.at(lin, np.array([mv.src for mv in plan.remap]), n)
+        np.add.at(lin, np.array([mv.dst for mv in plan.remap]), n)
+    mem = a * att + l * lin
+    mean = float(mem.mean())
+    return float(mem.max()) / mean if mean > 0 else 1.0
+
+
 def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    """The variant with the lowest predicted iteration. A placement is computed once per (rate, inter)
-    and prepared (layout, routed schedule, ring costs) once; its remap variants share that."""
+    """The variant with the lowest predicted iteration (memory balanced where that costs at most
+    MEMORY_SLACK). A placement is computed once per (rate, inter) and prepared (layout, routed
+    schedule, ring costs) once; its remap variants share that."""
     from dataclasses import replace as dc_replace
 
     from .assemble import assemble, prepare  # late: assemble consumes Placements
 
-    best, seen, placed, err, memo = None, [], {}, None, {}
+    seen, placed, err, memo = [], {}, None, {}
+    choice = _Choice(ctx)
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
+        best = choice.pick()
         if rings == "aligned" and best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
             break  # the free rings are already near the lower bound: aligned ones cannot gain much
         pk = (rate_kind, inter, rings)
@@ -266,9 +325,9 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
             except PlanError as e:  # this variant's linear layout is over a set capacity: try the others
                 err = e
                 continue
-            if best is None or plan.predicted_iteration_s < best[0]:
-                best = (plan.predicted_iteration_s, k, pl, plan)
-    best = _fixed_shapes(lengths, ctx, best)  # the baselines' shapes too: Zeppelin never predicts slower
+            choice.offer(plan, k, pl, pre)
+    _fixed_shapes(lengths, ctx, choice)  # the baselines' shapes too: Zeppelin never predicts slower
+    best = choice.pick()
     if best is None:
         raise err
     t, k, pl, plan = best
@@ -277,17 +336,18 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     return pl
 
 
-def _fixed_shapes(lengths, ctx: PlanContext, best):
-    """The best of ``best`` and every fixed-shape candidate (candidates.py): the baselines' shapes,
-    so that Zeppelin's prediction is never above theirs. Skipped when ``best`` is within NEAR_BOUND
-    of the lower bound (no plan can gain more); a candidate whose bound is above the best so far is
-    not assembled."""
+def _fixed_shapes(lengths, ctx: PlanContext, choice: "_Choice"):
+    """Offer ``choice`` every fixed-shape candidate (candidates.py): the baselines' shapes, so that
+    Zeppelin's prediction is never above theirs. Skipped when the choice so far is within NEAR_BOUND
+    of the lower bound (no plan can gain more); a candidate whose bound is above the fastest so far
+    is not assembled."""
     from dataclasses import replace as dc_replace
 
     from .assemble import assemble, prepare
     from .candidates import candidate_placements, placement_key
+    best = choice.pick()
     if best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
-        return best
+        return
     cands, seen = [], set()
     for bound, label, pl0 in candidate_placements(lengths, ctx, best[0] if best else float("inf")):
         key = placement_key(pl0)
@@ -296,6 +356,7 @@ def _fixed_shapes(lengths, ctx: PlanContext, best):
             cands.append((bound, label, pl0))
     cands.sort(key=lambda c: c[0])
     for bound, label, pl0 in cands:
+        best = choice.pick()  # a shape below the plan to be picked may veto a memory-balanced pick
         if best is not None and bound >= best[0]:
             break
         pre = prepare(ctx, pl0)
@@ -305,9 +366,7 @@ def _fixed_shapes(lengths, ctx: PlanContext, best):
                 plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
             except PlanError:
                 continue
-            if best is None or plan.predicted_iteration_s < best[0]:
-                best = (plan.predicted_iteration_s, f"{label}/{remap}", pl, plan)
-    return best
+            choice.offer(plan, f"{label}/{remap}", pl, pre)
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:
