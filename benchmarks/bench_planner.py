@@ -12,8 +12,15 @@ Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M 
 Sweep (``--sweep``): Zeppelin against every baseline on the paper's other settings: clusters a800
 and h200, 2..16 nodes of 8 GPUs, 64K..256K context, 256K tokens per node per global batch, seed 0.
 
+Against older code (``--compare-src DIR``: a tree holding another version of the
+``megatron_zeppelin`` package, e.g. ``git archive <commit> megatron_zeppelin configs | tar -x -C DIR``):
+each latency case runs in fresh processes, alternately this tree's planner and DIR's, ``--rounds``
+times, and the ratio old / new of their median CPU and wall times is reported: on a loaded machine
+the ratio measured in the same run is the number to trust.
+
     .venv/bin/python benchmarks/bench_planner.py --out out/bench_planner.json
     .venv/bin/python benchmarks/bench_planner.py --skip-latency --skip-quality --sweep --out out/sweep.json
+    .venv/bin/python benchmarks/bench_planner.py --skip-quality --compare-src /tmp/old --out out/latency_vs_old.json
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -50,6 +59,28 @@ def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -
             "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "repeats": repeats,
             "cpu_median_ms": 1e3 * statistics.median(cpu), "load_average": os.getloadavg()[0],
             "classes": plan.class_counts(), "ops": len(plan.schedule), "moves": len(plan.remap)}
+
+
+def compare(n_docs: int, nodes: int, repeats: int, rounds: int, old_src: str, args) -> dict:
+    """Latency of this tree's planner and of ``old_src``'s in alternating fresh processes (zeppelin)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = {"old": [], "new": []}
+    for _ in range(rounds):
+        for which, src in (("old", old_src), ("new", here)):
+            env = dict(os.environ, PYTHONPATH=src)
+            cmd = [sys.executable, os.path.abspath(__file__), "--one-case", str(n_docs), str(nodes),
+                   "--repeats", str(repeats), "--cluster", args.cluster, "--model", args.model]
+            out = subprocess.run(cmd, env=env, cwd=src, capture_output=True, text=True, check=True, timeout=1800)
+            runs[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    res = {"docs": n_docs, "ranks": nodes * 8, "rounds": rounds, "repeats": repeats, "old_src": old_src}
+    for which, rs in runs.items():
+        for key in ("median_ms", "cpu_median_ms"):
+            res[f"{which}_{key}"] = statistics.median(r[key] for r in rs)
+        res[f"{which}_package"] = rs[0]["package"]
+    res["ratio_wall"] = res["old_median_ms"] / res["new_median_ms"]
+    res["ratio_cpu"] = res["old_cpu_median_ms"] / res["new_cpu_median_ms"]
+    res["load_average"] = os.getloadavg()[0]
+    return res
 
 
 def where_time_goes(n_docs: int, nodes: int, prof, model, top: int = 12) -> list:
@@ -137,8 +168,30 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-clusters", nargs="+", default=["a800", "h200"])
     ap.add_argument("--sweep-nodes", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--sweep-contexts", type=int, nargs="+", default=[65536, 131072, 262144])
+    ap.add_argument("--compare-src", default=None, help="a tree with another megatron_zeppelin: latency old / new")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating old/new processes per case (--compare-src)")
+    ap.add_argument("--one-case", type=int, nargs=2, metavar=("DOCS", "NODES"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     prof, model = load_profile(args.cluster), load_model(args.model)
+    if args.one_case:  # a child of --compare-src: one latency case, JSON on stdout
+        import megatron_zeppelin
+        r = latency(args.one_case[0], args.one_case[1], args.repeats, "zeppelin", prof, model)
+        print(json.dumps(dict(r, package=os.path.dirname(megatron_zeppelin.__file__))))
+        return 0
+    if args.compare_src:
+        out = {"cluster": args.cluster, "model": args.model, "compare": []}
+        for n, nodes in ((1000, 8), (16000, 128)):
+            r = compare(n, nodes, args.repeats, args.rounds, os.path.abspath(args.compare_src), args)
+            out["compare"].append(r)
+            print(f"zeppelin {n:6d} docs {r['ranks']:5d} ranks: new median {r['new_median_ms']:.1f} ms (CPU "
+                  f"{r['new_cpu_median_ms']:.1f}), old {r['old_median_ms']:.1f} ms (CPU {r['old_cpu_median_ms']:.1f}): "
+                  f"old/new {r['ratio_wall']:.2f}x wall, {r['ratio_cpu']:.2f}x CPU (load {r['load_average']:.1f})",
+                  flush=True)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.out}")
+        return 0
     out = {"cluster": args.cluster, "model": args.model, "latency": [], "quality": [], "sweep": []}
     for n, nodes in (() if args.skip_latency else ((1000, 8), (16000, 128))):
         for s in ("zeppelin", "packed_dp"):

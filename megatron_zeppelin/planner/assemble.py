@@ -3,14 +3,16 @@
 Every strategy goes through here, so every Plan is built the same way and the runtime and the
 simulator see the same kind of data whichever strategy made it. With ``Placement.balance_linear``
 (Zeppelin) the remap's linear layout equalises each node's ranks' predicted time instead of their
-token counts (node_time_targets).
+token counts (node_time_targets), within per-rank caps that keep every rank's peak activation memory
+(attention-layout tokens and linear-layout tokens, each at its bytes per token) within
+MEMORY_BALANCE of the mean where the node's tokens allow (memory_caps).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,6 +35,7 @@ class Prepared:
     attention_layout: tuple
     ops: list
     parts: tuple
+    att_tokens: tuple = ()  # attention-layout tokens per rank
 
 
 def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
@@ -50,7 +53,8 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
-    return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost))
+    tokens = tuple([sum([s.stop - s.start for s in r]) for r in att])
+    return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost), tokens)
 
 
 def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
@@ -66,13 +70,14 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
             # Ranks busier with attention + exposed communication + their projections (which run on
             # the attention layout and so cannot move) get fewer linear tokens: only the MLP-side
             # work (MLP and vocab head) is movable by the remap.
-            tokens = [sum([s.stop - s.start for s in r]) for r in att]
+            tokens = pre.att_tokens
             busy = [a + e + cost.proj_s(t) for a, e, t in zip(parts[0], parts[1], tokens)]
-            caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), ctx.capacity)
+            limit = memory_caps(tokens, topo.gpus_per_node, *activation_weights(cost), ctx.capacity)
+            caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), limit)
         lin, moves = plan_remap(att, topo, cost=cost, capacities=caps)
     else:
         lin, moves = att, ()
-    rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts)
+    rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens)
     if ctx.config.capacity_tokens:  # a set capacity is memory: every strategy must fit it
         _check_fits(strategy, att, lin, ctx.config.capacity_tokens)
     return Plan(strategy=strategy, topology=topo, lengths=tuple(map(int, lengths)), docs=docs,
@@ -89,10 +94,61 @@ def plan_meta(meta: dict, cost) -> tuple:
     return tuple(sorted((str(k), str(v)) for k, v in {**meta, **extra}.items()))
 
 
+MEMORY_BALANCE = 1.10  # Zeppelin's goal for per-rank peak activation memory, max / mean
+
+
+def activation_weights(cost) -> Tuple[float, float]:
+    """Activation bytes a rank keeps per token of its attention layout and per token of its linear
+    layout (dp/memory.py's model, all layers, without recompute; the head runs on the linear layout)."""
+    from ..dp.memory import head_bytes_per_token, layer_elements_per_token
+    m = cost.model
+    a, l = layer_elements_per_token(m, "none")
+    per = m.layers * m.dtype_bytes / cost.tp
+    return a * per, l * per + head_bytes_per_token(m, cost.tp)
+
+
+def memory_caps(att_tokens: Sequence[int], gpus_per_node: int, att_bytes: float, lin_bytes: float,
+                capacity: int, balance: float = MEMORY_BALANCE) -> np.ndarray:
+    """Per-rank linear-layout token caps that keep att_bytes * attention tokens + lin_bytes * linear
+    tokens within ``balance`` x the mean over ranks (and within ``capacity``). A node whose ranks
+    could not then hold its own tokens gets the lowest common memory level that holds them (the
+    remap keeps node totals).
+
+    >>> memory_caps([10, 0, 5, 5], 2, 1.0, 1.0, 100, balance=1.0).tolist()  # mean memory 10 per rank
+    [0, 10, 5, 5]
+    """
+    att = np.asarray(att_tokens, dtype=np.float64).reshape(-1, gpus_per_node)
+    mean = (att_bytes + lin_bytes) * att.sum() / att.size
+    n_tok = att.sum(axis=1)
+
+    def caps(level):  # [nodes, gpus] caps at a memory level per node
+        return np.clip(np.floor((level[:, None] - att_bytes * att) / lin_bytes), 0, capacity)
+
+    lo = np.full(len(att), balance * mean)
+    if (caps(lo).sum(axis=1) < n_tok).any():  # some node needs a higher level: bisect it
+        hi = lo + att_bytes * att.max() + lin_bytes * (n_tok + 1)
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            short = caps(mid).sum(axis=1) < n_tok
+            lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
+        lo = np.where(caps(lo).sum(axis=1) < n_tok, hi, lo)
+    return caps(lo).astype(np.int64).reshape(-1)
+
+
+def memory_imbalance(plan, weights: Tuple[float, float]) -> float:
+    """Per-rank peak activation memory of ``plan`` (``activation_weights``), max / mean."""
+    a, l = weights
+    mem = [a * sum([s.stop - s.start for s in att]) + l * sum([s.stop - s.start for s in lin])
+           for att, lin in zip(plan.attention_layout, plan.linear_layout)]
+    mean = sum(mem) / len(mem)
+    return max(mem) / mean if mean > 0 else 1.0
+
+
 def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_node: int, rate: float,
-                      capacity: int) -> List[int]:
+                      capacity) -> List[int]:
     """Linear-layout tokens per rank that equalise busy + rate * tokens inside each node, keeping
-    each node's total (so the remap moves tokens over NVLink only), within ``capacity``.
+    each node's total (so the remap moves tokens over NVLink only), within ``capacity`` (one for
+    every rank, or one per rank).
 
     >>> node_time_targets([4.0, 0.0, 1.0, 1.0], [2, 6, 3, 3], 2, 1.0, 100)   # node 0: 4+2 = 0+6
     [2, 6, 3, 3]
@@ -101,7 +157,7 @@ def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_nod
     """
     b = np.asarray(busy, dtype=np.float64).reshape(-1, gpus_per_node)
     n_tok = np.asarray(tokens, dtype=np.int64).reshape(-1, gpus_per_node).sum(axis=1)
-    cap = float(capacity)
+    cap = np.broadcast_to(np.asarray(capacity, dtype=np.float64), (b.size,)).reshape(b.shape)
     # Per node the level T with sum(clip((T - busy) / rate, 0, cap)) = its tokens (bisection).
     lo = b.min(axis=1)
     hi = b.max(axis=1) + rate * n_tok + rate
@@ -119,7 +175,7 @@ def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_nod
     for v in range(len(out)):
         k = int(left[v])
         if k > 0:
-            room = np.where(out[v] < capacity, frac[v], -1.0)
+            room = np.where(out[v] < cap[v], frac[v], -1.0)
             out[v, np.lexsort((np.arange(gpus_per_node), -room))[:k]] += 1
         elif k < 0:
             out[v, np.lexsort((np.arange(gpus_per_node), frac[v]))[:-k]] -= 1

@@ -23,14 +23,14 @@ from typing import Dict, List, Sequence, Tuple
 
 from .types import DocPlan, Ring, Segment
 
-_new = object.__new__
+_new, _set = object.__new__, object.__setattr__
 
 
 def fast_segment(doc: int, start: int, stop: int) -> Segment:
     """``Segment(doc, start, stop)`` without the frozen dataclass's per-field ``__setattr__``
-    (a third of the cost; plans of 16k documents build tens of thousands of segments)."""
+    (half the cost; plans of 16k documents build tens of thousands of segments)."""
     s = _new(Segment)
-    s.__dict__.update(doc=doc, start=start, stop=stop)
+    _set(s, "__dict__", {"doc": doc, "start": start, "stop": stop})
     return s
 
 

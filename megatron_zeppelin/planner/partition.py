@@ -50,6 +50,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from .assemble import MEMORY_BALANCE
 from .context import Placement, PlanContext
 from .layout import zigzag_bounds
 from .thresholds import inter_share, zeppelin_thresholds
@@ -78,7 +79,7 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     steps = cost.model.layers * (G - 1)
     wait_nv = steps * (np.maximum(0, x_nv - step_c) + np.maximum(0, 2 * x_nv - step_b))
     wait_nic = steps * (np.maximum(0, x_nic - step_c) + np.maximum(0, 2 * x_nic - step_b))
-    return member_att + rate * need, need, hide_nv, hide_nic, wait_nv, wait_nic
+    return member_att + rate * need, need, hide_nv, hide_nic, wait_nv, wait_nic, member_att
 
 
 class _Ranks:
@@ -235,27 +236,85 @@ VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m i
     ("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off")))
 
 
+# Memory as a constraint with a price: when the fastest plan's per-rank peak activation memory is
+# over MEMORY_BALANCE x the mean (assemble.py), the fastest plan within it is taken instead if it
+# is at most MEMORY_SLACK slower and no slower than any baseline shape assembled (candidates.py:
+# Zeppelin still never predicts slower than a baseline). Remap off moves nothing but leaves the
+# attention layout's token imbalance in memory; the time-balanced remap, capped by memory, evens
+# it out inside each node (not across nodes: a node running a long document's ring while the other
+# nodes take the short documents stays imbalanced).
+MEMORY_SLACK = 0.03
+
+
+class _Choice:
+    """The fastest plan so far and the fastest whose memory is balanced: (seconds, variant,
+    placement, plan) each, or None."""
+
+    def __init__(self, ctx: PlanContext):
+        from .assemble import activation_weights
+        self.best = self.fit = self.shape = None
+        self.weights = activation_weights(ctx.cost)
+
+    def offer(self, plan, k, pl, pre) -> None:
+        t = plan.predicted_iteration_s
+        if isinstance(k, str) and (self.shape is None or t < self.shape[0]):
+            self.shape = (t, k, pl, plan)  # a baseline's shape (fixed_shape_candidates)
+        if self.best is not None and t >= self.best[0] and self.fit is not None and t >= self.fit[0]:
+            return
+        mem = _memory_imbalance(plan, pre, self.weights)
+        if self.best is None or t < self.best[0]:
+            self.best = (t, k, pl, plan)
+        if (self.fit is None or t < self.fit[0]) and mem <= MEMORY_BALANCE:
+            self.fit = (t, k, pl, plan)
+
+    def pick(self):
+        b, f = self.best, self.fit
+        if b is None or f is None or f is b or f[0] > (1 + MEMORY_SLACK) * b[0]:
+            return b
+        if self.shape is not None and f[0] > self.shape[0]:
+            return b
+        return f
+
+
+def _memory_imbalance(plan, pre, weights) -> float:
+    """Per-rank peak activation memory, max / mean: attention tokens from the prepared placement,
+    linear tokens after the remap's moves."""
+    a, l = weights
+    att = np.asarray(pre.att_tokens, dtype=np.float64)
+    lin = att.copy()
+    if plan.remap:
+        n = np.array([mv.tokens for mv in plan.remap], dtype=np.float64)
+        np.subtract.at(lin, np.array([mv.src for mv in plan.remap]), n)
+        np.add.at(lin, np.array([mv.dst for mv in plan.remap]), n)
+    mem = a * att + l * lin
+    mean = float(mem.mean())
+    return float(mem.max()) / mean if mean > 0 else 1.0
+
+
 def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    """The variant with the lowest predicted iteration. A placement is computed once per (rate, inter)
-    and prepared (layout, routed schedule, ring costs) once; its remap variants share that."""
+    """The variant with the lowest predicted iteration (memory balanced where that costs at most
+    MEMORY_SLACK). A placement is computed once per (rate, inter) and prepared (layout, routed
+    schedule, ring costs) once; its remap variants share that."""
     from dataclasses import replace as dc_replace
 
     from .assemble import assemble, plan_meta, prepare  # late: assemble consumes Placements
 
-    best, seen, placed, err = None, {}, {}, None
+    seen, placed, err, memo = [], {}, None, {}
+    choice = _Choice(ctx)
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
+        best = choice.pick()
         if rings == "aligned" and best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
             break  # the free rings are already near the lower bound: aligned ones cannot gain much
         pk = (rate_kind, inter, rings)
         if pk not in placed:
             placed[pk] = []
-            for chosen in _choose(lengths, ctx, rate_kind, inter, rings):
-                key = (tuple(sorted(chosen[1].items())), tuple(sorted(chosen[2].items())))
-                if key in seen:  # the same placement as an earlier one (no document near a threshold)
+            for chosen in _choose(lengths, ctx, rate_kind, inter, rings, memo):
+                # The same placement as an earlier one (no document near a threshold): equal dicts.
+                if any(r is chosen[1] or (r == chosen[1] and o == chosen[2]) for r, o in seen):
                     continue
-                seen[key] = pk
+                seen.append((chosen[1], chosen[2]))
                 pl0 = _placement(lengths, ctx, *chosen)
                 pl0.remap = False
                 placed[pk].append((pl0, prepare(ctx, pl0)))
@@ -266,9 +325,9 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
             except PlanError as e:  # this variant's linear layout is over a set capacity: try the others
                 err = e
                 continue
-            if best is None or plan.predicted_iteration_s < best[0]:
-                best = (plan.predicted_iteration_s, k, pl, plan)
-    best = _fixed_shapes(lengths, ctx, best)  # the baselines' shapes too: Zeppelin never predicts slower
+            choice.offer(plan, k, pl, pre)
+    _fixed_shapes(lengths, ctx, choice)  # the baselines' shapes too: Zeppelin never predicts slower
+    best = choice.pick()
     if best is None:
         raise err
     t, k, pl, plan = best
@@ -277,17 +336,18 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     return pl
 
 
-def _fixed_shapes(lengths, ctx: PlanContext, best):
-    """The best of ``best`` and every fixed-shape candidate (candidates.py): the baselines' shapes,
-    so that Zeppelin's prediction is never above theirs. Skipped when ``best`` is within NEAR_BOUND
-    of the lower bound (no plan can gain more); a candidate whose bound is above the best so far is
-    not assembled."""
+def _fixed_shapes(lengths, ctx: PlanContext, choice: "_Choice"):
+    """Offer ``choice`` every fixed-shape candidate (candidates.py): the baselines' shapes, so that
+    Zeppelin's prediction is never above theirs. Skipped when the choice so far is within NEAR_BOUND
+    of the lower bound (no plan can gain more); a candidate whose bound is above the fastest so far
+    is not assembled."""
     from dataclasses import replace as dc_replace
 
     from .assemble import assemble, prepare
     from .candidates import candidate_placements, placement_key
+    best = choice.pick()
     if best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
-        return best
+        return
     cands, seen = [], set()
     for bound, label, pl0 in candidate_placements(lengths, ctx, best[0] if best else float("inf")):
         key = placement_key(pl0)
@@ -296,6 +356,7 @@ def _fixed_shapes(lengths, ctx: PlanContext, best):
             cands.append((bound, label, pl0))
     cands.sort(key=lambda c: c[0])
     for bound, label, pl0 in cands:
+        best = choice.pick()  # a shape below the plan to be picked may veto a memory-balanced pick
         if best is not None and bound >= best[0]:
             break
         pre = prepare(ctx, pl0)
@@ -305,9 +366,7 @@ def _fixed_shapes(lengths, ctx: PlanContext, best):
                 plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
             except PlanError:
                 continue
-            if best is None or plan.predicted_iteration_s < best[0]:
-                best = (plan.predicted_iteration_s, f"{label}/{remap}", pl, plan)
-    return best
+            choice.offer(plan, f"{label}/{remap}", pl, pre)
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:
@@ -317,21 +376,35 @@ def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: 
     return pl
 
 
-def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = "free"):
+def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = "free", memo=None):
     """The greedy's passes worth assembling: [(order, ring_of, owner, thresholds, meta)], the
     arguments of _placement. Free rings: the pass of least estimate. Aligned rings: every pass, as
-    their loads charge ring waiting only roughly and the honest prediction picks among them."""
+    their loads charge ring waiting only roughly and the honest prediction picks among them.
+
+    ``memo`` (one per plan_zeppelin call) keeps what the calls share: the batch's arrays and
+    thresholds, the ring tables per rate, and the "hide" passes in which no document spanned nodes
+    by the hiding rule alone, which the "forced" pass of the same budget repeats exactly."""
+    memo = {} if memo is None else memo
     cost = ctx.cost
-    L = np.asarray(lengths, dtype=np.int64)
-    order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
+    if "batch" not in memo:
+        L = np.asarray(lengths, dtype=np.int64)
+        order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
+        memo["batch"] = (L, order, order.tolist(), L.tolist(), cost.doc_attention_np(L), zeppelin_thresholds(ctx))
+    L, order, order_list, L_list, att_whole, th = memo["batch"]
     rate = cost.linear_s(1) if rate_kind == "all" else cost.proj_s(1)
-    whole = cost.doc_attention_np(L) + rate * L
+    whole = att_whole + rate * L
     budget = float(whole.sum()) / ctx.topology.world_size
-    th = zeppelin_thresholds(ctx)
-    args = (ctx, L.tolist(), whole.tolist(), order.tolist(), th, rate, {}, inter == "forced", rings == "aligned")
+    tables = memo.setdefault(("tables", rate_kind), {})
+    args = (ctx, L_list, whole.tolist(), order_list, th, rate, tables, inter == "forced", rings == "aligned")
     passes = []
     for f in (TARGETS_ALIGNED if rings == "aligned" else TARGETS):
-        ring_of, owner, est = _greedy(*args, budget * f)
+        key = (rate_kind, rings, f)
+        if inter == "forced" and key in memo:
+            ring_of, owner, est = memo[key]
+        else:
+            ring_of, owner, est, spanned_by_hiding = _greedy(*args, budget * f)
+            if inter == "hide" and not spanned_by_hiding:
+                memo[key] = (ring_of, owner, est)
         passes.append((est, f, ring_of, owner))
         if est <= GOOD * budget:
             break
@@ -353,7 +426,8 @@ def _estimate(ranks: _Ranks, g: int) -> float:
 
 def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables: dict, forced_only: bool,
             aligned: bool, budget: float):
-    """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate)."""
+    """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate, whether a
+    document took an inter ring that a ``forced_only`` pass would not have considered)."""
     topo, cost = ctx.topology, ctx.cost
     world, g, nodes = topo.world_size, topo.gpus_per_node, topo.nodes
     ranks = _Ranks(world, ctx.capacity)
@@ -363,6 +437,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
     inter_sizes = np.arange(2, world + 1) if nodes > 1 else np.arange(0)
     local_max, cap = th.local_max, ctx.capacity
     heap, load, tok, att, ver = ranks.heap, ranks.load, ranks.tok, ranks.att, ranks.ver
+    spanned_by_hiding = False
     for i in order:
         Li, ui = L_list[i], whole_list[i]
         t, r, v = heap[0]
@@ -387,7 +462,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         if g >= 2:
             if ("intra", Li) not in tables:  # the same for every pass
                 tables[("intra", Li)] = _ring_table(ctx, Li, intra_sizes, rate)
-            member, need, hide_nv, _, wait, _ = tables[("intra", Li)]
+            member, need, hide_nv, _, wait, _, _ = tables[("intra", Li)]
             if aligned:  # the coarse variant also charges a ring's unhidden transfers
                 member = member + wait
             ok = hide_nv | forced
@@ -401,7 +476,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         if (best[0] > budget or best[0] == _INF) and len(inter_sizes) and ((Li > th.intra_max and not forced_only) or best[0] == _INF):
             if ("inter", Li) not in tables:
                 tables[("inter", Li)] = _ring_table(ctx, Li, inter_sizes, rate)
-            member, need, _, hide_nic, _, wait = tables[("inter", Li)]
+            member, need, _, hide_nic, _, wait, _ = tables[("inter", Li)]
             if aligned:
                 member = member + wait
             ok = hide_nic | (best[0] == _INF)
@@ -409,6 +484,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
             if cand[0] == _INF:
                 cand = _inter(ranks, g, inter_sizes, member, need, ok, budget)
             if cand[0] < best[0]:
+                spanned_by_hiding |= best[0] != _INF  # a forced_only pass keeps the intra/local form
                 best, cls = cand, "inter"
         if best[0] == _INF:
             raise PlanError(f"document {i} ({Li} tokens) fits no ranks with room (raise "
@@ -420,21 +496,22 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         members = best[2]
         G = len(members)
         b = zigzag_bounds(Li, G)
-        m_att = cost.ring_member_attention_s(Li, G)
+        m_att = float(tables[(cls, Li)][6][G - 2])  # == cost.ring_member_attention_s(Li, G)
         if aligned:  # its load counts the ring's waiting too, as its choice did
             m_att += float(tables[(cls, Li)][4 if cls == "intra" else 5][G - 2])
         for k, r in enumerate(members):
             t = (b[k + 1] - b[k]) + (b[2 * G - k] - b[2 * G - 1 - k])
             ranks.add(r, m_att + rate * t, t, rate)
         ring_of[i] = (cls, members)
-    return ring_of, owner, _estimate(ranks, g)
+    return ring_of, owner, _estimate(ranks, g), spanned_by_hiding
 
 
 def _local_doc(i: int, length: int, owner: int) -> DocPlan:
     """``DocPlan(i, length, "local", -1, owner, (0, length))`` without the frozen dataclass's
     per-field ``__setattr__`` (most documents are local; this is half their planning time)."""
     d = object.__new__(DocPlan)
-    d.__dict__.update(doc=i, length=length, cls="local", ring=-1, owner=owner, bounds=(0, length))
+    object.__setattr__(d, "__dict__", {"doc": i, "length": length, "cls": "local", "ring": -1, "owner": owner,
+                                       "bounds": (0, length)})
     return d
 
 

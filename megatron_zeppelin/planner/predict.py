@@ -71,7 +71,7 @@ def _op_hops(ops, cost, reverse=False):
             for o in ops]
 
 
-def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=()) -> Dict[int, float]:
+def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepared=None) -> Dict[int, float]:
     """When each involved rank's wait() on one exchange returns, as distributed/executor.py runs it:
     every rank posts its receives and the sends of the messages it originates at its ``clock``; a
     proxy's relay forwards each piece as soon as it has arrived (in stage order, one after the
@@ -82,6 +82,7 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=()) -> Di
     ``relay_end``, per rank, updated in place when given).
     ``busy_until``: per rank, when an earlier exchange on the same links ends.
     ``also``: hops of another exchange in flight meanwhile: they load the links, are not timed.
+    ``prepared``: ``_prepared_exchange(hops, cost, also)`` when the caller runs the exchange again.
 
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> cost = toy_context(nodes=2, gpus=2, nics=2).cost
@@ -92,42 +93,55 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=()) -> Di
     >>> bool(done[1] == 5.0 and done[0] > 5.0 and done[3] > done[0])  # the proxy itself waits for nothing
     True
     """
+    prep = _prepared_exchange(hops, cost, also) if prepared is None else prepared
+    c = clock.tolist() if isinstance(clock, np.ndarray) else clock
+    own: Dict[int, float] = {}
+    for h in hops:
+        own.setdefault(h[1], c[h[1]])
+        own.setdefault(h[2], c[h[2]])
+    arrived: Dict[Tuple, List[Tuple[int, int, float]]] = defaultdict(list)  # (message, rank) -> pieces
+    relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
+    for src, dst, lat, sec, src_own, dst_own, piece in prep:
+        ready = c[src]
+        if not src_own:  # a relayed piece: when it arrived here, after the relay's previous forward
+            key, a, b = piece
+            ready = max([t for a0, b0, t in arrived[(key, src)] if a0 <= a and b <= b0] + [ready])
+            ready = max(ready, relay_post.get(src, ready))
+            relay_post[src] = ready
+        t0 = max(ready, c[dst])
+        if busy_until is not None:
+            t0 = max(t0, busy_until.get(src, 0.0), busy_until.get(dst, 0.0))
+        t = t0 if sec is None else t0 + lat + sec
+        if piece is not None:
+            arrived[(piece[0], dst)].append((piece[1], piece[2], t))
+        if src_own and t > own[src]:
+            own[src] = t
+        if dst_own and t > own[dst]:
+            own[dst] = t
+        if relay_end is not None:
+            relay_end[src] = max(relay_end[src], t)
+            relay_end[dst] = max(relay_end[dst], t)
+    return own
+
+
+def _prepared_exchange(hops, cost, also=()) -> list:
+    """What of an exchange does not depend on the clocks, computed once per hop list (a layer runs
+    the same exchanges every time): the hops in stage order as (src, dst, latency, seconds of the
+    busiest link's bytes or None for a copy to itself, src owns, dst owns, piece)."""
     load: Dict[Tuple, float] = defaultdict(float)
     for h in list(hops) + list(also):
         load[(h[0],) + h[4][0]] += h[3]
         load[(h[0],) + h[4][1]] += h[3]
-    own: Dict[int, float] = {}
+    by_stage: Dict[str, list] = defaultdict(list)
     for h in hops:
-        own.setdefault(h[1], clock[h[1]])
-        own.setdefault(h[2], clock[h[2]])
-    arrived: Dict[Tuple, List[Tuple[int, int, float]]] = defaultdict(list)  # (message, rank) -> pieces
-    relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
+        by_stage[h[0]].append(h)
+    out = []
     for stage in STAGES:
-        for h in hops:
-            if h[0] != stage:
-                continue
+        for h in by_stage.get(stage, ()):
             _, src, dst, _, keys, link, (src_own, dst_own), piece = h
-            ready = clock[src]
-            if not src_own:  # a relayed piece: when it arrived here, after the relay's previous forward
-                key, a, b = piece
-                ready = max([t for a0, b0, t in arrived[(key, src)] if a0 <= a and b <= b0] + [ready])
-                ready = max(ready, relay_post.get(src, ready))
-                relay_post[src] = ready
-            t0 = max(ready, clock[dst])
-            if busy_until is not None:
-                t0 = max(t0, busy_until.get(src, 0.0), busy_until.get(dst, 0.0))
-            t = t0 if src == dst else t0 + cost.latency(link) + max(
-                load[(stage,) + keys[0]], load[(stage,) + keys[1]]) / cost.bandwidth(link)
-            if piece is not None:
-                arrived[(piece[0], dst)].append((piece[1], piece[2], t))
-            if src_own and t > own[src]:
-                own[src] = t
-            if dst_own and t > own[dst]:
-                own[dst] = t
-            if relay_end is not None:
-                relay_end[src] = max(relay_end[src], t)
-                relay_end[dst] = max(relay_end[dst], t)
-    return own
+            sec = None if src == dst else max(load[(stage,) + keys[0]], load[(stage,) + keys[1]]) / cost.bandwidth(link)
+            out.append((src, dst, cost.latency(link), sec, src_own, dst_own, piece))
+    return out
 
 
 class _Attention:
@@ -143,6 +157,7 @@ class _Attention:
         has_local = any(d.cls == "local" for d in docs)
         self.program = {bw: attention_program(rings, has_local, bw) for bw in (False, True)}
         self._hops: Dict[Tuple[bool, str], list] = {}
+        self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
 
     def hops(self, backward: bool, name: str):
@@ -171,8 +186,14 @@ class _Attention:
                 busy[:] += t
             elif isinstance(x, Post):
                 h = self.hops(backward, x.name)
-                also = [o for n in x.shares for o in self.hops(backward, n)]
-                done[x.name] = _exchange(h, clock, self.cost, also=also) if h else {}
+                if not h:
+                    done[x.name] = {}
+                    continue
+                key = (backward, x.name)
+                if key not in self._prepared:
+                    also = [o for n in x.shares for o in self.hops(backward, n)]
+                    self._prepared[key] = _prepared_exchange(h, self.cost, also)
+                done[x.name] = _exchange(h, clock, self.cost, prepared=self._prepared[key])
             else:
                 for r, t in done.pop(x.name).items():
                     if t > clock[r]:
@@ -220,17 +241,27 @@ def _attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
 
 
 def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Sequence[Sequence[Segment]],
-            schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel, parts=None
+            schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel, parts=None, att_tokens=None
             ) -> Tuple[RankCost, ...]:
     """Per-rank predicted costs: RankCost(attention, linear (projections on the attention layout, MLP
     and vocab head on the linear layout), exposed ring communication and waiting for partners, remap
     (its transfers and the wait for its partners)); ``total_s`` is when the rank finishes.
-    ``parts``: ``ring_costs``'s result when the caller already has it (its attention model is reused)."""
+    ``parts``: ``ring_costs``'s result when the caller already has it (its attention model is reused);
+    ``att_tokens``: the attention layout's tokens per rank when the caller has counted them (the
+    linear layout's then follow from the moves)."""
     world = cost.topology.world_size
     L = cost.model.layers
     att = parts.attention if isinstance(parts, RingParts) else _Attention(docs, rings, schedule, cost)
-    t_att = _attention_tokens(docs, rings, world)
-    t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
+    if att_tokens is None:
+        t_att = _attention_tokens(docs, rings, world)
+        t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
+    else:
+        t_att = np.asarray(att_tokens, dtype=np.float64)
+        t_lin = t_att.copy()
+        if moves:
+            n = np.array([mv.tokens for mv in moves], dtype=np.float64)
+            np.subtract.at(t_lin, np.array([mv.src for mv in moves]), n)
+            np.add.at(t_lin, np.array([mv.dst for mv in moves]), n)
     # the linear modules run on each layout's rows: with sequence parallelism padded to a multiple of TP
     r_att = np.asarray(cost.layout_rows(t_att.astype(np.int64)), dtype=np.float64)
     r_lin = np.asarray(cost.layout_rows(t_lin.astype(np.int64)), dtype=np.float64)
@@ -262,10 +293,12 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
         clock += t
         lin_busy[:] += t
 
+    prepared = {id(h): _prepared_exchange(h, cost) for h in (remap_f, remap_b) if h}
+
     def remap(clock, hops):
         if hops:
             before = clock.copy()
-            for r, t in _exchange(hops, clock, cost).items():
+            for r, t in _exchange(hops, clock, cost, prepared=prepared[id(hops)]).items():
                 clock[r] = max(clock[r], t)
             remap_t[:] += clock - before
 
@@ -317,8 +350,9 @@ def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     bytes (an all-gather and a reduce-scatter per all-reduce), its pad rows and remap gathers only add.
     Recompute (``cost.recompute``) adds the forward it runs again, each document whole, the same way."""
     world = cost.topology.world_size
-    n = sum(int(x) for x in lengths)
-    L = np.asarray(lengths, dtype=np.float64)
+    arr = np.asarray(lengths, dtype=np.int64)
+    n = int(arr.sum())
+    L = arr.astype(np.float64)
     att = float(cost.doc_attention_np(L).sum())
     tp_ar = 4 * cost.model.layers * float(cost.tp_allreduce_s(n, latency=False))
     rc, layers = cost.recompute, cost.model.layers

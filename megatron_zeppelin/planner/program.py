@@ -58,17 +58,43 @@ class RingBlocks:
 
 
 def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
-    cols: Tuple[list, ...] = ([], [], [], [], [], [], [])
+    """Every block of ``rings``, in (ring, step, member, document, q chunk, kv chunk) order: the
+    blocks ``ring_step_blocks`` lists, built with numpy one ring size at a time (a ring of G
+    members over D documents has up to 4 G^2 D blocks: hundreds of thousands for a CP 32 ring)."""
+    by_size: Dict[int, List[int]] = {}
     for ri, r in enumerate(rings):
-        for s in range(r.size):
-            for i, rank in enumerate(r.ranks):
-                for q, k, c in ring_step_blocks(r, docs, i, s):
-                    for col, v in zip(cols, (q, k, c, ri, i, s, rank)):
-                        col.append(v)
-    q, kv, c, ri, i, s, rank = cols
+        if r.docs and r.size:
+            by_size.setdefault(r.size, []).append(ri)
+    parts = []
+    for g, ris in by_size.items():
+        # One row per (ring, document) pair, rings in order, each ring's documents in order.
+        pair_ring = np.array([ri for ri in ris for _ in rings[ri].docs], dtype=np.int64)
+        chunk = np.diff(np.array([docs[d].bounds for ri in ris for d in rings[ri].docs], dtype=np.int64), axis=1)
+        ranks = np.array([rings[ri].ranks for ri in ris], dtype=np.int64)  # [R, G]
+        slot = np.repeat(np.arange(len(ris)), [len(rings[ri].docs) for ri in ris])  # pair -> row of ranks
+        s = np.arange(g)[:, None]
+        i = np.broadcast_to(np.arange(g)[None, :], (g, g))
+        j = (i - s) % g  # kv member of member i at step s
+        qa = np.stack([i, 2 * g - 1 - i], -1)[None, :, :, :, None]  # [1, s, i, 2, 1]
+        kb = np.stack([j, 2 * g - 1 - j], -1)[None, :, :, None, :]  # [1, s, i, 1, 2]
+        p = np.arange(len(pair_ring))[:, None, None, None, None]
+        shape = (len(pair_ring), g, g, 2, 2)
+        q, k = np.broadcast_to(chunk[p, qa], shape), np.broadcast_to(chunk[p, kb], shape)
+        keep = (q > 0) & (k > 0) & (kb <= qa)
+        step = np.broadcast_to(np.arange(g)[None, :, None, None, None], shape)[keep]
+        member = np.broadcast_to(np.arange(g)[None, None, :, None, None], shape)[keep]
+        pair = np.broadcast_to(p, shape)[keep]
+        causal = np.broadcast_to(kb == qa, shape)[keep]
+        parts.append((q[keep], k[keep], causal, pair_ring[pair], member, step, ranks[slot[pair], member]))
     f, n, b = np.float64, np.int64, bool
-    return RingBlocks(np.array(q, dtype=f), np.array(kv, dtype=f), np.array(c, dtype=b), np.array(ri, dtype=n),
-                      np.array(i, dtype=n), np.array(s, dtype=n), np.array(rank, dtype=n))
+    if not parts:
+        e = np.zeros(0)
+        return RingBlocks(e, e.copy(), e.astype(b), e.astype(n), e.astype(n), e.astype(n), e.astype(n))
+    q, kv, c, ri, i, st, rank = (np.concatenate(x) for x in zip(*parts))
+    top = int(max(by_size)) + 1
+    order = np.argsort((ri * top + st) * top + i, kind="stable")  # (ring, step, member); documents stay in order
+    return RingBlocks(q[order].astype(f), kv[order].astype(f), c[order].astype(b), ri[order].astype(n),
+                      i[order].astype(n), st[order].astype(n), rank[order].astype(n))
 
 
 def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps: int, world: int):
@@ -230,15 +256,37 @@ class AttentionWork:
             self.local[bw] = t
         self.local_ranks = tuple(sorted(set(own.tolist())))
         self.world = world
+        self._seconds: Dict[Tuple[Compute, bool], np.ndarray] = {}
+        self._by_step = None
 
     def seconds(self, c: Compute, backward: bool) -> np.ndarray:
-        """Per rank seconds of ``c`` (one layer)."""
+        """Per rank seconds of ``c`` (one layer); a layer runs the same program every time, so
+        each Compute is priced once (callers must not modify the array returned)."""
         if c.queue == "local":
             return self.local[backward]
-        out = np.zeros(self.world)
-        m = np.isin(self.ring_id, c.rings) & np.isin(self.step, c.steps)
-        np.add.at(out, self.rank[m], self.sec[backward][m])
+        key = (c, backward)
+        out = self._seconds.get(key)
+        if out is None:
+            out = np.zeros(self.world)
+            if len(c.steps) == 1:  # a zigzag step: only that step's blocks (kept in block order)
+                idx = self._step_blocks(c.steps[0])
+                m = idx[np.isin(self.ring_id[idx], c.rings)]
+            else:
+                m = np.isin(self.ring_id, c.rings) & np.isin(self.step, c.steps)
+            np.add.at(out, self.rank[m], self.sec[backward][m])
+            self._seconds[key] = out
         return out
+
+    def _step_blocks(self, step: int) -> np.ndarray:
+        """Indices of the blocks of ring step ``step``, in block order."""
+        if self._by_step is None:
+            order = np.argsort(self.step, kind="stable")
+            cuts = np.searchsorted(self.step[order], np.arange(int(self.step.max(initial=0)) + 2))
+            self._by_step = (order, cuts)
+        order, cuts = self._by_step
+        if step + 1 >= len(cuts):
+            return order[:0]
+        return order[cuts[step]:cuts[step + 1]]
 
     def ranks(self, c: Compute) -> Tuple[int, ...]:
         """The ranks ``c`` runs kernels on (ring members, or owners of local documents)."""
