@@ -17,12 +17,24 @@ from .errors import ZeppelinError
 from dataclasses import dataclass, field, replace
 from typing import Tuple
 
-STRATEGIES = ("zeppelin", "packed_dp", "static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp")
 ROUTING = ("auto", "multi-nic", "off")
 
 
 class ConfigError(ZeppelinError):
     pass
+
+
+def strategy_names() -> Tuple[str, ...]:
+    """The registered strategies (planner/strategies.py), read when first needed: the planner's
+    modules import this one."""
+    from .planner.strategies import names
+    return names()
+
+
+def __getattr__(name: str):
+    if name == "STRATEGIES":  # the registry's list, kept under its old name for the flags' choices
+        return strategy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -42,9 +54,9 @@ class ZeppelinConfig:
     tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
 
     def __post_init__(self):
-        if self.strategy not in STRATEGIES:
+        if self.strategy not in strategy_names():
             raise ConfigError(f"unknown strategy '{self.strategy}' (set --zeppelin-strategy to one of "
-                              f"{', '.join(STRATEGIES)})")
+                              f"{', '.join(strategy_names())})")
         if self.routing not in ROUTING:
             raise ConfigError(f"unknown routing '{self.routing}' (set --zeppelin-routing to one of "
                               f"{', '.join(ROUTING)})")

@@ -12,10 +12,9 @@ from ..config import ZeppelinConfig
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
 from ..topology import Topology
-from .assemble import assemble
 from .context import Placement, PlanContext
 from .cost_model import CostModel
-from .strategies import get_strategy
+from .strategies import pick
 from .types import Plan, PlanError
 
 __all__ = ["plan_batch", "make_context", "Plan", "PlanError", "PlanContext", "Placement", "CostModel"]
@@ -57,5 +56,4 @@ def plan_batch(lengths: Sequence[int], topology: Topology, profile: HardwareProf
         lengths = lengths.tolist()
     ctx = make_context(topology, profile, model, config, total_tokens=sum(int(x) for x in lengths))
     lengths = check_lengths(lengths, ctx.capacity, topology.world_size)
-    placement = get_strategy(name)(lengths, ctx)
-    return assemble(name, lengths, ctx, placement)
+    return pick(name, lengths, ctx)[0]

@@ -20,7 +20,7 @@ from .predict import lower_bound, predict, ring_costs
 from .remap import plan_remap
 from .types import PlanError
 from .schedule import ring_ops
-from .types import CLASSES, Plan
+from .types import CLASSES, Plan, PlanMeta
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
                         key=attrgetter("doc")))
     att = attention_layout(docs, rings, topo.world_size)
     dmap = {d.doc: d for d in docs}
-    ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token)
+    ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of)
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
@@ -55,8 +55,6 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
 
 def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
              prepared: Optional[Prepared] = None) -> Plan:
-    if placement.assembled is not None and placement.assembled.strategy == strategy:
-        return placement.assembled  # the strategy already assembled this exact placement
     topo, cost = ctx.topology, ctx.cost
     pre = prepared or prepare(ctx, placement)
     docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
@@ -79,7 +77,7 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
                 rings=rings, attention_layout=att, linear_layout=lin, remap=tuple(moves),
                 schedule=tuple(ops), cost=rank_cost, lower_bound_s=lower_bound(lengths, cost),
                 thresholds=placement.thresholds, kv_bytes_per_token=cost.kv_bytes_per_token,
-                meta=tuple(sorted((str(k), str(v)) for k, v in placement.meta.items())),
+                meta=PlanMeta.from_pairs(placement.meta.items()),
                 allreduce_s=cost.dp_allreduce_s())
 
 

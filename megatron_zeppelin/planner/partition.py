@@ -46,12 +46,14 @@ slower than a baseline's shape.
 from __future__ import annotations
 
 import heapq
-from typing import Dict, List, Sequence, Tuple
+from dataclasses import replace
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
 from .context import Placement, PlanContext
 from .layout import zigzag_bounds
+from .strategies import Candidate, Search, pick, strategy
 from .thresholds import inter_share, zeppelin_thresholds
 from .types import DocPlan, PlanError, Ring
 
@@ -235,18 +237,20 @@ VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m i
     ("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off")))
 
 
-def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    """The variant with the lowest predicted iteration. A placement is computed once per (rate, inter)
-    and prepared (layout, routed schedule, ring costs) once; its remap variants share that."""
+@strategy("zeppelin", order=0, searches=True)
+def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search) -> Iterator[Candidate]:
+    """Every variant worth assembling (strategies.pick keeps the lowest predicted iteration). A
+    placement is computed once per (rate, inter) and prepared (layout, routed schedule, ring costs)
+    once; its remap variants share that."""
     from dataclasses import replace as dc_replace
 
-    from .assemble import assemble, prepare  # late: assemble consumes Placements
+    from .assemble import prepare  # late: assemble consumes Placements
 
-    best, seen, placed, err = None, {}, {}, None
+    seen, placed = {}, {}
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
-        if rings == "aligned" and best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
+        if rings == "aligned" and search.within(NEAR_BOUND):
             break  # the free rings are already near the lower bound: aligned ones cannot gain much
         pk = (rate_kind, inter, rings)
         if pk not in placed:
@@ -261,53 +265,41 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
                 placed[pk].append((pl0, prepare(ctx, pl0)))
         for pl0, pre in placed[pk]:
             pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-            try:
-                plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
-            except PlanError as e:  # this variant's linear layout is over a set capacity: try the others
-                err = e
-                continue
-            if best is None or plan.predicted_iteration_s < best[0]:
-                best = (plan.predicted_iteration_s, k, pl, plan)
-    best = _fixed_shapes(lengths, ctx, best)  # the baselines' shapes too: Zeppelin never predicts slower
-    if best is None:
-        raise err
-    t, k, pl, plan = best
-    pl.meta["variant"] = k if isinstance(k, str) else "/".join(map(str, VARIANTS[k]))
-    pl.assembled = dc_replace(plan, meta=tuple(sorted((str(a), str(b)) for a, b in pl.meta.items())))
-    return pl
+            yield Candidate(pl, "/".join(map(str, VARIANTS[k])), prepared=pre)
+    yield from _fixed_shapes(lengths, ctx, search)  # the baselines' shapes: never predicted slower
 
 
-def _fixed_shapes(lengths, ctx: PlanContext, best):
-    """The best of ``best`` and every fixed-shape candidate (candidates.py): the baselines' shapes,
-    so that Zeppelin's prediction is never above theirs. Skipped when ``best`` is within NEAR_BOUND
-    of the lower bound (no plan can gain more); a candidate whose bound is above the best so far is
-    not assembled."""
+def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
+    """The winning placement, its ``meta['variant']`` naming the variant (the Plan itself:
+    ``plan_batch(..., strategy="zeppelin")``)."""
+    _, won = pick("zeppelin", lengths, ctx)
+    return replace(won.placement, meta=dict(won.placement.meta, variant=won.label))
+
+
+def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candidate]:
+    """Every fixed-shape candidate (candidates.py): the baselines' shapes, so that Zeppelin's
+    prediction is never above theirs. None when the best so far is within NEAR_BOUND of the lower
+    bound (no plan can gain more); in order of their bounds, until a bound reaches the best so far."""
     from dataclasses import replace as dc_replace
 
-    from .assemble import assemble, prepare
+    from .assemble import prepare
     from .candidates import candidate_placements, placement_key
-    if best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
-        return best
+    if search.within(NEAR_BOUND):
+        return
     cands, seen = [], set()
-    for bound, label, pl0 in candidate_placements(lengths, ctx, best[0] if best else float("inf")):
+    for bound, label, pl0 in candidate_placements(lengths, ctx, search.best_s):
         key = placement_key(pl0)
         if key not in seen:
             seen.add(key)
             cands.append((bound, label, pl0))
     cands.sort(key=lambda c: c[0])
     for bound, label, pl0 in cands:
-        if best is not None and bound >= best[0]:
+        if bound >= search.best_s:
             break
         pre = prepare(ctx, pl0)
         for remap in (("time", "off") if ctx.config.remap else ("off",)):
             pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-            try:
-                plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
-            except PlanError:
-                continue
-            if best is None or plan.predicted_iteration_s < best[0]:
-                best = (plan.predicted_iteration_s, f"{label}/{remap}", pl, plan)
-    return best
+            yield Candidate(pl, f"{label}/{remap}", prepared=pre)
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:
