@@ -18,12 +18,24 @@ from .recompute import Recompute
 from dataclasses import dataclass, field, replace
 from typing import Tuple
 
-STRATEGIES = ("zeppelin", "packed_dp", "static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp")
 ROUTING = ("auto", "multi-nic", "off")
 
 
 class ConfigError(ZeppelinError):
     pass
+
+
+def strategy_names() -> Tuple[str, ...]:
+    """The registered strategies (planner/strategies.py), read when first needed: the planner's
+    modules import this one."""
+    from .planner.strategies import names
+    return names()
+
+
+def __getattr__(name: str):
+    if name == "STRATEGIES":  # the registry's list, kept under its old name for the flags' choices
+        return strategy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -47,9 +59,9 @@ class ZeppelinConfig:
     sequence_parallel: bool = False  # Megatron's --sequence-parallel: layouts split over TP along tokens
 
     def __post_init__(self):
-        if self.strategy not in STRATEGIES:
+        if self.strategy not in strategy_names():
             raise ConfigError(f"unknown strategy '{self.strategy}' (set --zeppelin-strategy to one of "
-                              f"{', '.join(STRATEGIES)})")
+                              f"{', '.join(strategy_names())})")
         if self.routing not in ROUTING:
             raise ConfigError(f"unknown routing '{self.routing}' (set --zeppelin-routing to one of "
                               f"{', '.join(ROUTING)})")

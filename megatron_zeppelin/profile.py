@@ -32,6 +32,18 @@ class ProfileError(ZeppelinError):
 
 
 @dataclass(frozen=True)
+class NetworkLevel:
+    """A network level above the NICs' own (e.g. the spine of a rail-optimised fabric, joining
+    leaf groups): its link class ``name``, GB/s per NIC per direction, latency, and how many
+    consecutive nodes one of its domains joins (0: all nodes). A message between nodes that no
+    lower level joins takes this level's link: it leaves on the sender's NIC as any network hop."""
+    name: str
+    GBps: float
+    latency_us: float
+    nodes: int = 0
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     name: str
     gpu: str
@@ -68,11 +80,17 @@ class HardwareProfile:
     # costs a causal block of <= 512 tokens as much as a full one, so there it is ~2x the causal rate.
     attn_full_fwd_tflops: Tuple[float, ...] = ()
     attn_full_bwd_tflops: Tuple[float, ...] = ()
+    # Cluster levels above the node (YAML ``nic.nodes`` and ``levels``): the NIC level joins groups
+    # of ``nic_nodes`` consecutive nodes (0: all nodes, the usual two-level cluster); each further
+    # level (innermost first) joins groups of its ``nodes``, a multiple of the level below's.
+    nic_nodes: int = 0
+    levels: Tuple[NetworkLevel, ...] = ()
 
     def __post_init__(self):
         for f in ("attn_seqlen", "attn_fwd_tflops", "attn_bwd_tflops", "gpu_to_nic", "assumed",
-                  "attn_full_fwd_tflops", "attn_full_bwd_tflops"):
+                  "attn_full_fwd_tflops", "attn_full_bwd_tflops", "levels"):
             object.__setattr__(self, f, tuple(getattr(self, f)))
+        self._check_levels()
         n = len(self.attn_seqlen)
         if n == 0 or len(self.attn_fwd_tflops) != n or len(self.attn_bwd_tflops) != n:
             raise ProfileError(f"profile {self.name}: attention.seqlen, fwd_tflops and bwd_tflops must be "
@@ -96,10 +114,32 @@ class HardwareProfile:
         if not self.host_copy_GBps >= 0:
             raise ProfileError(f"profile {self.name}: host_copy_GBps must be >= 0 (0: messages take no CPU)")
 
+    def _check_levels(self) -> None:
+        names, below = {"nvlink", "nic"}, self.nic_nodes
+        for lv in self.levels:
+            if lv.name in names or not lv.name.isidentifier():
+                raise ProfileError(f"profile {self.name}: level '{lv.name}' must have a new identifier for a name")
+            names.add(lv.name)
+            if not lv.GBps > 0 or lv.latency_us < 0:
+                raise ProfileError(f"profile {self.name}: level {lv.name} needs GBps > 0 and latency_us >= 0")
+            if below == 0 or lv.nodes < 0 or (lv.nodes and lv.nodes % below):
+                raise ProfileError(f"profile {self.name}: level {lv.name} joins {lv.nodes} nodes; the level below "
+                                   f"joins {below or 'all'}: each level's domain must be a multiple of the one below")
+            below = lv.nodes
+        if self.nic_nodes < 0:
+            raise ProfileError(f"profile {self.name}: nic.nodes must be >= 0 (0: all nodes)")
+
     @property
     def links(self):
-        """Per link class (planner/types.py ``Link``): (GB/s per direction, latency in us)."""
-        return {"nvlink": (self.nvlink_GBps, self.nvlink_latency_us), "nic": (self.nic_GBps, self.nic_latency_us)}
+        """Per link class, innermost first (nvlink, nic, then ``levels``): (GB/s per direction, latency in us)."""
+        out = {"nvlink": (self.nvlink_GBps, self.nvlink_latency_us), "nic": (self.nic_GBps, self.nic_latency_us)}
+        out.update((lv.name, (lv.GBps, lv.latency_us)) for lv in self.levels)
+        return out
+
+    @property
+    def spans(self) -> Tuple[int, ...]:
+        """Nodes one domain of each network level joins (nic first; 0: all), for Topology.level_of."""
+        return (self.nic_nodes,) + tuple(lv.nodes for lv in self.levels)
 
     def attn_tflops(self, length: float, backward: bool = False) -> float:
         xs, ys = self.attn_seqlen, (self.attn_bwd_tflops if backward else self.attn_fwd_tflops)
@@ -124,6 +164,10 @@ class HardwareProfile:
                             "bwd_tflops": list(self.attn_bwd_tflops)}
         out["nvlink"] = {"GBps": self.nvlink_GBps, "latency_us": self.nvlink_latency_us}
         out["nic"] = {"GBps": self.nic_GBps, "latency_us": self.nic_latency_us}
+        if self.nic_nodes:
+            out["nic"]["nodes"] = self.nic_nodes
+        if self.levels:
+            out["levels"] = [asdict(lv) for lv in self.levels]
         out["assumed"] = list(self.assumed)
         if self.attn_call_fwd_us or self.attn_call_bwd_us:
             out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
@@ -154,7 +198,10 @@ class HardwareProfile:
                 attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)),
                 host_cores=float(d.get("host_cores", 0.0)), host_copy_GBps=float(d.get("host_copy_GBps", 0.0)),
                 attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
-                attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())))
+                attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())),
+                nic_nodes=int(nic.get("nodes", 0)),
+                levels=tuple(NetworkLevel(str(lv["name"]), float(lv["GBps"]), float(lv["latency_us"]),
+                                          int(lv.get("nodes", 0))) for lv in d.get("levels", ())))
         except ProfileError:
             raise
         except (KeyError, TypeError, ValueError) as e:

@@ -15,6 +15,16 @@ Example (2 nodes x 4 GPUs, 2 NICs per node, GPUs 0,1 on NIC 0 and 2,3 on NIC 1):
 (4, 5, 6, 7)
 >>> t.rail_ranks(0)
 (0, 4)
+
+Levels: ranks of one node are joined by NVLink (level 0); network levels join groups of
+consecutive nodes, innermost first (the profile's ``spans``: nodes per group, 0 = all). With a
+leaf switch per 2 nodes under a spine, ranks 0 and 5 of 4 nodes x 2 GPUs meet at the spine:
+
+>>> t4 = Topology(4, 2)
+>>> t4.level_of(0, 1, (2, 0)), t4.level_of(0, 3, (2, 0)), t4.level_of(0, 5, (2, 0)), t4.level_of(0, 5, (0,))
+(0, 1, 2, 1)
+>>> link_ports("spine", 0, 5, 0, t4)   # a network hop uses its NICs, and above the NIC level its level's ports
+(('nic_out', 0), ('nic_in', 5), ('spine_out', 0), ('spine_in', 5))
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from .errors import ZeppelinError
 
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
 
 class TopologyError(ZeppelinError):
@@ -95,6 +105,18 @@ class Topology:
     def same_node(self, a: int, b: int) -> bool:
         return self.node_of(a) == self.node_of(b)
 
+    def level_of(self, a: int, b: int, spans: Sequence[int]) -> int:
+        """The level joining ranks ``a`` and ``b``: 0 inside a node, else 1 + the index of the first
+        network level whose group (``spans[i]`` consecutive nodes, 0 = all) holds both nodes."""
+        na, nb = self.node_of(a), self.node_of(b)
+        if na == nb:
+            return 0
+        for i, span in enumerate(spans):
+            if span == 0 or na // span == nb // span:
+                return i + 1
+        raise TopologyError(f"no cluster level joins nodes {na} and {nb}: the profile's top level joins "
+                            f"{spans[-1]} nodes but the domain has {self.nodes} (give the top level nodes: 0)")
+
     def describe(self) -> str:
         return (f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s), {self.nics_per_node} NIC(s)/node, "
                 f"gpu->nic {list(self.gpu_to_nic)}")
@@ -140,3 +162,15 @@ class Topology:
             per = int(str(per).split("(")[0].split(",")[0])
             return cls(nodes, per, nics_per_node, tuple(gpu_to_nic))
         raise TopologyError("no torchrun or SLURM environment found: pass --nodes and --zeppelin-gpus-per-node")
+
+
+def link_ports(link: str, src: int, dst: int, nic: int, topo: Topology) -> Tuple[Tuple[str, int], ...]:
+    """The ports a message on link class ``link`` loads (the prediction and the simulator share
+    them): NVLink, the GPUs' out- and in-ports; a network hop leaves on NIC ``nic`` (the sender's
+    if < 0) and arrives on the NIC wired to ``dst``; above the NIC level it also loads that level's
+    port of both NICs (their share of the level's links, the profile's per-NIC bandwidth)."""
+    if link == "nvlink":
+        return ("nv_out", src), ("nv_in", dst)
+    out, into = nic if nic >= 0 else topo.nic_of(src), topo.nic_of(dst)
+    ports = (("nic_out", out), ("nic_in", into))
+    return ports if link == "nic" else ports + ((f"{link}_out", out), (f"{link}_in", into))

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed.counters import CommCounters
+from ..distributed.tags import ExchangeTags
 from ..planner.program import attention_program
 from ..planner.types import CommOp, Plan, PlanError, Ring
 from .kernels import attend_pairs, attend_pairs_backward
@@ -32,9 +33,11 @@ from .view import RankView
 @dataclass(frozen=True)
 class RingContext:
     """What the program runner (runner.py) reads for one engine call: this rank's view
-    of the plan, its rings and schedule, the group, the counters and the kernel settings."""
+    of the plan, its rings and schedule, the group and its tag sequence, the counters and the kernel
+    settings."""
     rank: int
     group: object
+    tags: ExchangeTags
     view: RankView
     rings: Tuple[Ring, ...]
     ops: Mapping[Tuple[str, int], Tuple[CommOp, ...]]  # the schedule by (queue, step)
@@ -49,7 +52,8 @@ class RingContext:
 
 class AttentionEngine:
     def __init__(self, plan: Plan, rank: int, group, *, groups=None, softmax_scale: Optional[float] = None,
-                 counters: Optional[CommCounters] = None, backend: str = "auto"):
+                 counters: Optional[CommCounters] = None, backend: str = "auto",
+                 tags: Optional[ExchangeTags] = None):
         if not 0 <= rank < plan.world_size:
             raise PlanError(f"rank {rank} is outside the plan's domain of {plan.world_size} ranks "
                             "(pass the domain group's rank)")
@@ -61,6 +65,10 @@ class AttentionEngine:
         self.scale_override = softmax_scale
         self.counters = counters if counters is not None else CommCounters()
         self.backend = backend
+        # The group's tag sequence: a caller keeping exchanges on the group beyond this engine passes
+        # (and drains) its own; else the engine owns one and drains it when each pass ends, so that no
+        # relay of this engine can meet the messages of the next engine on the group.
+        self.tags, self._owns_tags = (tags, False) if tags is not None else (ExchangeTags(), True)
         self.view = RankView.build(plan.docs, plan.rings, plan.attention_layout, rank)
         self._ops: Dict[Tuple[str, int], Tuple[CommOp, ...]] = {}
         for o in plan.schedule:
@@ -68,11 +76,11 @@ class AttentionEngine:
             self._ops[(o.queue, o.step)] += (o,)
         self.scale = 1.0
         has_local = any(d.cls == "local" for d in plan.docs)  # the plan's, not this rank's: one program
-        self.program = {bw: attention_program(plan.rings, has_local, bw) for bw in (False, True)}
+        self.program = {bw: attention_program(plan.rings, has_local, bw, plan.schedule) for bw in (False, True)}
 
     def context(self) -> RingContext:
-        return RingContext(self.rank, self.group, self.view, self.plan.rings, self._ops, self.counters, self.scale,
-                           self.backend)
+        return RingContext(self.rank, self.group, self.tags, self.view, self.plan.rings, self._ops, self.counters,
+                           self.scale, self.backend)
 
     # --- validation -----------------------------------------------------------------------
     def _check(self, q, k, v) -> None:
@@ -109,12 +117,17 @@ class AttentionEngine:
         rows = [slice(self.view.offset[s], self.view.offset[s] + len(s)) for s in self.view.local]
         return [(r, r, 0) for r in rows]
 
+    def _end_pass(self) -> None:
+        if self._owns_tags:
+            self.tags.drain()
+
     def forward(self, q, k, v):
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
         out = torch.zeros(q.shape, dtype=acc, device=q.device)
         lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
         LayerRun(self.context(), q, k, v, out, lse, lambda: self._local_forward(q, k, v, out, lse)
                  ).run(self.program[False])
+        self._end_pass()
         return out.to(q.dtype), lse
 
     def backward(self, q, k, v, out, lse, dout):
@@ -125,6 +138,7 @@ class AttentionEngine:
         dout = dout.to(q.dtype)
         LayerRun(self.context(), q, k, v, out, lse, lambda: self._local_backward(q, k, v, out, lse, dout, dq, dk, dv),
                  grads=(dout, dq, dk, dv)).run(self.program[True])
+        self._end_pass()
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -126,7 +126,7 @@ class LayerRun:
         c = self.ctx
         ex = StepExchange(c.step_ops(x.queue, x.step, rings), c.rank, c.group, pay, self.width, dtype=self.k.dtype,
                           device=self.k.device, reverse=x.reverse, counters=c.counters,
-                          phase="bwd" if self.backward else "fwd", tag=TAGS[kind]).start()
+                          phase="bwd" if self.backward else "fwd", tag=TAGS[kind], tags=c.tags).start()
         self.ex[x.name] = (ex, x)
 
     def wait(self, x: Wait) -> None:

@@ -50,7 +50,7 @@ class CommCounters:
 
     def _add_bytes(self, link, nic, nbytes, step_key, rows) -> None:
         self.bytes_by_link[link] = self.bytes_by_link.get(link, 0) + nbytes
-        if link == "nic" and nic >= 0:
+        if link != "nvlink" and nic >= 0:  # every network level's hop leaves on a NIC
             self.bytes_by_nic[nic] = self.bytes_by_nic.get(nic, 0) + nbytes
         self.bytes_by_step[step_key] = self.bytes_by_step.get(step_key, 0) + nbytes
         self.rows_by_step[step_key] = self.rows_by_step.get(step_key, 0) + rows

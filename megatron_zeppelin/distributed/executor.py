@@ -11,28 +11,29 @@ Progress (each piece as soon as its data is there, independent of the caller's c
 communication stream does on GPUs; planner/predict.py times exactly this): start() posts, on the
 caller's thread, every receive of this rank and every send of the messages it originates. A relay
 thread (one per exchange that has any) then forwards each piece the moment it has arrived, in
-stage order (STAGES, reversed for ``reverse``). wait() returns once this rank's own messages are
-done (its sends left, the messages ending here assembled): a pure proxy does not wait for the pieces
-it relays. On CUDA the relay runs on a side stream; wait() joins it only when a relayed piece ends
-on this rank, and then orders the caller's stream after the relay's copies. Not yet run on NCCL,
+phase order (planner/program.py ``exchange_phases``: dispatch, transfer, combine; reversed for
+``reverse``). wait() returns once this rank's own messages are done (its sends left, the messages
+ending here assembled): a pure proxy does not wait for the pieces it relays. On CUDA the relay
+runs on a side stream; wait() joins it only when a relayed piece ends on this rank, and then
+orders the caller's stream after the relay's copies. Not yet run on NCCL,
 which matches point-to-point messages by posting order, not by tag: relays posted from a second
 thread need their own communicator there.
 
-Tags: ``(tag * SLOTS + slot) << OP_BITS`` + op index (unique per op: matching is by tag, so posting
-order does not matter on gloo). ``tag`` (0 <= tag < MAX_TAG) separates the exchanges a caller keeps
-in flight together; ``slot`` rotates over SLOTS consecutive exchanges of the same (group, tag) so a
-relay still running cannot meet the next step's messages; start() first joins the relay SLOTS
-exchanges back in its slot (bounded by the group's timeout, re-raising its error) and
-``drain_relays()`` joins them all (the engine calls it at the end of each forward and backward).
-Every rank of the domain must build its StepExchanges from the same op lists in the same order (the
-ops come from the Plan, which all ranks share): tags and slots then agree and nothing deadlocks.
+Tags (distributed/tags.py): an exchange takes its tag slot from the ``ExchangeTags`` of its group,
+passed explicitly (``tags=``); ``tag`` separates the exchanges a caller keeps in flight together;
+start() first joins the relay last run in its slot (bounded by the group's timeout, re-raising its
+error), and ``ExchangeTags.drain()`` joins them all. Every rank of the domain must build its
+StepExchanges from the same op lists in the same order, from one ExchangeTags per group (the ops come
+from the Plan, which all ranks share): tags and slots then agree and nothing deadlocks.
 
 Worked example (no communication needed): one direct op of 2 rows from rank 0 to itself.
 
 >>> import torch
 >>> from megatron_zeppelin.planner.types import CommOp
 >>> op = CommOp("intra", 0, 0, 0, 0, 0, 0, 0, 0, 2, 8, "nvlink", -1, "direct")
->>> ex = StepExchange([op], rank=0, group=None, payload={(0, 0): torch.arange(4.).view(2, 2)}, width=2)
+>>> from megatron_zeppelin.distributed.tags import ExchangeTags
+>>> ex = StepExchange([op], rank=0, group=None, payload={(0, 0): torch.arange(4.).view(2, 2)}, width=2,
+...                   tags=ExchangeTags())
 >>> ex.start().wait()[(0, 0, 0)].tolist()
 [[0.0, 1.0], [2.0, 3.0]]
 """
@@ -44,32 +45,14 @@ from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.distributed as dist
 
-from ..planner.types import STAGES, CommOp
+from ..planner.program import exchange_phases
+from ..planner.types import CommOp
 from .counters import CommCounters
 from .p2p import CommError, P2PExchange, group_timeout_s
+from .tags import MAX_TAG, OP_BITS, SLOTS, ExchangeTags
 
 Key = Tuple[int, int, int, int]  # (ring, block, msg_src, msg_dst)
-SLOTS, OP_BITS = 8, 18  # gloo tags are int32: (tag * SLOTS + slot) < 2**(31 - OP_BITS)
-MAX_TAG = 2 ** (31 - OP_BITS) // SLOTS
-
-_REG_LOCK = threading.Lock()
-_SEQ: Dict[tuple, int] = {}  # (group, tag) -> exchanges created so far on this rank
-_LIVE: Dict[tuple, "StepExchange"] = {}  # (group, tag, slot) -> the last exchange with a relay thread
-
-
-def _group_key(group):
-    return "world" if group is None or group is dist.group.WORLD else group
-
-
-def drain_relays() -> None:
-    """Join every relay still running on this rank (bounded), re-raising the first error."""
-    with _REG_LOCK:
-        live = list(_LIVE.values())
-        _LIVE.clear()
-    for ex in live:
-        ex._join()
 
 
 def mirror(op: CommOp) -> CommOp:
@@ -82,13 +65,14 @@ class StepExchange:
 
     payload: messages this rank originates, keyed (ring, block, msg_dst) or (ring, block), each a
     ``[rows, width]`` tensor, unchanged until wait(). ``width``: channels per row, an int or
-    ``f(ring) -> int``. wait() returns the messages that end here, keyed (ring, block, msg_src).
+    ``f(ring) -> int``. ``tags``: the group's tag sequence (distributed/tags.py). wait() returns the
+    messages that end here, keyed (ring, block, msg_src).
     """
 
     def __init__(self, ops: Sequence[CommOp], rank: int, group, payload: Dict[tuple, torch.Tensor],
                  width: Union[int, Callable[[int], int]], *, dtype: Optional[torch.dtype] = None,
                  device=None, reverse: bool = False, counters: Optional[CommCounters] = None,
-                 phase: str = "fwd", tag: int = 0):
+                 phase: str = "fwd", tag: int = 0, tags: ExchangeTags):
         ops = [mirror(o) for o in ops] if reverse else list(ops)
         self.ops = ops
         self.rank, self.group, self.payload = rank, group, payload
@@ -100,13 +84,10 @@ class StepExchange:
         if not 0 <= tag < MAX_TAG or len(ops) >= 2 ** OP_BITS:
             raise CommError(f"StepExchange tag {tag} must be in [0, {MAX_TAG}) and hold < {2 ** OP_BITS} "
                             f"ops (got {len(ops)})")
-        with _REG_LOCK:
-            k = (_group_key(group), tag)
-            seq = _SEQ.get(k, 0)
-            _SEQ[k] = seq + 1
-        self._slot_key = k + (seq % SLOTS,)
-        self._tag = (tag * SLOTS + seq % SLOTS) << OP_BITS
-        order = {st: j for j, st in enumerate(tuple(reversed(STAGES)) if reverse else STAGES)}
+        self.tags = tags
+        self._slot = (tag, tags.take(tag))
+        self._tag = (tag * SLOTS + self._slot[1]) << OP_BITS
+        order = {st: j for j, st in enumerate(exchange_phases(reverse=reverse))}
         # this rank's ops as (index, op) (the index is the op's tag: the same on both sides)
         mine = sorted(((i, o) for i, o in enumerate(ops) if rank in (o.src, o.dst)),
                       key=lambda x: (order[x[1].stage], x[0]))
@@ -206,10 +187,9 @@ class StepExchange:
         if self._state != "new":
             raise CommError(f"StepExchange.start() called twice (state {self._state})")
         self._state = "started"
-        with _REG_LOCK:
-            prev = _LIVE.pop(self._slot_key, None)
+        prev = self.tags.release(*self._slot)
         if prev is not None:  # its messages used this slot's tags: they must all have matched
-            prev._join()
+            prev.join()
         self._exs: List[P2PExchange] = []
         self._count()
         sends, recvs = [], []
@@ -225,8 +205,7 @@ class StepExchange:
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))  # buffers are allocated
             self._thread = threading.Thread(target=self._relay, daemon=True,
                                             name=f"zeppelin-relay-r{self.rank}-t{self._tag >> OP_BITS}")
-            with _REG_LOCK:
-                _LIVE[self._slot_key] = self
+            self.tags.hold(*self._slot, self)
             self._thread.start()
         return self
 
@@ -261,7 +240,7 @@ class StepExchange:
     def _limit(self) -> float:
         return group_timeout_s(self.group) + 30.0  # the requests themselves time out first
 
-    def _join(self) -> None:
+    def join(self) -> None:
         """Wait for the whole relay (bounded); re-raise its error."""
         self._thread.join(self._limit())
         if self._thread.is_alive():
@@ -288,7 +267,7 @@ class StepExchange:
         # the simulator time it so); only a relayed self-hop ending here makes this rank join.
         joined = self._thread is not None and any(o.dst == o.msg_dst for _, o in self._relayed)
         if joined:
-            self._join()
+            self.join()
         if self._thread is None:
             for ex in self._exs:  # everything was waited above: this only marks the handles done
                 ex.wait()

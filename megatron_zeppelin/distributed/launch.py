@@ -110,11 +110,6 @@ def _worker(fn, rank, world_size, port, backend, q, args, timeout, start_timeout
         q.put((rank, "err", traceback.format_exc()))
     finally:
         try:
-            from .executor import drain_relays
-            drain_relays()  # relays of others' pieces may outlive this rank's last wait()
-        except Exception:
-            pass
-        try:
             if dist.is_initialized():
                 dist.destroy_process_group()
         except Exception:

@@ -16,10 +16,9 @@ from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
 from ..recompute import Recompute
 from ..topology import Topology
-from .assemble import assemble
 from .context import Placement, PlanContext
 from .cost_model import CostModel
-from .strategies import get_strategy
+from .strategies import pick
 from .types import Plan, PlanError
 
 __all__ = ["plan_batch", "make_context", "Plan", "PlanError", "PlanContext", "Placement", "CostModel"]
@@ -72,8 +71,7 @@ def plan_batch(lengths: Sequence[int], topology: Topology, profile: HardwareProf
     paused = gc.isenabled()
     gc.disable()
     try:
-        placement = get_strategy(name)(lengths, ctx)
-        return assemble(name, lengths, ctx, placement)
+        return pick(name, lengths, ctx)[0]
     finally:
         if paused:
             gc.enable()

@@ -22,7 +22,7 @@ from .predict import lower_bound, predict, ring_costs
 from .remap import plan_remap
 from .types import PlanError
 from .schedule import ring_ops
-from .types import CLASSES, Plan
+from .types import CLASSES, Plan, PlanMeta
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
                         key=attrgetter("doc")))
     att = attention_layout(docs, rings, topo.world_size)
     dmap = {d.doc: d for d in docs}
-    ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token)
+    ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of)
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
@@ -59,8 +59,6 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
 
 def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
              prepared: Optional[Prepared] = None) -> Plan:
-    if placement.assembled is not None and placement.assembled.strategy == strategy:
-        return placement.assembled  # the strategy already assembled this exact placement
     topo, cost = ctx.topology, ctx.cost
     pre = prepared or prepare(ctx, placement)
     docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
@@ -84,7 +82,7 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
                 rings=rings, attention_layout=att, linear_layout=lin, remap=tuple(moves),
                 schedule=tuple(ops), cost=rank_cost, lower_bound_s=lower_bound(lengths, cost),
                 thresholds=placement.thresholds, kv_bytes_per_token=cost.kv_bytes_per_token,
-                meta=plan_meta(placement.meta, cost),
+                meta=PlanMeta.from_pairs(plan_meta(placement.meta, cost)),
                 allreduce_s=cost.dp_allreduce_s())
 
 

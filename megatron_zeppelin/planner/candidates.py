@@ -76,7 +76,7 @@ def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float
             pl = build()
         except PlanError:
             continue
-        pl = replace(pl, remap=False, balance_linear=False, routing=False, assembled=None, meta=dict(pl.meta))
+        pl = replace(pl, remap=False, balance_linear=False, routing=False, meta=dict(pl.meta))
         pl.meta["shape"] = label
         b = attention_bound(pl, ctx)
         yield b, label, pl

@@ -195,15 +195,16 @@ def check_schedule(plan: Plan) -> None:
     want = expected_messages(plan)
     by_msg: Dict[Tuple, list] = defaultdict(list)
     for o in plan.schedule:
-        if o.stage not in STAGES or o.link not in LINKS or o.queue not in RING_QUEUES:
+        # link classes beyond nvlink and nic come from the profile (its levels): any identifier
+        if o.stage not in STAGES or not (o.link in LINKS or str(o.link).isidentifier()) or o.queue not in RING_QUEUES:
             raise PlanError(f"schedule: op {o} has a bad stage, link or queue")
         if not (0 <= o.src < W and 0 <= o.dst < W) or o.src == o.dst:
             raise PlanError(f"schedule: op {o} has bad ranks")
         if not (0 <= o.start < o.stop) or o.nbytes != (o.stop - o.start) * kvb:
             raise PlanError(f"schedule: op {o} bytes do not match its token rows")
-        if (o.link == "nic") == topo.same_node(o.src, o.dst):
+        if (o.link != "nvlink") == topo.same_node(o.src, o.dst):
             raise PlanError(f"schedule: op {o} link {o.link} does not match the ranks' nodes")
-        if o.link == "nic" and o.nic != topo.nic_of(o.src):
+        if o.link != "nvlink" and o.nic != topo.nic_of(o.src):
             raise PlanError(f"schedule: op {o} leaves on NIC {o.nic}, not on the NIC of rank {o.src}")
         if o.link == "nvlink" and o.nic != -1:
             raise PlanError(f"schedule: NVLink op {o} names NIC {o.nic}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from ..config import ZeppelinConfig
 from ..model_spec import ModelSpec
@@ -36,6 +36,3 @@ class Placement:
     # communication + linear time (node totals kept: NVLink moves only), not an equal token count.
     balance_linear: bool = False
     meta: Dict[str, str] = field(default_factory=dict)
-    # The Plan this exact placement already assembled into (a strategy that compared variants by
-    # assembling them); assemble() returns it instead of building it again.
-    assembled: Optional["Plan"] = None

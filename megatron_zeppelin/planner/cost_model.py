@@ -31,7 +31,7 @@ from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
 from ..recompute import Recompute
 from ..topology import Topology
-from .types import Link
+from .types import LINKS, Link
 
 BWD_FLOPS = 2.5  # backward attention FLOPs / forward FLOPs (FlashAttention convention)
 LINEAR_PASSES = 3.0  # forward + backward (input and weight gradients) of a GEMM
@@ -166,8 +166,17 @@ class CostModel:
     def hidden_bytes_per_token(self) -> int:
         return self.model.hidden * self.model.dtype_bytes
 
-    def link_of(self, src: int, dst: int) -> Link:
-        return Link.NVLINK if self.topology.same_node(src, dst) else Link.NIC
+    def link_of(self, src: int, dst: int) -> str:
+        """The link class joining two ranks: the lowest cluster level that holds both (the profile's
+        levels: nvlink, nic, then any further level such as a spine; Topology.level_of)."""
+        if self.topology.same_node(src, dst):
+            return Link.NVLINK
+        return self.link_classes[self.topology.level_of(src, dst, self.profile.spans)]
+
+    @cached_property
+    def link_classes(self) -> tuple:
+        """Every link class of the profile, innermost first (Link members for nvlink and nic)."""
+        return tuple(Link(k) if k in LINKS else k for k in self.profile.links)
 
     @cached_property
     def _links(self):  # {link: (bytes per second, seconds of latency)}: a hot path of predict

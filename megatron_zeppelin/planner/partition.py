@@ -46,13 +46,14 @@ slower than a baseline's shape.
 from __future__ import annotations
 
 import heapq
-from typing import Dict, List, Sequence, Tuple
+from dataclasses import replace
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from .assemble import MEMORY_BALANCE
 from .context import Placement, PlanContext
 from .layout import zigzag_bounds
+from .strategies import Candidate, Search, pick, strategy
 from .thresholds import inter_share, zeppelin_thresholds
 from .types import DocPlan, PlanError, Ring
 
@@ -236,76 +237,20 @@ VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m i
     ("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off")))
 
 
-# Memory as a constraint with a price: when the fastest plan's per-rank peak activation memory is
-# over MEMORY_BALANCE x the mean (assemble.py), the fastest plan within it is taken instead if it
-# is at most MEMORY_SLACK slower and no slower than any baseline shape assembled (candidates.py:
-# Zeppelin still never predicts slower than a baseline). Remap off moves nothing but leaves the
-# attention layout's token imbalance in memory; the time-balanced remap, capped by memory, evens
-# it out inside each node (not across nodes: a node running a long document's ring while the other
-# nodes take the short documents stays imbalanced).
-MEMORY_SLACK = 0.03
-
-
-class _Choice:
-    """The fastest plan so far and the fastest whose memory is balanced: (seconds, variant,
-    placement, plan) each, or None."""
-
-    def __init__(self, ctx: PlanContext):
-        from .assemble import activation_weights
-        self.best = self.fit = self.shape = None
-        self.weights = activation_weights(ctx.cost)
-
-    def offer(self, plan, k, pl, pre) -> None:
-        t = plan.predicted_iteration_s
-        if isinstance(k, str) and (self.shape is None or t < self.shape[0]):
-            self.shape = (t, k, pl, plan)  # a baseline's shape (fixed_shape_candidates)
-        if self.best is not None and t >= self.best[0] and self.fit is not None and t >= self.fit[0]:
-            return
-        mem = _memory_imbalance(plan, pre, self.weights)
-        if self.best is None or t < self.best[0]:
-            self.best = (t, k, pl, plan)
-        if (self.fit is None or t < self.fit[0]) and mem <= MEMORY_BALANCE:
-            self.fit = (t, k, pl, plan)
-
-    def pick(self):
-        b, f = self.best, self.fit
-        if b is None or f is None or f is b or f[0] > (1 + MEMORY_SLACK) * b[0]:
-            return b
-        if self.shape is not None and f[0] > self.shape[0]:
-            return b
-        return f
-
-
-def _memory_imbalance(plan, pre, weights) -> float:
-    """Per-rank peak activation memory, max / mean: attention tokens from the prepared placement,
-    linear tokens after the remap's moves."""
-    a, l = weights
-    att = np.asarray(pre.att_tokens, dtype=np.float64)
-    lin = att.copy()
-    if plan.remap:
-        n = np.array([mv.tokens for mv in plan.remap], dtype=np.float64)
-        np.subtract.at(lin, np.array([mv.src for mv in plan.remap]), n)
-        np.add.at(lin, np.array([mv.dst for mv in plan.remap]), n)
-    mem = a * att + l * lin
-    mean = float(mem.mean())
-    return float(mem.max()) / mean if mean > 0 else 1.0
-
-
-def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    """The variant with the lowest predicted iteration (memory balanced where that costs at most
-    MEMORY_SLACK). A placement is computed once per (rate, inter) and prepared (layout, routed
-    schedule, ring costs) once; its remap variants share that."""
+@strategy("zeppelin", order=0, searches=True)
+def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search) -> Iterator[Candidate]:
+    """Every variant worth assembling (strategies.pick keeps the lowest predicted iteration). A
+    placement is computed once per (rate, inter) and prepared (layout, routed schedule, ring costs)
+    once; its remap variants share that."""
     from dataclasses import replace as dc_replace
 
-    from .assemble import assemble, plan_meta, prepare  # late: assemble consumes Placements
+    from .assemble import prepare  # late: assemble consumes Placements
 
-    seen, placed, err, memo = [], {}, None, {}
-    choice = _Choice(ctx)
+    seen, placed, memo = [], {}, {}
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
-        best = choice.pick()
-        if rings == "aligned" and best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
+        if rings == "aligned" and search.within(NEAR_BOUND):
             break  # the free rings are already near the lower bound: aligned ones cannot gain much
         pk = (rate_kind, inter, rings)
         if pk not in placed:
@@ -320,53 +265,41 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
                 placed[pk].append((pl0, prepare(ctx, pl0)))
         for pl0, pre in placed[pk]:
             pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-            try:
-                plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
-            except PlanError as e:  # this variant's linear layout is over a set capacity: try the others
-                err = e
-                continue
-            choice.offer(plan, k, pl, pre)
-    _fixed_shapes(lengths, ctx, choice)  # the baselines' shapes too: Zeppelin never predicts slower
-    best = choice.pick()
-    if best is None:
-        raise err
-    t, k, pl, plan = best
-    pl.meta["variant"] = k if isinstance(k, str) else "/".join(map(str, VARIANTS[k]))
-    pl.assembled = dc_replace(plan, meta=plan_meta(pl.meta, ctx.cost))
-    return pl
+            yield Candidate(pl, "/".join(map(str, VARIANTS[k])), prepared=pre)
+    yield from _fixed_shapes(lengths, ctx, search)  # the baselines' shapes: never predicted slower
 
 
-def _fixed_shapes(lengths, ctx: PlanContext, choice: "_Choice"):
-    """Offer ``choice`` every fixed-shape candidate (candidates.py): the baselines' shapes, so that
-    Zeppelin's prediction is never above theirs. Skipped when the choice so far is within NEAR_BOUND
-    of the lower bound (no plan can gain more); a candidate whose bound is above the fastest so far
-    is not assembled."""
+def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
+    """The winning placement, its ``meta['variant']`` naming the variant (the Plan itself:
+    ``plan_batch(..., strategy="zeppelin")``)."""
+    _, won = pick("zeppelin", lengths, ctx)
+    return replace(won.placement, meta=dict(won.placement.meta, variant=won.label))
+
+
+def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candidate]:
+    """Every fixed-shape candidate (candidates.py): the baselines' shapes, so that Zeppelin's
+    prediction is never above theirs. None when the best so far is within NEAR_BOUND of the lower
+    bound (no plan can gain more); in order of their bounds, until a bound reaches the best so far."""
     from dataclasses import replace as dc_replace
 
-    from .assemble import assemble, prepare
+    from .assemble import prepare
     from .candidates import candidate_placements, placement_key
-    best = choice.pick()
-    if best is not None and best[0] <= NEAR_BOUND * best[3].lower_bound_s:
+    if search.within(NEAR_BOUND):
         return
     cands, seen = [], set()
-    for bound, label, pl0 in candidate_placements(lengths, ctx, best[0] if best else float("inf")):
+    for bound, label, pl0 in candidate_placements(lengths, ctx, search.best_s):
         key = placement_key(pl0)
         if key not in seen:
             seen.add(key)
             cands.append((bound, label, pl0))
     cands.sort(key=lambda c: c[0])
     for bound, label, pl0 in cands:
-        best = choice.pick()  # a shape below the plan to be picked may veto a memory-balanced pick
-        if best is not None and bound >= best[0]:
+        if bound >= search.best_s:
             break
         pre = prepare(ctx, pl0)
         for remap in (("time", "off") if ctx.config.remap else ("off",)):
             pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-            try:
-                plan = assemble("zeppelin", lengths, ctx, pl, prepared=pre)
-            except PlanError:
-                continue
-            choice.offer(plan, f"{label}/{remap}", pl, pre)
+            yield Candidate(pl, f"{label}/{remap}", prepared=pre)
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:

@@ -22,6 +22,7 @@ from collections import defaultdict
 import numpy as np
 from typing import Dict, List, Sequence, Tuple
 
+from ..topology import link_ports
 from .cost_model import LINEAR_PASSES, CostModel
 from .moe_cost import moe_pass_s
 from .program import AttentionWork, Compute, Post, attention_program
@@ -29,9 +30,7 @@ from .types import MIRROR, STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segmen
 
 
 def _link_keys(op: CommOp, cost: CostModel):
-    if op.link == "nic":  # leaves on NIC op.nic, arrives on the NIC wired to the destination GPU
-        return (("nic_out", op.nic), ("nic_in", cost.topology.nic_of(op.dst)))
-    return (("nv_out", op.src), ("nv_in", op.dst))
+    return link_ports(op.link, op.src, op.dst, op.nic, cost.topology)
 
 
 def step_message_times(ops: Sequence[CommOp], cost: CostModel, scale: float = 1.0) -> Dict[Tuple, float]:
@@ -53,12 +52,7 @@ def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None)
     """(stage, src, dst, bytes, (out-link key, in-link key), link, own, piece) as the simulator's
     LinkTable keys it; ``own``: (the sender originates the message, the receiver is its
     destination); ``piece``: (message key, start, stop), or None for a one-hop message."""
-    topo = cost.topology
-    if link == "nic":
-        keys = (("nic_out", nic if nic >= 0 else topo.nic_of(src)), ("nic_in", topo.nic_of(dst)))
-    else:
-        keys = (("nv_out", src), ("nv_in", dst))
-    return (stage, src, dst, nbytes, keys, link, own, piece)
+    return (stage, src, dst, nbytes, link_ports(link, src, dst, nic, cost.topology), link, own, piece)
 
 
 def _op_hops(ops, cost, reverse=False):
@@ -66,7 +60,7 @@ def _op_hops(ops, cost, reverse=False):
     if not reverse:
         return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost, (o.src == o.msg_src, o.dst == o.msg_dst),
                      ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)) for o in ops]
-    return [_hop(MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link == "nic" else -1, cost,
+    return [_hop(MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link != "nvlink" else -1, cost,
                  (o.dst == o.msg_dst, o.src == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop))
             for o in ops]
 
@@ -130,8 +124,8 @@ def _prepared_exchange(hops, cost, also=()) -> list:
     busiest link's bytes or None for a copy to itself, src owns, dst owns, piece)."""
     load: Dict[Tuple, float] = defaultdict(float)
     for h in list(hops) + list(also):
-        load[(h[0],) + h[4][0]] += h[3]
-        load[(h[0],) + h[4][1]] += h[3]
+        for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
+            load[(h[0],) + k] += h[3]
     by_stage: Dict[str, list] = defaultdict(list)
     for h in hops:
         by_stage[h[0]].append(h)
@@ -139,7 +133,7 @@ def _prepared_exchange(hops, cost, also=()) -> list:
     for stage in STAGES:
         for h in by_stage.get(stage, ()):
             _, src, dst, _, keys, link, (src_own, dst_own), piece = h
-            sec = None if src == dst else max(load[(stage,) + keys[0]], load[(stage,) + keys[1]]) / cost.bandwidth(link)
+            sec = None if src == dst else max([load[(stage,) + k] for k in keys]) / cost.bandwidth(link)
             out.append((src, dst, cost.latency(link), sec, src_own, dst_own, piece))
     return out
 
@@ -285,7 +279,7 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     remap_f = [_hop("direct", mv.src, mv.dst, mv.tokens * cost.hidden_bytes_per_token,
                     cost.link_of(mv.src, mv.dst), cost.topology.nic_of(mv.src), cost) for mv in moves if mv.tokens]
     topo = cost.topology
-    remap_b = [_hop("direct", x[2], x[1], x[3], x[5], topo.nic_of(x[2]) if x[5] == "nic" else -1, cost) for x in remap_f]
+    remap_b = [_hop("direct", x[2], x[1], x[3], x[5], topo.nic_of(x[2]) if x[5] != "nvlink" else -1, cost) for x in remap_f]
     attn_busy, lin_busy, remap_t = np.zeros(world), np.zeros(world), np.zeros(world)
     total = np.zeros(world)
 

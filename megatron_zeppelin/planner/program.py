@@ -23,11 +23,11 @@ chunks 0 and 3 (1 + 2 tokens), member 1 chunks 1 and 2 (2 + 1 tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .types import RING_QUEUES, DocPlan, Ring
+from .types import RING_QUEUES, STAGES, CommOp, DocPlan, Ring, Stage
 
 
 def ring_step_blocks(ring: Ring, docs: Dict[int, DocPlan], member: int, step: int) -> List[Tuple[int, int, bool]]:
@@ -109,6 +109,21 @@ def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps
 
 
 # --- the program of one layer's core attention --------------------------------------------------
+def exchange_phases(stages: Sequence[str] = STAGES, reverse: bool = False) -> Tuple[Stage, ...]:
+    """The phases of one exchange in the order its hops run, named as the paper names them:
+    ``dispatch`` (NVLink, the source GPU to the proxies of its node), ``transfer`` (one piece per
+    NIC, to a proxy at the destination node), ``combine`` (NVLink, to the destination); a ``direct``
+    hop starts with the first. ``reverse`` (gradients going home over the mirrored hops): the other
+    way round. Only the phases among ``stages`` (those an exchange's ops use).
+
+    >>> exchange_phases(), exchange_phases(("direct", "combine", "dispatch"), reverse=True)
+    (('direct', 'dispatch', 'transfer', 'combine'), ('combine', 'dispatch', 'direct'))
+    """
+    order = tuple(reversed(STAGES)) if reverse else STAGES
+    return tuple(s for s in order if s in stages)
+
+
+
 @dataclass(frozen=True)
 class Compute:
     """Attention kernels on every rank: the blocks of ``rings`` (ids) at the ring ``steps`` (the
@@ -126,17 +141,22 @@ class Compute:
 class Post:
     """Start an exchange (every rank posts it): the Plan's CommOps of (``queue``, ``step``) of
     ``rings``; ``reverse``: mirrored (partial dK/dV home). ``shares``: exchanges in flight with it
-    on the same links (named by ``name``), for a model that times exchanges one by one."""
+    on the same links (named by ``name``), for a model that times exchanges one by one.
+    ``phases``: the routing phases its ops run, in order (exchange_phases; known when the program
+    is made with the Plan's schedule)."""
     name: str
     queue: str
     step: int
     rings: Tuple[int, ...]
     reverse: bool = False
     shares: Tuple[str, ...] = ()
+    phases: Tuple[str, ...] = ()
 
     def __str__(self) -> str:
+        routed = [p for p in self.phases if p != "direct"]
         return (f"post {self.name}: ops of ({self.queue}, step {self.step}) of rings {list(self.rings)}"
-                + (" reversed" if self.reverse else "") + (f", sharing links with {', '.join(self.shares)}" if self.shares else ""))
+                + (" reversed" if self.reverse else "") + (f", sharing links with {', '.join(self.shares)}" if self.shares else "")
+                + (f", in {' -> '.join(self.phases)}" if routed else ""))
 
 
 @dataclass(frozen=True)
@@ -148,7 +168,8 @@ class Wait:
         return f"wait {self.name}"
 
 
-def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) -> List[object]:
+def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
+                      schedule: Optional[Sequence[CommOp]] = None) -> List[object]:
     """The ordered program of one layer's core attention, forward or backward, as the engine runs
     it (attention/engine.py runs it with attention/runner.py); the prediction and the simulator
     interpret it too.
@@ -164,6 +185,8 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) ->
     - all-gather: gather; forward computes its own block meanwhile, the rest after; backward
       computes the other blocks, posts their partial dK/dV home (reversed ops), computes its own
       block, and waits for the partials at the next overlap point.
+    With the Plan's ``schedule``, each Post names its routing phases (dispatch -> transfer ->
+    combine where its messages are routed; exchange_phases).
 
     Worked example: one 2-member intra ring, backward.
 
@@ -181,6 +204,13 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) ->
     """
     prog: List[object] = []
     pending: List[object] = [True]  # True: the local documents; a name: an exchange waited at the next point
+    stages: Dict[Tuple[str, int, int], set] = {}  # (queue, step, ring) -> the stages of its ops
+    for o in schedule or ():
+        stages.setdefault((o.queue, o.step, o.ring), set()).add(o.stage)
+
+    def post(name, queue, step, rs, reverse=False, shares=()) -> Post:  # with the phases its ops run
+        used = set().union(*(stages.get((queue, step, r), set()) for r in rs))
+        return Post(name, queue, step, rs, reverse, shares, exchange_phases(used, reverse) if used else ())
 
     def overlap_point():
         p = pending[0]
@@ -196,7 +226,7 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) ->
         if ag:
             size = max(r.size for r in qr if r.comm == "allgather")
             gather = f"gather {queue}"
-            prog.append(Post(gather, queue, 0, ag))
+            prog.append(post(gather, queue, 0, ag))
             if not backward:
                 prog.append(Compute(queue, ag, (0,)))
             overlap_point()
@@ -205,7 +235,7 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) ->
                 prog.append(Compute(queue, ag, tuple(range(1, size))))
             else:
                 prog.append(Compute(queue, ag, tuple(range(1, size))))
-                prog += [Post(f"scatter {queue}", queue, 0, ag, reverse=True), Compute(queue, ag, (0,))]
+                prog += [post(f"scatter {queue}", queue, 0, ag, reverse=True), Compute(queue, ag, (0,))]
                 pending[0] = f"scatter {queue}"
         p2p = [r for r in qr if r.comm == "p2p"]
         if not p2p:
@@ -216,7 +246,7 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) ->
             kv_rings = tuple(r.id for r in p2p if s < r.size - 1)
             kv = f"kv {queue} {s}" if kv_rings else None
             if kv:
-                prog.append(Post(kv, queue, s, kv_rings, shares=(dkv,) if dkv else ()))
+                prog.append(post(kv, queue, s, kv_rings, shares=(dkv,) if dkv else ()))
             prog.append(Compute(queue, tuple(r.id for r in p2p if s < r.size), (s,)))
             overlap_point()
             if backward:
@@ -224,7 +254,7 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool) ->
                     prog.append(Wait(dkv))
                 nxt = f"kv {queue} {s + 1}" if any(s + 1 < r.size - 1 for r in p2p) else None
                 dkv = f"dkv {queue} {s}"
-                prog.append(Post(dkv, queue, s, tuple(r.id for r in p2p if s < r.size),
+                prog.append(post(dkv, queue, s, tuple(r.id for r in p2p if s < r.size),
                                  shares=(nxt,) if nxt else ()))
             if kv:
                 prog.append(Wait(kv))

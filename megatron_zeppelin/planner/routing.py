@@ -145,7 +145,7 @@ class _StepRouter:
             if proxy != op.msg_src:
                 self.nv_in[proxy] += nb
                 out.append(replace(op, src=op.msg_src, dst=proxy, link="nvlink", nic=-1, stage="dispatch", **common))
-            out.append(replace(op, src=proxy, dst=land, link="nic", nic=self.nic(a, j), stage="transfer", **common))
+            out.append(replace(op, src=proxy, dst=land, link=op.link, nic=self.nic(a, j), stage="transfer", **common))
             if land != op.msg_dst:
                 self.nv_out[land] += nb
                 out.append(replace(op, src=land, dst=op.msg_dst, link="nvlink", nic=-1, stage="combine", **common))
@@ -187,7 +187,7 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
         routed: List[CommOp] = []
         big: List[CommOp] = []
         for o in step_ops:
-            if o.link != "nic" or o.stage != "direct":
+            if o.link == "nvlink" or o.stage != "direct":  # any network level's hop is routed
                 routed.append(o)
             elif o.nbytes >= threshold and o.stop - o.start >= 2 and topo.nics_per_node > 1:
                 big.append(o)
@@ -211,7 +211,7 @@ def nic_bytes(ops: Sequence[CommOp], topo: Topology, direction: str = "out") -> 
     """
     out: Dict[int, int] = defaultdict(int)
     for o in ops:
-        if o.link == "nic":
+        if o.link != "nvlink":  # a NIC carries every network level's hop
             out[o.nic if direction == "out" else topo.nic_of(o.dst)] += o.nbytes
     return dict(sorted(out.items()))
 

@@ -19,7 +19,7 @@ tokens, member 1 holds 3), 4 bytes of K/V per token:
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..topology import Topology
 from .types import RING_QUEUES, Comm, CommOp, DocPlan, Link, Ring, Stage
@@ -32,10 +32,12 @@ def block_tokens(ring: Ring, docs: Dict[int, DocPlan]) -> List[int]:
     return [sum([b[i + 1] - b[i] + b[g2 - i] - b[g2 - 1 - i] for b in bounds]) for i in range(ring.size)]
 
 
-def _op(topo: Topology, ring: Ring, step: int, block: int, src: int, dst: int, tokens: int, kvb: int) -> CommOp:
+def _op(topo: Topology, ring: Ring, step: int, block: int, src: int, dst: int, tokens: int, kvb: int,
+        link_of: Optional[Callable[[int, int], str]]) -> CommOp:
     inter = not topo.same_node(src, dst)
+    link = link_of(src, dst) if link_of is not None else Link.NIC if inter else Link.NVLINK
     return CommOp(queue=ring.cls, step=step, ring=ring.id, block=block, msg_src=src, msg_dst=dst, src=src,
-                  dst=dst, start=0, stop=tokens, nbytes=tokens * kvb, link=Link.NIC if inter else Link.NVLINK,
+                  dst=dst, start=0, stop=tokens, nbytes=tokens * kvb, link=link,
                   nic=topo.nic_of(src) if inter else -1, stage=Stage.DIRECT)
 
 
@@ -57,9 +59,12 @@ def ring_messages(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> List[Tuple
     return out
 
 
-def ring_ops(rings: Sequence[Ring], docs: Dict[int, DocPlan], topo: Topology, kv_bytes_per_token: int) -> List[CommOp]:
+def ring_ops(rings: Sequence[Ring], docs: Dict[int, DocPlan], topo: Topology, kv_bytes_per_token: int,
+             link_of: Optional[Callable[[int, int], str]] = None) -> List[CommOp]:
+    """Direct CommOps of every ring message; ``link_of`` (CostModel.link_of) names each hop's link
+    class (default: nvlink inside a node, nic across nodes)."""
     ring_of = {r.id: r for r in rings}
-    ops = [_op(topo, ring_of[rid], s, b, src, dst, n, kv_bytes_per_token)
+    ops = [_op(topo, ring_of[rid], s, b, src, dst, n, kv_bytes_per_token, link_of)
            for _, s, rid, b, src, dst, n in ring_messages(rings, docs)]
     ops.sort(key=lambda o: (RING_QUEUES.index(o.queue), o.step, o.ring, o.src))
     return ops

@@ -1,26 +1,132 @@
-"""Strategy registry: name -> function(lengths, PlanContext) -> Placement.
+"""Strategies: the protocol, the registry and the one place that assembles and picks.
 
-Modules are imported lazily so a strategy being edited cannot break the others' import.
+A strategy proposes: given the lengths and the PlanContext it returns ``Candidate`` placements
+(document classes, rings, owners). ``pick`` is the only code that turns candidates into Plans
+(assemble.py) and keeps the least predicted one: a strategy never assembles, so every Plan of
+every strategy is built and chosen the same way. A strategy that searches (Zeppelin) reads the
+``Search`` it is given (the best prediction so far) to stop early or skip what cannot win; a
+candidate's ``bound`` (a lower bound of its prediction) lets ``pick`` skip it unassembled.
+
+Strategies register themselves with ``@strategy(name, order)`` where they are defined;
+``names()`` (what --zeppelin-strategy accepts, config.py) is the registry's list in ``order``:
+
+>>> names()
+('zeppelin', 'packed_dp', 'static_cp', 'allgather_cp', 'hybrid_dp', 'dynamic_cp')
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
-from ..config import STRATEGIES
+from .context import Placement, PlanContext
+from .types import Plan, PlanError
 
-_WHERE = {
-    "zeppelin": ("megatron_zeppelin.planner.partition", "plan_zeppelin"),
-    "packed_dp": ("megatron_zeppelin.planner.baselines.packed_dp", "plan_packed_dp"),
-    "static_cp": ("megatron_zeppelin.planner.baselines.static_cp", "plan_static_cp"),
-    "allgather_cp": ("megatron_zeppelin.planner.baselines.allgather_cp", "plan_allgather_cp"),
-    "hybrid_dp": ("megatron_zeppelin.planner.baselines.hybrid_dp", "plan_hybrid_dp"),
-    "dynamic_cp": ("megatron_zeppelin.planner.baselines.dynamic_cp", "plan_dynamic_cp"),
-}
-assert set(_WHERE) == set(STRATEGIES)
+# The modules that define strategies: importing them registers them (the baselines package
+# imports its modules).
+_HOMES = ("megatron_zeppelin.planner.partition", "megatron_zeppelin.planner.baselines")
 
 
-def get_strategy(name: str) -> Callable:
-    mod, fn = _WHERE[name]
-    return getattr(importlib.import_module(mod), fn)
+@dataclass(frozen=True)
+class Candidate:
+    """One placement worth assembling. ``label`` names it in the winner's Plan metadata
+    (``variant``; empty: a strategy with one candidate); ``bound``: a lower bound of its predicted
+    iteration (not assembled when at or above the best so far); ``prepared``: the assembly work it
+    shares with other candidates of the same placement (assemble.prepare)."""
+    placement: Placement
+    label: str = ""
+    bound: float = 0.0
+    prepared: Optional[object] = None
+
+
+@dataclass
+class Search:
+    """What ``pick`` has found so far; strategies read it (never write it)."""
+    best_s: float = float("inf")
+    best: Optional[Plan] = None
+
+    def within(self, factor: float) -> bool:
+        """The best plan so far is within ``factor`` x its lower bound."""
+        return self.best is not None and self.best_s <= factor * self.best.lower_bound_s
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    order: int  # position in names()
+    source: str  # module.function that registered it
+    propose: Callable[[Sequence[int], PlanContext, Search], Iterable[Candidate]]
+
+
+_REGISTRY: Dict[str, Strategy] = {}  # filled once, by the decorator, when the homes are imported
+
+
+def strategy(name: str, order: int, *, searches: bool = False):
+    """Register the decorated function as strategy ``name``. A plain strategy is
+    ``(lengths, ctx) -> Placement`` (one candidate); with ``searches=True`` it is
+    ``(lengths, ctx, search) -> Iterable[Candidate]``. The function itself is returned unchanged."""
+    def register(fn):
+        source = f"{fn.__module__}.{fn.__qualname__}"
+        if name in _REGISTRY and _REGISTRY[name].source != source:
+            raise PlanError(f"two strategies are registered as '{name}': {_REGISTRY[name].source} and {source}")
+        if searches:
+            def propose(lengths, ctx, search, fn=fn):
+                return fn(lengths, ctx, search)
+        else:
+            def propose(lengths, ctx, search, fn=fn):
+                return (Candidate(fn(lengths, ctx)),)
+        _REGISTRY[name] = Strategy(name, order, source, propose)
+        return fn
+    return register
+
+
+def names() -> Tuple[str, ...]:
+    for home in _HOMES:  # after the first call, lookups in sys.modules
+        importlib.import_module(home)
+    return tuple(s.name for s in sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name)))
+
+
+def get_strategy(name: str) -> Strategy:
+    if name not in names():
+        raise PlanError(f"unknown strategy '{name}' (one of {', '.join(names())})")
+    return _REGISTRY[name]
+
+
+def pick(name: str, lengths: Sequence[int], ctx: PlanContext) -> Tuple[Plan, Candidate]:
+    """The Plan of strategy ``name`` (and the candidate it came from): see choose."""
+    return choose(name, lengths, ctx, get_strategy(name).propose)
+
+
+def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
+           propose: Callable[[Sequence[int], PlanContext, Search], Iterable[Candidate]]) -> Tuple[Plan, Candidate]:
+    """Assemble the proposed candidates and keep the least predicted iteration (ties: the first
+    proposed; for Zeppelin the fastest memory-balanced one where that costs little, memory_choice.py);
+    a candidate whose bound is at or above the best so far is not assembled. Candidates
+    whose assembly raises PlanError (over a set capacity) are skipped; if none is left the last
+    error is raised. The winner's label becomes its ``variant``."""
+    from .assemble import assemble  # late: assemble imports the planner's other parts
+    from .memory_choice import MemoryChoice
+
+    search, won, err = Search(), None, None
+    memory = MemoryChoice(ctx) if name == "zeppelin" else None  # Zeppelin's memory balance
+    for c in propose(lengths, ctx, search):
+        if c.bound >= search.best_s:
+            continue
+        try:
+            plan = assemble(name, lengths, ctx, c.placement, prepared=c.prepared)
+        except PlanError as e:
+            err = e
+            continue
+        if memory is not None:
+            memory.offer(plan, c)
+        if plan.predicted_iteration_s < search.best_s:
+            search.best_s, search.best, won = plan.predicted_iteration_s, plan, c
+    if won is None:
+        raise err if err is not None else PlanError(f"strategy '{name}' proposed no placement")
+    plan = search.best
+    if memory is not None:  # the fastest memory-balanced plan where it costs little (memory_choice.py)
+        _, plan, won = memory.pick()
+    if won.label:
+        plan = replace(plan, meta=replace(plan.meta, variant=won.label))
+    return plan, won

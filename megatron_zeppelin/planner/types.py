@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..topology import Topology
+from .meta import PlanMeta
 
 
 # The Plan's words: closed sets as string enums, so a Plan's JSON (and its digest) keeps the plain
@@ -49,8 +50,10 @@ class Stage(_Word):
 
 
 class Link(_Word):
+    """The two link classes every cluster has; a profile may add levels above the NIC's (a spine:
+    profile.py ``levels``), whose names are plain strings in a CommOp's ``link``."""
     NVLINK = "nvlink"  # inside a node
-    NIC = "nic"  # across nodes
+    NIC = "nic"  # across nodes (within the NIC level's group of nodes)
 
 
 class Comm(_Word):
@@ -194,7 +197,7 @@ class Plan:
     lower_bound_s: float
     thresholds: Thresholds
     kv_bytes_per_token: int = 0
-    meta: Tuple[Tuple[str, str], ...] = field(default=())
+    meta: PlanMeta = field(default_factory=PlanMeta)  # why the strategy chose it (meta.py)
     # The DP gradient all-reduce after the backward (Megatron's default, not overlapped): the same
     # for every strategy, so not in ``cost`` / ``predicted_iteration_s``; the simulator adds it too.
     allreduce_s: float = 0.0
@@ -282,7 +285,7 @@ class Plan:
                 cost=tuple(RankCost(*c) for c in d["cost"]),
                 lower_bound_s=float(d["lower_bound_s"]), thresholds=Thresholds(**d["thresholds"]),
                 kv_bytes_per_token=int(d.get("kv_bytes_per_token", 0)),
-                meta=tuple((k, v) for k, v in d.get("meta", [])),
+                meta=PlanMeta.from_pairs(d.get("meta", [])),
                 allreduce_s=float(d.get("allreduce_s", 0.0)))
         except (KeyError, TypeError) as e:
             raise PlanError(f"malformed plan JSON: {e}") from None
@@ -304,6 +307,8 @@ _AS_LIST = (Segment, CommOp, RankCost)
 
 
 def _encode(x):
+    if isinstance(x, PlanMeta):  # its [name, text] pairs: the form plans always had
+        return [list(p) for p in x.pairs()]
     if isinstance(x, _AS_LIST):
         return [_encode(getattr(x, f.name)) for f in fields(x)]
     if isinstance(x, Topology):

@@ -39,7 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .network import fair_rates
+from .network import fair_rates, pad_links
 
 DELAY, FLOW, WORK = 0, 1, 2  # WORK: compute sharing the host CPU (nbytes = core-seconds)
 
@@ -125,8 +125,7 @@ class TaskGraph:
         done = 0
         while heap or act_ids:
             if dirty:
-                rates = fair_rates(np.array([self.links[i] for i in act_ids], dtype=np.int64).reshape(-1, 2),
-                                   capacity)
+                rates = fair_rates(*pad_links([self.links[i] for i in act_ids], capacity))
                 dirty = False
             t_flow = np.inf
             if act_ids:

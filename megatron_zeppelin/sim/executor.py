@@ -50,7 +50,8 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..planner.types import MIRROR, STAGES
+from ..planner.program import exchange_phases
+from ..planner.types import MIRROR
 from ..topology import Topology
 from .events import TaskGraph
 from .network import LinkTable
@@ -85,7 +86,7 @@ class Hop:
 
 def reverse_hops(hops: Sequence[Hop], topo: Topology) -> List[Hop]:
     return [replace(h, stage=MIRROR[h.stage], src=h.dst, dst=h.src,
-                    nic=topo.nic_of(h.dst) if h.link == "nic" else -1,
+                    nic=topo.nic_of(h.dst) if h.link != "nvlink" else -1,
                     msg_src=h.msg_dst, msg_dst=h.msg_src) for h in hops]
 
 
@@ -99,7 +100,7 @@ def run_step(g: TaskGraph, links: LinkTable, topo: Topology, hops: Sequence[Hop]
     own: Dict[int, List[int]] = {r: [post[r]] for r in ranks}
     arrived: Dict[Tuple, List[Tuple[int, int, int]]] = defaultdict(list)  # (message, rank) -> (start, stop, flow)
     relay: Dict[int, int] = {}  # proxy -> its relay's last forward (posted in order)
-    for stage in STAGES:  # a relayed piece arrives in an earlier stage than it leaves
+    for stage in exchange_phases():  # a relayed piece arrives in an earlier phase than it leaves
         for h in hops:
             if h.stage != stage:
                 continue

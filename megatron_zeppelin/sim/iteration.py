@@ -63,7 +63,7 @@ class SimResult:
     mode: str
     rank_compute_s: List[Dict[str, float]]  # per rank, seconds per category over the iteration
     nic: List[Dict[str, float]]  # per global NIC: bytes and utilisation (bytes / (bandwidth x iteration))
-    link_bytes: Dict[str, float]  # over the iteration: nvlink, nic
+    link_bytes: Dict[str, float]  # over the iteration, per link class: nvlink, nic (and any further level)
     timeline: List[tuple] = field(default_factory=list)  # (rank, category, label, start, end) of one layer fwd+bwd
 
     def to_dict(self, timeline: bool = False) -> dict:
@@ -99,8 +99,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
     topo = plan.topology
     cost = CostModel(model, profile, topo, tp, plan_recompute(plan), sequence_parallel)
     costs = LayerCosts(cost)
-    links = LinkTable(topo, cost.bandwidth("nvlink"), cost.bandwidth("nic"), profile.host_cores,
-                      profile.host_copy_GBps * 1e9)
+    links = LinkTable.of_cost(cost, profile.host_cores, profile.host_copy_GBps * 1e9)
     L = model.layers
     world = plan.world_size
     head = [costs.head_iteration_s(cost.layout_rows(plan.tokens(r, "linear"))) for r in range(world)]
@@ -145,7 +144,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
 
 def plan_recompute(plan: Plan) -> Recompute:
     """The activation recompute the plan was priced with (its meta; none when absent)."""
-    return Recompute.parse(dict(plan.meta).get("recompute", "none"))
+    return Recompute.parse(plan.meta.recompute or "none")
 
 
 def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, mode) -> SimResult:
@@ -158,9 +157,8 @@ def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L
         for i in range(len(g)):
             tag = g.tag[i]
             if g.kind[i] == FLOW:
-                a, b = g.links[i]
-                link_bytes[a] += g.nbytes[i] * run.times
-                link_bytes[b] += g.nbytes[i] * run.times
+                for a in g.links[i]:  # two ports, or four above the NIC level
+                    link_bytes[a] += g.nbytes[i] * run.times
             elif tag is not None:  # a compute task: its own seconds (at one core, if on a shared host)
                 per_rank[tag[0]][tag[1]] += g.seconds(i) * run.times
             if tag is not None and res.end[i] > res.start[i]:
@@ -174,7 +172,7 @@ def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L
     for idx, (kind, i) in enumerate(links.keys):
         if kind in ("core", "io", "host"):  # CPU resources carry compute, not bytes
             continue
-        kinds["nic" if kind.startswith("nic") else "nvlink"] += link_bytes[idx] / 2  # each flow counted at both ends
+        kinds[links.link_class(kind)] += link_bytes[idx] / 2  # each flow counted at both ends
     for n in range(plan.topology.num_nics):
         out_b = float(link_bytes[links.index[("nic_out", n)]])
         in_b = float(link_bytes[links.index[("nic_in", n)]])
@@ -191,8 +189,7 @@ def simulate_attention(plan: Plan, profile: HardwareProfile, model: ModelSpec, *
     """Seconds of one layer's core attention, forward then backward, every rank starting together
     (what one engine call plus its backward takes): the term validated against measured runs."""
     cost = CostModel(model, profile, plan.topology, tp)
-    links = LinkTable(plan.topology, cost.bandwidth("nvlink"), cost.bandwidth("nic"), profile.host_cores,
-                      profile.host_copy_GBps * 1e9)
+    links = LinkTable.of_cost(cost, profile.host_cores, profile.host_copy_GBps * 1e9)
     g = TaskGraph()
     b = LayerBuilder(plan, LayerCosts(cost), links, g, False)
     b.attention(False)

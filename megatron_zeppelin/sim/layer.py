@@ -62,7 +62,7 @@ class LayerBuilder:
         self.topo = plan.topology
         self.world = plan.world_size
         self.tp_comm = tp_comm
-        self.lat = {"nvlink": costs.cost.latency("nvlink"), "nic": costs.cost.latency("nic")}
+        self.lat = {k: costs.cost.latency(k) for k in costs.cost.link_classes}
         self.docs = {d.doc: d for d in plan.docs}
         self.ops = defaultdict(list)
         for o in plan.schedule:

@@ -1,9 +1,11 @@
 """Links and bandwidth sharing: which links a message uses, and max-min fair rates by progressive filling.
 
-Every message uses exactly two links: the sender's out-port and the receiver's in-port. Over NVLink
-these are the GPUs' ports (``nv_out`` of ``src``, ``nv_in`` of ``dst``); over the network the message
-leaves on NIC ``op.nic`` and arrives on the NIC wired to ``dst`` (``nic_out`` / ``nic_in``). Links are
-full duplex: each direction has the profile's bandwidth.
+A message uses the sender's out-port and the receiver's in-port (topology.link_ports, which the
+prediction uses too). Over NVLink these are the GPUs' ports (``nv_out`` of ``src``, ``nv_in`` of
+``dst``); over the network the message leaves on NIC ``op.nic`` and arrives on the NIC wired to
+``dst`` (``nic_out`` / ``nic_in``); a hop of a level above the NIC's (a spine: the profile's
+``levels``) also loads that level's port of both NICs (``spine_out`` / ``spine_in``). Links are
+full duplex: each direction has the profile's bandwidth of its class.
 
 Concurrent transfers share a link fairly: progressive filling raises every unfrozen flow's rate at
 the same pace until some link is full, freezes the flows through it, and repeats (max-min fairness).
@@ -23,20 +25,14 @@ array([8., 2.])
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from types import MappingProxyType
+from typing import Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from ..topology import Topology
+from ..topology import Topology, link_ports
 
 LinkKey = Tuple[str, int]
-
-
-def op_links(link: str, src: int, dst: int, nic: int, topo: Topology) -> Tuple[LinkKey, LinkKey]:
-    """(out-link, in-link) of one message. ``nic`` is the sending NIC's global id for a NIC hop."""
-    if link == "nic":
-        return ("nic_out", nic if nic >= 0 else topo.nic_of(src)), ("nic_in", topo.nic_of(dst))
-    return ("nv_out", src), ("nv_in", dst)
 
 
 class LinkTable:
@@ -55,7 +51,7 @@ class LinkTable:
     """
 
     def __init__(self, topo: Topology, nvlink_Bps: float, nic_Bps: float, host_cores: float = 0.0,
-                 copy_Bps: float = 0.0):
+                 copy_Bps: float = 0.0, levels: Mapping[str, float] = MappingProxyType({})):
         self.topo = topo
         self.host_cores = float(host_cores)
         self.copy_Bps = float(copy_Bps) if host_cores > 0 else 0.0
@@ -64,17 +60,28 @@ class LinkTable:
         caps = []
         w = topo.world_size
         cpu = (("core", w, 1.0), ("io", w, 1.0), ("host", 1, self.host_cores)) if host_cores > 0 else ()
+        # ``levels``: bytes/s per NIC of each network level above the NIC's (its own port per NIC)
+        above = tuple((f"{name}_{d}", topo.num_nics, bps) for name, bps in levels.items() for d in ("out", "in"))
         for kind, n, cap in (("nv_out", topo.world_size, nvlink_Bps), ("nv_in", topo.world_size, nvlink_Bps),
-                             ("nic_out", topo.num_nics, nic_Bps), ("nic_in", topo.num_nics, nic_Bps)) + cpu:
+                             ("nic_out", topo.num_nics, nic_Bps), ("nic_in", topo.num_nics, nic_Bps)) + cpu + above:
             for i in range(n):
                 self.index[(kind, i)] = len(self.keys)
                 self.keys.append((kind, i))
                 caps.append(cap)
         self.capacity = np.array(caps, dtype=float)
 
-    def of(self, link: str, src: int, dst: int, nic: int) -> Tuple[int, int]:
-        a, b = op_links(link, src, dst, nic, self.topo)
-        return self.index[a], self.index[b]
+    @classmethod
+    def of_cost(cls, cost, host_cores: float = 0.0, copy_Bps: float = 0.0) -> "LinkTable":
+        """The links of ``cost``'s topology at its profile's bandwidth, every cluster level included."""
+        return cls(cost.topology, cost.bandwidth("nvlink"), cost.bandwidth("nic"), host_cores, copy_Bps,
+                   {k: cost.bandwidth(k) for k in cost.link_classes[2:]})
+
+    def link_class(self, kind: str) -> str:
+        """The link class a port kind belongs to (``nv_out`` -> nvlink, ``spine_in`` -> spine)."""
+        return "nvlink" if kind.startswith("nv_") else kind.rsplit("_", 1)[0]
+
+    def of(self, link: str, src: int, dst: int, nic: int) -> Tuple[int, ...]:
+        return tuple(self.index[k] for k in link_ports(link, src, dst, nic, self.topo))
 
     def cpu(self, rank: int):
         """(rank's core, host) resource indices for a compute task; None when the CPU is not modelled."""
@@ -94,7 +101,8 @@ class LinkTable:
 
 
 def fair_rates(flow_links: np.ndarray, capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rate of each flow; ``flow_links`` is [flows, 2] link indices."""
+    """Max-min fair rate of each flow; ``flow_links`` is [flows, k] link indices (a flow of fewer
+    links repeats none: pad it with an index of a link of unbounded capacity, see pad_links)."""
     n = len(flow_links)
     rate = np.zeros(n)
     if n == 0:
@@ -111,5 +119,23 @@ def fair_rates(flow_links: np.ndarray, capacity: np.ndarray) -> np.ndarray:
         rate[active] += inc
         rem[used] -= inc * cnt[used]
         full = used & (rem <= 1e-9 * capacity)  # links saturated at this level (ties together)
-        active &= ~(full[flow_links[:, 0]] | full[flow_links[:, 1]])
+        active &= ~full[flow_links].any(axis=1)
     return rate
+
+
+UNBOUNDED = 1e300  # capacity of the padding link: never the bottleneck, never full
+
+
+def pad_links(rows: Sequence[Tuple[int, ...]], capacity: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """([flows, k] link indices, capacities) for flows of 2 or more links: shorter rows point at one
+    extra link of UNBOUNDED capacity.
+
+    >>> pad_links([(0, 1), (0, 1, 2, 3)], np.ones(4))[0].tolist()
+    [[0, 1, 4, 4], [0, 1, 2, 3]]
+    """
+    k = max((len(r) for r in rows), default=2)
+    if all(len(r) == k for r in rows):
+        return np.array(rows, dtype=np.int64).reshape(-1, k), capacity
+    pad = len(capacity)
+    return (np.array([tuple(r) + (pad,) * (k - len(r)) for r in rows], dtype=np.int64),
+            np.append(capacity, UNBOUNDED))

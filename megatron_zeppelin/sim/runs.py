@@ -98,7 +98,7 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
     dynamic_cp's max_seqlen_per_dp_cp_rank), None for the strategy's own per-batch choice."""
     from ..planner import make_context, plan_batch
     from ..planner.assemble import assemble
-    from ..planner.strategies import get_strategy
+    from ..planner.baselines.static_cp import plan_static_cp
     if setting == AUTO:
         setting = None
     if setting is not None and variant in CP_VARIANTS:
@@ -113,7 +113,7 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
         return plan_batch(lengths, topo, profile, model, config.with_(remap=False), strategy="zeppelin")
     if variant == "static_cp+routing":
         ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
-        placement = get_strategy("static_cp")(list(lengths), ctx)
+        placement = plan_static_cp(list(lengths), ctx)
         placement.routing = topo.nodes > 1
         return assemble(variant, list(lengths), ctx, placement)
     raise ZeppelinError(f"unknown variant '{variant}' (strategies in the matrix must be among {', '.join(VARIANTS)})")

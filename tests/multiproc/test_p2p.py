@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 from megatron_zeppelin.attention.testing import hand_plan, toy_route
 from megatron_zeppelin.distributed.executor import StepExchange
+from megatron_zeppelin.distributed.tags import ExchangeTags
 from megatron_zeppelin.distributed.launch import run_distributed
 from megatron_zeppelin.distributed.p2p import CommError, P2PExchange, ring_shift, send_recv
 from megatron_zeppelin.topology import Topology
@@ -44,7 +45,7 @@ def _adjoint_send_recv(rank, world):
 
 def _adjoint_executor(rank, world, plans):
     """Executor (all stages, routed) forward vs its reverse: the reverse is the transpose."""
-    out = []
+    out, tags = [], ExchangeTags()
     for plan in plans:
         for (queue, step) in sorted({(o.queue, o.step) for o in plan.schedule}):
             ops = [o for o in plan.schedule if o.queue == queue and o.step == step]
@@ -55,13 +56,14 @@ def _adjoint_executor(rank, world, plans):
                 rows[k] = max(rows.get(k, 0), o.stop)
             mine = {(o.ring, o.block) for o in ops if o.msg_src == rank}
             x = {k: torch.randn(rows[k], 5, dtype=F64, generator=g) for k in sorted(mine)}
-            got = StepExchange(ops, rank, dist.group.WORLD, x, 5, dtype=F64).start().wait()
+            got = StepExchange(ops, rank, dist.group.WORLD, x, 5, dtype=F64, tags=tags).start().wait()
             y = {k: torch.randn(t.shape, dtype=F64, generator=g) for k, t in sorted(got.items())}
             lhs = _allsum(sum((got[k] * y[k]).sum().item() for k in got))
             back = StepExchange(ops, rank, dist.group.WORLD, {(k[0], k[1], k[2]): t for k, t in y.items()}, 5,
-                                dtype=F64, reverse=True).start().wait()
+                                dtype=F64, reverse=True, tags=tags).start().wait()
             rhs = _allsum(sum((x[(r, b)] * t).sum().item() for (r, b, _), t in back.items()))
             out.append((queue, step, lhs, rhs, len(ops)))
+    tags.drain()
     return out
 
 
@@ -92,7 +94,7 @@ def test_guards_against_misuse():
     ex.wait()
     with pytest.raises(CommError, match="twice"):
         ex.wait()
-    st = StepExchange([], 0, None, {}, 4)
+    st = StepExchange([], 0, None, {}, 4, tags=ExchangeTags())
     with pytest.raises(CommError, match="before start"):
         st.wait()
     st.start()

@@ -15,6 +15,7 @@ from megatron_zeppelin.config import ZeppelinConfig
 from megatron_zeppelin.distributed.counters import CommCounters
 from megatron_zeppelin.distributed.executor import StepExchange
 from megatron_zeppelin.distributed.launch import run_distributed
+from megatron_zeppelin.distributed.tags import ExchangeTags
 from megatron_zeppelin.planner.assemble import assemble
 from megatron_zeppelin.planner.checks import check_plan
 from megatron_zeppelin.planner.context import Placement
@@ -48,7 +49,7 @@ def message_data(key, rows, width):
     return torch.randn(rows, width, generator=gen, dtype=torch.float64)
 
 
-def run_steps(plan, rank, group, width):
+def run_steps(plan, rank, group, width, tags):
     """Run every (queue, step) of the schedule; returns received messages and per-step NIC bytes."""
     got, nic = {}, {}
     steps = sorted({(o.queue, o.step) for o in plan.schedule})
@@ -60,18 +61,18 @@ def run_steps(plan, rank, group, width):
         pay = {(r, b, md): message_data((queue, step, r, b, ms, md), n, width)
                for (r, b, ms, md), n in rows.items() if ms == rank}
         c = CommCounters()
-        out = StepExchange(ops, rank, group, pay, width, dtype=torch.float64, counters=c).start().wait()
+        out = StepExchange(ops, rank, group, pay, width, dtype=torch.float64, counters=c, tags=tags).start().wait()
         for (r, b, ms), t in out.items():
             got[(queue, step, r, b, ms)] = t
         nic[(queue, step)] = dict(c.bytes_by_nic)
     return got, nic
 
 
-def engine_run(plan, rank, group):
+def engine_run(plan, rank, group, tags=None):
     (q, k, v, dout), idx = rank_inputs(plan, rank, 4, 2, 8, torch.float64, seed=7)
     lq, lk, lv = (x[idx].clone().requires_grad_(True) for x in (q, k, v))
     c = CommCounters()
-    out = AttentionEngine(plan, rank, group, counters=c)(lq, lk, lv)
+    out = AttentionEngine(plan, rank, group, counters=c, tags=tags)(lq, lk, lv)
     out.backward(dout[idx])
     return [out.detach(), lq.grad, lk.grad, lv.grad], dict(c.bytes_by_nic)
 
@@ -79,13 +80,14 @@ def engine_run(plan, rank, group):
 def _body(rank, world, topo):
     direct, routed = plans(topo)
     width = direct.kv_bytes_per_token // 8  # float64 rows of exactly kv_bytes_per_token bytes
-    group = dist.group.WORLD
+    group, tags = dist.group.WORLD, ExchangeTags()  # one tag sequence for every exchange on the group
     res = {}
     for name, plan in (("direct", direct), ("routed", routed)):
-        got, nic = run_steps(plan, rank, group, width)
+        got, nic = run_steps(plan, rank, group, width, tags)
         res[name] = ({k: t.numpy() for k, t in got.items()}, nic)
-        tensors, nic_e = engine_run(plan, rank, group)
+        tensors, nic_e = engine_run(plan, rank, group, tags)
         res[name + "_engine"] = ([t.numpy() for t in tensors], nic_e)
+    tags.drain()
     return res  # numpy, not tensors: torch's queue would share tensor memory with a rank that exits
 
 
@@ -169,7 +171,8 @@ def _proxy_blocked_body(rank, world, topo):
     ops, dst, rows, proxies = _one_routed_message(topo)
     side = dist.new_group(list(range(world)), timeout=__import__("datetime").timedelta(seconds=60))
     pay = {(0, 0): message_data("blocked", rows, 2)} if rank == 0 else {}
-    ex = StepExchange(ops, rank, dist.group.WORLD, pay, 2, dtype=torch.float64).start()
+    tags = ExchangeTags()
+    ex = StepExchange(ops, rank, dist.group.WORLD, pay, 2, dtype=torch.float64, tags=tags).start()
     got = None
     if rank in proxies:
         dist.barrier(group=side)  # the "compute" that only ends after the destination got its rows
@@ -177,6 +180,7 @@ def _proxy_blocked_body(rank, world, topo):
     else:
         got = ex.wait().get((0, 0, 0))
         dist.barrier(group=side)
+    tags.drain()
     return proxies, (got.numpy() if got is not None else None)
 
 
@@ -195,7 +199,7 @@ def _concurrent_body(rank, world, topo, rounds):
     _, routed = plans(topo)
     width = routed.kv_bytes_per_token // 8
     steps = sorted({(o.queue, o.step) for o in routed.schedule})
-    counters = CommCounters()
+    counters, tags = CommCounters(), ExchangeTags()  # shared by the threads: it is thread-safe
 
     def exchanges(tag0):
         out = []
@@ -207,7 +211,7 @@ def _concurrent_body(rank, world, topo, rounds):
             pay = {(r, b, md): message_data((queue, step, r, b, ms, md), n, width)
                    for (r, b, ms, md), n in rows.items() if ms == rank}
             out.append(((queue, step), StepExchange(ops, rank, dist.group.WORLD, pay, width, dtype=torch.float64,
-                                                    counters=counters, tag=tag0 + i).start()))
+                                                    counters=counters, tag=tag0 + i, tags=tags).start()))
         return {(qs, r, b, ms): t for qs, ex in reversed(out) for (r, b, ms), t in ex.wait().items()}
 
     results, errors = [], []
@@ -226,6 +230,7 @@ def _concurrent_body(rank, world, topo, rounds):
         for t in th:
             t.join(120)
         assert not errors, errors
+    tags.drain()
     first = results[0]
     for r in results[1:]:
         assert r.keys() == first.keys() and all(torch.equal(r[k], first[k]) for k in first)

@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..context import Placement, PlanContext
+from ..strategies import strategy
 from .static_cp import best_cp_placement
 
 
+@strategy("allgather_cp", order=3)
 def plan_allgather_cp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     return best_cp_placement(lengths, ctx, "allgather")

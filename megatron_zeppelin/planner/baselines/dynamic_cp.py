@@ -44,6 +44,7 @@ from collections import deque
 from typing import Dict, List, Sequence, Tuple
 
 from ..context import Placement, PlanContext
+from ..strategies import strategy
 from ..types import PlanError
 from .cp_groups import aligned_blocks, member_tokens, pick_fastest, placement_from_groups
 
@@ -177,6 +178,7 @@ class _Round:
                 return  # no group can grow into free ranks: they stay idle this round
 
 
+@strategy("dynamic_cp", order=5)
 def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     """Best max_seqlen_per_dp_cp_rank for the batch: the capacity, or a power-of-two fraction of it
     (smaller values split more documents), whichever the cost model predicts fastest."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Dict, Sequence, Tuple
 
 from ..context import Placement, PlanContext
+from ..strategies import strategy
 from ..cost_model import BWD_FLOPS, LINEAR_PASSES, CostModel
 from ..types import PlanError
 from .cp_groups import aligned_blocks, member_tokens, placement_from_groups, cp_sizes
@@ -48,6 +49,7 @@ def doc_flops(length: int, cost: CostModel) -> float:
     return attn + LINEAR_PASSES * lin
 
 
+@strategy("hybrid_dp", order=4)
 def plan_hybrid_dp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     world, cap = ctx.topology.world_size, ctx.capacity
     sizes = cp_sizes(world)

@@ -16,9 +16,11 @@ import heapq
 from typing import Sequence
 
 from ..context import Placement, PlanContext
+from ..strategies import strategy
 from ..types import DocPlan, Thresholds
 
 
+@strategy("packed_dp", order=1)
 def plan_packed_dp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     world = ctx.topology.world_size
     heap = [(0, r) for r in range(world)]

@@ -26,6 +26,7 @@ import heapq
 from typing import Sequence
 
 from ..context import Placement, PlanContext
+from ..strategies import strategy
 from ..types import PlanError
 from .cp_groups import aligned_blocks, pick_fastest, placement_from_groups, cp_sizes, rank_tokens
 
@@ -73,5 +74,6 @@ def best_cp_placement(lengths: Sequence[int], ctx: PlanContext, comm: str) -> Pl
     return pick_fastest(lengths, ctx, cands, "cp_size")
 
 
+@strategy("static_cp", order=2)
 def plan_static_cp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     return best_cp_placement(lengths, ctx, "p2p")

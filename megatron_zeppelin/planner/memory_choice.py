@@ -1,0 +1,68 @@
+"""Memory as a constraint with a price, for Zeppelin's pick (strategies.choose).
+
+When the fastest plan's per-rank peak activation memory is over MEMORY_BALANCE x the mean
+(assemble.py), the fastest plan within it is taken instead if it is at most MEMORY_SLACK slower
+and no slower than any baseline shape assembled (candidates.py: Zeppelin still never predicts
+slower than a baseline). Remap off moves nothing but leaves the attention layout's token imbalance
+in memory; the time-balanced remap, capped by memory (assemble.memory_caps), evens it out inside
+each node (not across nodes: a node running a long document's ring while the other nodes take the
+short documents stays imbalanced).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .assemble import MEMORY_BALANCE, activation_weights
+from .context import PlanContext
+
+MEMORY_SLACK = 0.03
+
+
+class MemoryChoice:
+    """The fastest plan offered, the fastest whose memory is balanced, and the fastest baseline
+    shape: (seconds, plan, candidate) each, or None."""
+
+    def __init__(self, ctx: PlanContext):
+        self.best = self.fit = self.shape = None
+        self.weights = activation_weights(ctx.cost)
+
+    def offer(self, plan, candidate) -> None:
+        t = plan.predicted_iteration_s
+        if "shape" in candidate.placement.meta and (self.shape is None or t < self.shape[0]):
+            self.shape = (t, plan, candidate)  # a baseline's shape (candidates.py)
+        if self.best is not None and t >= self.best[0] and self.fit is not None and t >= self.fit[0]:
+            return
+        mem = memory_imbalance(plan, candidate.prepared, self.weights)
+        if self.best is None or t < self.best[0]:
+            self.best = (t, plan, candidate)
+        if (self.fit is None or t < self.fit[0]) and mem <= MEMORY_BALANCE:
+            self.fit = (t, plan, candidate)
+
+    def pick(self) -> Optional[Tuple[float, object, object]]:
+        b, f = self.best, self.fit
+        if b is None or f is None or f is b or f[0] > (1 + MEMORY_SLACK) * b[0]:
+            return b
+        if self.shape is not None and f[0] > self.shape[0]:
+            return b
+        return f
+
+
+def memory_imbalance(plan, prepared, weights) -> float:
+    """Per-rank peak activation memory, max / mean: attention tokens from the prepared placement
+    (or the plan's layout), linear tokens after the remap's moves."""
+    a, l = weights
+    if prepared is not None and getattr(prepared, "att_tokens", ()):
+        att = np.asarray(prepared.att_tokens, dtype=np.float64)
+    else:
+        att = np.array([sum([s.stop - s.start for s in r]) for r in plan.attention_layout], dtype=np.float64)
+    lin = att.copy()
+    if plan.remap:
+        n = np.array([mv.tokens for mv in plan.remap], dtype=np.float64)
+        np.subtract.at(lin, np.array([mv.src for mv in plan.remap]), n)
+        np.add.at(lin, np.array([mv.dst for mv in plan.remap]), n)
+    mem = a * att + l * lin
+    mean = float(mem.mean())
+    return float(mem.max()) / mean if mean > 0 else 1.0
