@@ -16,7 +16,7 @@ Layers (``layers``):
   run ahead (tests measure the gap against "all"). The last layer's remap back is counted.
 - ``"all"``: every layer chained, no barriers (exact for the model; L times slower to simulate).
 
-Activation recompute (the plan's, ``Plan.meta["recompute"]``; recompute.py) is in each layer's
+Activation recompute (the plan's, ``Plan.meta.recompute``; recompute.py) is in each layer's
 backward: the forward it reruns, as tasks, before the backward it serves (layer.py).
 """
 
