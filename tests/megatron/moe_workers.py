@@ -19,7 +19,7 @@ from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.profile import load_profile
 from megatron_zeppelin.topology import Topology
 
-from zp_workers import CAPACITY, LR, step_docs
+from zp_workers import CAPACITY, LR, reference_run, step_docs
 
 MODEL = "tiny-moe"
 
@@ -83,17 +83,4 @@ def moe_run(rank, world, gpus_per_node, strategies, steps, init_state, balancing
 
 def moe_reference_run(rank, world, steps):
     """One process: initial full weights (all experts), then the oracle's losses and gradients."""
-    from megatron_zeppelin.integration.runtime import build_model, init_parallel
-    from megatron_zeppelin.integration.step import make_optimizer, reference_step
-
-    m = load_model(MODEL)
-    init_parallel(tp=1, seed=1234)
-    model = build_model(m, tp=1, zeppelin=False)
-    init = {n: p.detach().clone().numpy() for n, p in model.named_parameters()}
-    opt = make_optimizer(list(model.parameters()), lr=LR)
-    losses, grads = [], []
-    for s in range(steps):
-        r = reference_step(model, opt, step_docs(s, m.vocab), clip_grad=1.0)
-        losses.append(r["loss"])
-        grads.append({n: p.grad.detach().clone().numpy() for n, p in model.named_parameters()})
-    return {"init": init, "losses": losses, "grads": grads}
+    return reference_run(rank, world, steps, MODEL)

@@ -120,16 +120,18 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
             grads.append(gather_full(ddp.module.named_parameters(), rt.tp_group, tp, grads=True))
             classes = {c: classes.get(c, 0) + n for c, n in plan.class_counts().items()}
         out[strategy] = {"losses": losses, "grads": grads if rank == 0 else None, "classes": classes,
-                         "recompute": model.config.recompute_granularity}
+                         "recompute": model.config.recompute_granularity,
+                         "sequence_parallel": model.config.sequence_parallel}
     return out
 
 
-def reference_run(rank, world, steps):
-    """One process: initial full weights, then the oracle's losses and gradients."""
+def reference_run(rank, world, steps, model_name="tiny"):
+    """One process: initial full weights (an MoE ``model_name``: all experts), then the oracle's losses
+    and gradients."""
     from megatron_zeppelin.integration.runtime import build_model, init_parallel
     from megatron_zeppelin.integration.step import make_optimizer, reference_step
 
-    m = load_model("tiny")
+    m = load_model(model_name)
     init_parallel(tp=1, seed=1234)
     model = build_model(m, tp=1, zeppelin=False)
     init = {n: p.detach().clone().numpy() for n, p in model.named_parameters()}
