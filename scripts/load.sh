@@ -52,7 +52,13 @@ echo "[load] 8 busy loops + a 4-rank gloo job for ${DUR}s (until $(date -u -d "@
 
 if [ "${1:-}" = "--" ]; then
   shift
-  "$@"
+  # The command runs in its own session so SIGTERM/SIGINT to this script stop it and all its children
+  # (a foreground child would keep running until it ended, and bash defers traps until then).
+  setsid "$@" &
+  cmd=$!
+  trap 'kill -TERM -- -$cmd 2>/dev/null; wait $cmd; exit 130' INT
+  trap 'kill -TERM -- -$cmd 2>/dev/null; wait $cmd; exit 143' TERM
+  wait $cmd
   rc=$?
   echo "[load] command exited $rc; load average: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
   exit $rc
