@@ -60,10 +60,15 @@ class HardwareProfile:
     gpu_to_nic: Tuple[int, ...] = ()
     memory_GB: float = 80.0
     assumed: Tuple[str, ...] = field(default=())  # fields that are assumptions, not published/measured
-    # Fixed seconds per attention block call (launch, LSE merge, indexing), forward and backward, on top
-    # of FLOPs / rate; 0 in the GPU presets (folded into the rate table), measured by `zeppelin bench --validate-cpu`.
+    # Fixed seconds per attention kernel call (launch, cu_seqlens, LSE merge; the engine makes one
+    # call per rank per Compute of the layer program, every block of it packed), and per block inside
+    # a call (pairing segments, masks, slicing the K/V message), forward and backward, on top of
+    # FLOPs / rate; 0 in the GPU presets (folded into the rate table), measured by
+    # `zeppelin bench --validate-cpu`.
     attn_call_fwd_us: float = 0.0
     attn_call_bwd_us: float = 0.0
+    attn_block_fwd_us: float = 0.0
+    attn_block_bwd_us: float = 0.0
     # Cores of one host CPU that all ranks' compute shares (processor sharing: with n ranks computing,
     # each runs at min(1, host_cores / n) of the single-core rates above; sim/host.py). 0 = ranks do
     # not share compute (GPUs). Set by the CPU validation's calibration (calibrate/concurrent.py): the
@@ -171,6 +176,8 @@ class HardwareProfile:
         out["assumed"] = list(self.assumed)
         if self.attn_call_fwd_us or self.attn_call_bwd_us:
             out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
+        if self.attn_block_fwd_us or self.attn_block_bwd_us:
+            out["attention"].update(block_fwd_us=self.attn_block_fwd_us, block_bwd_us=self.attn_block_bwd_us)
         if self.attn_full_fwd_tflops:
             out["attention"].update(full_fwd_tflops=list(self.attn_full_fwd_tflops),
                                     full_bwd_tflops=list(self.attn_full_bwd_tflops))
@@ -196,6 +203,8 @@ class HardwareProfile:
                 memory_GB=float(d.get("memory_GB", 80.0)), assumed=tuple(d.get("assumed", ())),
                 attn_call_fwd_us=float(att.get("call_fwd_us", 0.0)),
                 attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)),
+                attn_block_fwd_us=float(att.get("block_fwd_us", 0.0)),
+                attn_block_bwd_us=float(att.get("block_bwd_us", 0.0)),
                 host_cores=float(d.get("host_cores", 0.0)), host_copy_GBps=float(d.get("host_copy_GBps", 0.0)),
                 attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
                 attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())),

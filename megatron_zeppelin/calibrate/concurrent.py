@@ -39,7 +39,7 @@ CPU_MODEL = ModelSpec(name="cpu-validation", layers=1, hidden=256, heads=8, kv_h
 # Table points: zigzag chunks of the validation batches are mostly 4-100 tokens, where the time of a
 # call is far from "fixed cost + FLOPs at one rate": dense points there keep the interpolation close.
 SEQLENS = (16, 32, 48, 64, 96, 128, 256, 512, 1024, 2048)
-CALL_LEN = 4  # a block this small measures the fixed cost of one block call
+CALL_LEN = 4  # a block this small measures fixed costs (per kernel call, per block)
 PROBE_DOCS = 64  # documents of the engine-path probe (2 blocks of CALL_LEN x CALL_LEN each)
 P2P_ROUNDS = 21  # ring exchanges per message size (the median is kept)
 SHARE_CHUNK = 32  # chunk of the sharing probe (the validation's zigzag chunks are mostly 4-100 tokens)
@@ -109,12 +109,13 @@ def _compute(rank: int, repeat: int) -> Dict:
     for L in SEQLENS:
         f, b, calls = _probe(rank, L, max(1, min(PROBE_DOCS, 512 // L)))
         few = repeat if L <= 256 else min(repeat, 3)  # a 2048-token backward pair takes ~0.3 s
-        out["full_fwd"][L] = _time_compute(f, few) / calls
+        out["full_fwd"][L] = _time_compute(f, few) / calls  # per block, its share of the one call included
         out["full_bwd"][L] = _time_compute(b, few) / calls
+        out.setdefault("full_blocks", {})[L] = calls  # blocks in that one kernel call
     x = torch.randn(1024, m.hidden, generator=g)
     w = torch.randn(m.hidden, m.ffn, generator=g)
     out["gemm"] = _time_compute(lambda: x @ w, repeat)
-    out["engine_call"] = _engine_call(rank, repeat)
+    out["engine_call"], out["engine_block"] = _engine_call(rank, repeat)
     return out
 
 
@@ -145,13 +146,20 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
             lambda: attend_backward(view, [(ring, 1, kv, dkv)], q, out, lse, dout, dq, scale, "auto"), calls)
 
 
-def _engine_call(rank: int, repeat: int) -> Tuple[float, float]:
-    """Seconds per block call (forward, backward) as the engine makes them, on tiny blocks
-    (``_probe`` with CALL_LEN-token chunks). Unlike the hot loop over one block above, this pays
-    what the engine pays per block: pairing segments, masks, slicing a packed K/V message, distinct
-    memory each call (measured: ~20 us more per call than the hot loop here)."""
-    fwd, bwd, calls = _probe(rank, CALL_LEN)
-    return _time_compute(fwd, repeat) / calls, _time_compute(bwd, repeat) / calls
+def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[float, float]]:
+    """(per kernel call, per block in a call), forward and backward, as the engine makes its calls
+    (every block of a Compute packed in one call), on tiny blocks: ``_probe`` with CALL_LEN-token
+    chunks over one document (2 blocks in the call) and over PROBE_DOCS (2 x PROBE_DOCS blocks).
+    The difference gives what each block adds (pairing segments, masks, slicing the packed K/V
+    message), the rest of the small call the fixed cost of a call (cu_seqlens, launch, merge)."""
+    one, many = _probe(rank, CALL_LEN, 1), _probe(rank, CALL_LEN)
+    call, block = [], []
+    for i in (0, 1):
+        t1, tn = _time_compute(one[i], repeat), _time_compute(many[i], repeat)
+        per = max(tn - t1, 0.0) / max(many[2] - one[2], 1)
+        block.append(per)
+        call.append(max(t1 - one[2] * per, 0.0))
+    return tuple(call), tuple(block)
 
 
 def _sharing(rank: int, world: int, repeat: int) -> Tuple[float, list]:
@@ -275,26 +283,33 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
     def med(f):
         return statistics.median([f(r) for r in res])
 
-    def call(r, b):  # the fixed cost per call on the engine's path (the hot loop's, if not measured)
-        return r["engine_call"][b] if "engine_call" in r else r[("fwd", "bwd")[b]][CALL_LEN]
-    # The rates: FLOPs over a table call's time less the fixed cost of a call made the same way (hot
-    # loop for the causal table, the engine's path for the full one). The profile's fixed cost per
-    # call is the engine's: a causal block of a table length costs its hot-loop time plus what the
-    # engine's path adds per call, a full one what the engine's path took.
+    def block(r, b):  # the engine path's fixed cost per block (the hot loop's per call, if not measured)
+        return r["engine_block"][b] if "engine_block" in r else r[("fwd", "bwd")[b]][CALL_LEN]
+
+    def call(r, b):  # the engine's fixed cost per kernel call (0 if not measured)
+        return r["engine_call"][b] if "engine_block" in r else 0.0
+
+    def full_fixed(r, b, L):  # per block of the full table's probe: its own, and its share of the call
+        return block(r, b) + call(r, b) / r.get("full_blocks", {}).get(L, float("inf"))
+    # The rates: FLOPs over a table time less the fixed cost paid the same way (the hot loop's per
+    # call for the causal table, the engine path's per block and call share for the full one). The
+    # profile's fixed costs are the engine's: a block costs its FLOPs at the rate plus the engine's
+    # per-block cost, and each kernel call (one per rank per Compute) the per-call cost.
     rates = {}
     for key in ("", "full_"):
         out = []
         for b, d in enumerate(("fwd", "bwd")):
-            fixed = (lambda r: call(r, b)) if key else (lambda r: r[d][CALL_LEN])
+            fixed = (lambda r, L: full_fixed(r, b, L)) if key else (lambda r, L: r[d][CALL_LEN])
             ys = []
             for L in SEQLENS:  # the rate of the FLOPs once the fixed cost of the call is taken out
                 fl = 4.0 * L * L * hd if key else 2.0 * L * (L + 1) * hd  # as the cost model counts them
                 fl *= BWD_FLOPS if b else 1.0
                 t = med(lambda r: r[key + d][L])
-                ys.append(fl / max(med(lambda r: r[key + d][L] - fixed(r)), 0.05 * t) / 1e12)
+                ys.append(fl / max(med(lambda r: r[key + d][L] - fixed(r, L)), 0.05 * t) / 1e12)
             out.append(tuple(ys))
         rates[key] = tuple(out)
     call_f, call_b = med(lambda r: call(r, 0)), med(lambda r: call(r, 1))
+    block_f, block_b = med(lambda r: block(r, 0)), med(lambda r: block(r, 1))
     gemm = 2.0 * 1024 * m.hidden * m.ffn / med(lambda r: r["gemm"]) / 1e12
     if world > 1:
         bw, lat = fit_link(SIZES, [p2p_round_s(res, n) for n in SIZES])
@@ -307,7 +322,8 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
         attn_full_fwd_tflops=rates["full_"][0], attn_full_bwd_tflops=rates["full_"][1],
         nvlink_GBps=bw / 1e9, nvlink_latency_us=lat * 1e6, nic_GBps=bw / 1e9, nic_latency_us=lat * 1e6,
         gpus_per_node=gpn, nics_per_node=gpn, memory_GB=0.0,
-        attn_call_fwd_us=call_f * 1e6, attn_call_bwd_us=call_b * 1e6, host_cores=host_cores(res),
+        attn_call_fwd_us=call_f * 1e6, attn_call_bwd_us=call_b * 1e6,
+        attn_block_fwd_us=block_f * 1e6, attn_block_bwd_us=block_b * 1e6, host_cores=host_cores(res),
         host_copy_GBps=copy_rate(res) / 1e9 if world > 1 else 0.0,
         assumed=("measured on this machine by `zeppelin bench --validate-cpu`: compute rates with one rank "
                  f"computing at a time (single core); host_cores = what the {world} ranks got computing at "

@@ -9,8 +9,9 @@ function (vectorised over query length, key length and causal-or-full, forward o
 attention FLOPs count the causal triangle once (4*q*k*heads*head_dim for a full block, half of the
 square for a diagonal block); the backward is 2.5x the forward FLOPs at the profile's backward
 rate; full blocks run at the profile's full-block table when it has one
-(``attention.full_fwd_tflops`` / ``full_bwd_tflops``); every block call adds the profile's fixed
-seconds per call. ``gemm_s`` is the one linear function: linear modules cost 3x their forward
+(``attention.full_fwd_tflops`` / ``full_bwd_tflops``); every block adds the profile's fixed seconds
+per block (``attention.block_fwd_us``), and every kernel call its fixed seconds per call
+(``call_s``: the engine makes one call per rank per Compute of the layer program, program.py). ``gemm_s`` is the one linear function: linear modules cost 3x their forward
 FLOPs at the GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a
 node, one NIC across nodes); the DP gradient all-reduce is ``dp_allreduce_s``.
 
@@ -77,8 +78,8 @@ class CostModel:
 
     def block_pass_s(self, q, kv, causal, backward: bool = False):
         """Seconds of attention blocks in one layer, one pass (forward, or backward: 2.5x the
-        forward FLOPs at the backward rate), plus the profile's fixed seconds per kernel call;
-        0 where q or kv is 0. Vectorised over q, kv and causal: the partitioner, the prediction and
+        forward FLOPs at the backward rate), plus the profile's fixed seconds per block (the kernel
+        call they are packed in is ``call_s``); 0 where q or kv is 0. Vectorised over q, kv and causal: the partitioner, the prediction and
         the simulator all price attention here.
 
         >>> from megatron_zeppelin.planner.testing import toy_context
@@ -89,8 +90,12 @@ class CostModel:
         q = np.asarray(q, dtype=np.float64)
         kv = np.asarray(kv, dtype=np.float64)
         f = self.block_flops(q, kv, causal) * (BWD_FLOPS if backward else 1.0)
-        call = (self.profile.attn_call_bwd_us if backward else self.profile.attn_call_fwd_us) * 1e-6
-        return np.where((q > 0) & (kv > 0), f / self.attn_rate(q, causal, backward) + call, 0.0)
+        fixed = (self.profile.attn_block_bwd_us if backward else self.profile.attn_block_fwd_us) * 1e-6
+        return np.where((q > 0) & (kv > 0), f / self.attn_rate(q, causal, backward) + fixed, 0.0)
+
+    def call_s(self, backward: bool = False) -> float:
+        """Fixed seconds of one attention kernel call (one per rank per Compute that has blocks)."""
+        return (self.profile.attn_call_bwd_us if backward else self.profile.attn_call_fwd_us) * 1e-6
 
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:
         """Forward seconds of one block in one layer."""
@@ -308,7 +313,8 @@ class CostModel:
         if ring <= 1:
             return self.doc_attention_s(length)
         c = max(1, length // (2 * ring))
-        return 2 * self.block_s(c, c, True) + (2 * ring - 1) * self.block_s(c, c, False)
+        calls = ring * (self.call_s() + self.call_s(True)) * self.model.layers  # a call per ring step
+        return 2 * self.block_s(c, c, True) + (2 * ring - 1) * self.block_s(c, c, False) + calls
 
     def remap_s_per_token(self, link: str) -> float:
         """Iteration seconds to remap one token over ``link`` (4 exchanges per layer: there and back,

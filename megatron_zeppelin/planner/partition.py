@@ -66,10 +66,12 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     cost = ctx.cost
     G = sizes.astype(np.float64)
     c = np.maximum(1, length // (2 * sizes)).astype(np.float64)  # zigzag chunk tokens
-    step_c = 2 * cost.block_pass_s(c, c, False)  # forward compute of one ring step (2 full blocks, one layer)
-    step_b = 2 * cost.block_pass_s(c, c, False, backward=True)
-    full = (step_c + step_b) / 2 * cost.model.layers
-    member_att = 2 * cost.block_s_np(c, c, True) + (2 * G - 1) * full
+    blk_c = 2 * cost.block_pass_s(c, c, False)  # forward blocks of one ring step (2 full blocks, one layer)
+    blk_b = 2 * cost.block_pass_s(c, c, False, backward=True)
+    step_c, step_b = blk_c + cost.call_s(), blk_b + cost.call_s(True)  # in one kernel call
+    full = (blk_c + blk_b) / 2 * cost.model.layers
+    calls = G * (cost.call_s() + cost.call_s(True)) * cost.model.layers  # a call per ring step
+    member_att = 2 * cost.block_s_np(c, c, True) + (2 * G - 1) * full + calls
     need = 2 * -(-length // (2 * sizes))  # tokens of a member's two chunks, at most
     nbytes = cost.kv_bytes_per_token * length / G
     x_nv = cost.latency("nvlink") + nbytes / cost.bandwidth("nvlink")

@@ -25,8 +25,8 @@ from typing import Dict, List, Sequence, Tuple
 from ..topology import link_ports
 from .cost_model import LINEAR_PASSES, CostModel
 from .moe_cost import moe_pass_s
-from .program import AttentionWork, Compute, Post, attention_program
-from .types import MIRROR, STAGES, CommOp, DocPlan, Move, RankCost, Ring, Segment
+from .program import AttentionWork, Compute, Post, attention_program, exchange_phases
+from .types import MIRROR, CommOp, DocPlan, Move, RankCost, Ring, Segment
 
 
 def _link_keys(op: CommOp, cost: CostModel):
@@ -45,7 +45,7 @@ def step_message_times(ops: Sequence[CommOp], cost: CostModel, scale: float = 1.
         t = cost.latency(o.link) + busiest / cost.bandwidth(o.link)
         key = (o.ring, o.block, o.msg_src, o.msg_dst)
         per_msg_stage[key][o.stage] = max(per_msg_stage[key].get(o.stage, 0.0), t)
-    return {k: sum(v.get(s, 0.0) for s in STAGES) for k, v in per_msg_stage.items()}
+    return {k: sum(v.get(s, 0.0) for s in exchange_phases()) for k, v in per_msg_stage.items()}
 
 
 def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None):
@@ -130,7 +130,7 @@ def _prepared_exchange(hops, cost, also=()) -> list:
     for h in hops:
         by_stage[h[0]].append(h)
     out = []
-    for stage in STAGES:
+    for stage in exchange_phases():  # the executor's and the simulator's one phase order
         for h in by_stage.get(stage, ()):
             _, src, dst, _, keys, link, (src_own, dst_own), piece = h
             sec = None if src == dst else max([load[(stage,) + k] for k in keys]) / cost.bandwidth(link)

@@ -99,12 +99,17 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
 
 def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps: int, world: int):
     """Per ring step and rank, (forward, backward) compute seconds of one layer of ``rings``, as
-    [steps, world] arrays, priced by the cost model's one block function."""
+    [steps, world] arrays, priced by the cost model's one block function, plus one kernel call
+    (``cost.call_s``) per (step, rank) with blocks, as the engine packs a step's blocks."""
     b = ring_blocks(rings, docs)
     fwd, bwd = np.zeros((steps, world)), np.zeros((steps, world))
     if len(b.q):
         np.add.at(fwd, (b.step, b.rank), cost.block_pass_s(b.q, b.kv, b.causal))
         np.add.at(bwd, (b.step, b.rank), cost.block_pass_s(b.q, b.kv, b.causal, True))
+        has = np.zeros((steps, world), dtype=bool)
+        has[b.step, b.rank] = True
+        fwd += has * cost.call_s()
+        bwd += has * cost.call_s(True)
     return fwd, bwd
 
 
@@ -266,7 +271,8 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
 
 class AttentionWork:
     """The compute of a plan's core attention priced once by the cost model: every ring block and
-    every local document, forward and backward; ``seconds`` gives a Compute's seconds per rank."""
+    every local document, forward and backward; ``seconds`` gives a Compute's seconds per rank
+    (its blocks, plus one kernel call on every rank that has any: the engine packs them, runner.py)."""
 
     def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int):
         dmap = {d.doc: d for d in docs}
@@ -275,6 +281,7 @@ class AttentionWork:
         self.ring_id = ids[b.ring] if len(b.q) else b.ring
         self.step, self.rank = b.step, b.rank
         self.sec = {bw: cost.block_pass_s(b.q, b.kv, b.causal, bw) for bw in (False, True)}
+        self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.members = {r.id: r.ranks for r in rings}
         loc = [d for d in docs if d.cls == "local"]
         L = np.array([d.length for d in loc], dtype=np.float64)
@@ -283,6 +290,7 @@ class AttentionWork:
         for bw in (False, True):
             t = np.zeros(world)
             np.add.at(t, own, cost.block_pass_s(L, L, True, bw))
+            t[np.unique(own)] += self.call[bw]  # the local documents: one call
             self.local[bw] = t
         self.local_ranks = tuple(sorted(set(own.tolist())))
         self.world = world
@@ -304,6 +312,7 @@ class AttentionWork:
             else:
                 m = np.isin(self.ring_id, c.rings) & np.isin(self.step, c.steps)
             np.add.at(out, self.rank[m], self.sec[backward][m])
+            out[np.unique(self.rank[m])] += self.call[backward]  # all its blocks in one call per rank
             self._seconds[key] = out
         return out
 

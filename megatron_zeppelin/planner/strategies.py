@@ -33,11 +33,16 @@ class Candidate:
     """One placement worth assembling. ``label`` names it in the winner's Plan metadata
     (``variant``; empty: a strategy with one candidate); ``bound``: a lower bound of its predicted
     iteration (not assembled when at or above the best so far); ``prepared``: the assembly work it
-    shares with other candidates of the same placement (assemble.prepare)."""
-    placement: Placement
+    shares with other candidates of the same placement (assemble.prepare). ``setting``: the
+    run-level value it was made with, as (PlanMeta field, value), e.g. ("cp_size", 4): the winner's
+    ``<field>_predicted_s`` then lists every assembled setting's prediction. ``error``: why this
+    setting has no placement (e.g. over capacity); it is skipped, and named if none is left."""
+    placement: Optional[Placement]
     label: str = ""
     bound: float = 0.0
     prepared: Optional[object] = None
+    setting: Optional[Tuple[str, int]] = None
+    error: Optional[PlanError] = None
 
 
 @dataclass
@@ -108,25 +113,37 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     from .assemble import assemble  # late: assemble imports the planner's other parts
     from .memory_choice import MemoryChoice
 
-    search, won, err = Search(), None, None
+    search, won, errors = Search(), None, []
     memory = MemoryChoice(ctx) if name == "zeppelin" else None  # Zeppelin's memory balance
+    tried: Dict[str, list] = {}  # setting field -> (value, predicted seconds) of each assembled setting
     for c in propose(lengths, ctx, search):
-        if c.bound >= search.best_s:
+        if c.error is None and c.bound >= search.best_s:
             continue
         try:
+            if c.error is not None:
+                raise c.error
             plan = assemble(name, lengths, ctx, c.placement, prepared=c.prepared)
         except PlanError as e:
-            err = e
+            errors.append((c.setting, e))
             continue
+        if c.setting is not None:
+            tried.setdefault(c.setting[0], []).append((c.setting[1], plan.predicted_iteration_s))
         if memory is not None:
             memory.offer(plan, c)
         if plan.predicted_iteration_s < search.best_s:
             search.best_s, search.best, won = plan.predicted_iteration_s, plan, c
     if won is None:
-        raise err if err is not None else PlanError(f"strategy '{name}' proposed no placement")
+        if not errors:
+            raise PlanError(f"strategy '{name}' proposed no placement")
+        if all(s is not None for s, _ in errors):  # every run-level setting failed: name each
+            raise PlanError(f"no feasible {errors[0][0][0]} for this batch: "
+                            + "; ".join(f"{s[0]}={s[1]}: {e}" for s, e in errors))
+        raise errors[-1][1]
     plan = search.best
     if memory is not None:  # the fastest memory-balanced plan where it costs little (memory_choice.py)
         _, plan, won = memory.pick()
     if won.label:
         plan = replace(plan, meta=replace(plan.meta, variant=won.label))
+    for field, got in tried.items():
+        plan = replace(plan, meta=replace(plan.meta, **{field + "_predicted_s": tuple(sorted(got))}))
     return plan, won

@@ -99,6 +99,7 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
     from ..planner import make_context, plan_batch
     from ..planner.assemble import assemble
     from ..planner.baselines.static_cp import plan_static_cp
+    from ..planner.strategies import choose
     if setting == AUTO:
         setting = None
     if setting is not None and variant in CP_VARIANTS:
@@ -111,11 +112,15 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
         return plan_batch(lengths, topo, profile, model, config, strategy=variant)
     if variant == "zeppelin-noremap":
         return plan_batch(lengths, topo, profile, model, config.with_(remap=False), strategy="zeppelin")
-    if variant == "static_cp+routing":
+    if variant == "static_cp+routing":  # static_cp's candidates with routing on, picked as every strategy's
         ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
-        placement = plan_static_cp(list(lengths), ctx)
-        placement.routing = topo.nodes > 1
-        return assemble(variant, list(lengths), ctx, placement)
+
+        def routed(lengths, ctx, search):
+            for c in plan_static_cp(lengths, ctx, search):
+                if c.placement is not None:
+                    c.placement.routing = topo.nodes > 1
+                yield c
+        return choose(variant, list(lengths), ctx, routed)[0]
     raise ZeppelinError(f"unknown variant '{variant}' (strategies in the matrix must be among {', '.join(VARIANTS)})")
 
 

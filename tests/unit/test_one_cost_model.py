@@ -28,7 +28,8 @@ CPU_LIKE = replace(TOY_PROFILE, name="cpu", gemm_tflops=0.05, attn_seqlen=(16, 6
                    attn_fwd_tflops=(0.004, 0.012, 0.02, 0.025), attn_bwd_tflops=(0.003, 0.008, 0.015, 0.02),
                    attn_full_fwd_tflops=(0.008, 0.02, 0.025, 0.027),
                    attn_full_bwd_tflops=(0.006, 0.014, 0.018, 0.021),
-                   attn_call_fwd_us=40.0, attn_call_bwd_us=90.0, nvlink_GBps=1.0, nvlink_latency_us=60.0,
+                   attn_call_fwd_us=40.0, attn_call_bwd_us=90.0, attn_block_fwd_us=8.0, attn_block_bwd_us=15.0,
+                   nvlink_GBps=1.0, nvlink_latency_us=60.0,
                    nic_GBps=1.0, nic_latency_us=60.0)
 PROFILES = [TOY_PROFILE, FULL, CPU_LIKE]
 
@@ -49,7 +50,8 @@ def test_block_costs_are_the_simulators(profile):
         assert float(cost.block_s_np([q], [kv], causal)[0]) == pytest.approx(sim, rel=1e-12, abs=0)
     c = 3000 // 4
     member = (2 * (k.block_fwd_s(c, c, True) + k.block_bwd_s(c, c, True))
-              + 3 * (k.block_fwd_s(c, c, False) + k.block_bwd_s(c, c, False))) * TOY_MODEL.layers
+              + 3 * (k.block_fwd_s(c, c, False) + k.block_bwd_s(c, c, False))
+              + 2 * (cost.call_s() + cost.call_s(True))) * TOY_MODEL.layers  # a kernel call per ring step
     assert cost.ring_member_attention_s(3000, 2) == pytest.approx(member, rel=1e-12)
     if profile.attn_full_fwd_tflops:  # the full-block table is read, not the causal one
         plain = CostModel(TOY_MODEL, replace(profile, attn_full_fwd_tflops=(), attn_full_bwd_tflops=()), topo)
@@ -142,3 +144,35 @@ def test_recompute_ring_plans_predicted_as_simulated(profile, rc):
         assert extra == pytest.approx(fwd_ring, rel=1e-9)
     else:  # full: the remap's forward moves too (none here: CP plans keep their layout)
         assert extra >= fwd_ring * (1 - 1e-9)
+
+
+def test_one_kernel_call_per_rank_per_compute():
+    """The engine packs every block of a Compute into one kernel call per rank (attention/runner.py),
+    so a Compute costs its blocks plus one call on each rank that has blocks, and the local queue one
+    call on each rank owning local documents: counted here by hand from the blocks, not by the code
+    that prices them."""
+    from megatron_zeppelin.planner.program import AttentionWork, Compute, ring_step_blocks
+    topo = Topology(2, 2)
+    ctx = make_context(topo, CPU_LIKE, TOY_MODEL, ZeppelinConfig(gpus_per_node=2), total_tokens=13000)
+    lengths = [9000, 3000, 700, 300]
+    rings = assemble("static_cp", lengths, ctx, cp_placement(lengths, ctx, cp=2, comm="p2p"))
+    local = plan_batch(lengths, topo, CPU_LIKE, TOY_MODEL, ZeppelinConfig(gpus_per_node=2), strategy="packed_dp")
+    free = CostModel(TOY_MODEL, replace(CPU_LIKE, attn_call_fwd_us=0.0, attn_call_bwd_us=0.0), topo)
+    seen = {"ring": 0, "local": 0}
+    for plan in (rings, local):
+        paid, unpaid = AttentionWork(ctx.cost, plan.docs, plan.rings, 4), AttentionWork(free, plan.docs, plan.rings, 4)
+        docs = {d.doc: d for d in plan.docs}
+        owners = {d.owner for d in plan.docs if d.cls == "local"}
+        for backward, call in ((False, 40e-6), (True, 90e-6)):
+            for x in attention_program(plan.rings, has_local=bool(owners), backward=backward):
+                if not isinstance(x, Compute):
+                    continue
+                if x.queue == "local":
+                    busy = owners
+                else:
+                    busy = {r.ranks[i] for r in plan.rings if r.id in x.rings for s in x.steps
+                            for i in range(r.size) if s < r.size and ring_step_blocks(r, docs, i, s)}
+                seen["local" if x.queue == "local" else "ring"] += len(busy)
+                want = [call if rank in busy else 0.0 for rank in range(4)]
+                assert np.allclose(paid.seconds(x, backward) - unpaid.seconds(x, backward), want, rtol=0, atol=1e-12)
+    assert seen["ring"] >= 8 and seen["local"] >= 4  # both kinds of Compute were checked

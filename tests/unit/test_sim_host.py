@@ -160,10 +160,14 @@ def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, call_f, call_b, cores):
         out["fwd"][L] = call_f + c / (rate_fwd * 1e12)
         out["bwd"][L] = call_b + BWD_FLOPS * c / (rate_bwd * 1e12)
         f = 4.0 * L * L * hd
-        out["full_fwd"][L] = call_f + 2e-5 + f / (full_fwd * 1e12)  # timed on the engine's path
-        out["full_bwd"][L] = call_b + 1e-5 + BWD_FLOPS * f / (full_bwd * 1e12)
+        # timed on the engine's path, per block: its fixed cost, its share of the one call's, FLOPs
+        blocks = 8
+        out["full_fwd"][L] = call_f + 2e-5 + 4e-4 / blocks + f / (full_fwd * 1e12)
+        out["full_bwd"][L] = call_b + 1e-5 + 6e-4 / blocks + BWD_FLOPS * f / (full_bwd * 1e12)
+        out.setdefault("full_blocks", {})[L] = blocks
     out["fwd"][CALL_LEN], out["bwd"][CALL_LEN] = call_f, call_b  # the call-cost probe: all fixed cost
-    out["engine_call"] = (call_f + 2e-5, call_b + 1e-5)  # the engine's path adds 20 / 10 us per call
+    out["engine_block"] = (call_f + 2e-5, call_b + 1e-5)  # the engine's path adds 20 / 10 us per block
+    out["engine_call"] = (4e-4, 6e-4)  # and 400 / 600 us per kernel call
     return out
 
 
@@ -171,7 +175,9 @@ def test_calibration_recovers_known_costs():
     res = [_synthetic(0.02, 0.025, 0.04, 0.05, 1.3e-4, 0.9e-4, 2)] * 2
     p = profile_from(res, 2)
     assert isinstance(p, HardwareProfile) and p.host_cores == 2.0
-    assert p.attn_call_fwd_us == pytest.approx(150.0) and p.attn_call_bwd_us == pytest.approx(100.0)
+    assert p.attn_block_fwd_us == pytest.approx(150.0) and p.attn_block_bwd_us == pytest.approx(100.0)
+    assert p.attn_call_fwd_us == pytest.approx(400.0) and p.attn_call_bwd_us == pytest.approx(600.0)
+    assert p.attn_full_fwd_tflops[1:] == pytest.approx([0.04] * (len(SEQLENS) - 1))  # 16 tokens: under the 5% floor
     assert p.attn_fwd_tflops == pytest.approx([0.02] * len(SEQLENS))
     assert p.attn_full_bwd_tflops == pytest.approx([0.05] * len(SEQLENS))
     assert p.nvlink_GBps == pytest.approx(1.0) and p.nvlink_latency_us == pytest.approx(100.0)

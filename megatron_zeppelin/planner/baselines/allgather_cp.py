@@ -9,20 +9,21 @@ the reduce-scatter of dK/dV in the backward) is not overlapped with compute.
 >>> from megatron_zeppelin.planner.testing import toy_context
 >>> from megatron_zeppelin.config import ZeppelinConfig
 >>> ctx = toy_context(gpus=4, config=ZeppelinConfig(gpus_per_node=4, cp_size=4))
->>> p = plan_allgather_cp([8, 6, 4], ctx)
->>> [(r.ranks, r.comm, r.docs) for r in p.rings], p.meta["cp_size"]
-([((0, 1, 2, 3), 'allgather', (0, 1, 2))], '4')
+>>> from megatron_zeppelin.planner.strategies import pick
+>>> p, _ = pick("allgather_cp", [8, 6, 4], ctx)
+>>> [(r.ranks, r.comm, r.docs) for r in p.rings], p.meta.cp_size
+([((0, 1, 2, 3), 'allgather', (0, 1, 2))], 4)
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
-from ..context import Placement, PlanContext
-from ..strategies import strategy
-from .static_cp import best_cp_placement
+from ..context import PlanContext
+from ..strategies import Candidate, strategy
+from .static_cp import cp_candidates
 
 
-@strategy("allgather_cp", order=3)
-def plan_allgather_cp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    return best_cp_placement(lengths, ctx, "allgather")
+@strategy("allgather_cp", order=3, searches=True)
+def plan_allgather_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
+    return cp_candidates(lengths, ctx, "allgather")

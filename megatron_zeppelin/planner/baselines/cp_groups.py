@@ -22,10 +22,11 @@ A doc -> group map becomes local documents (group of one) and one ring per disti
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 from ..context import Placement, PlanContext
 from ..layout import zigzag_bounds
+from ..strategies import Candidate
 from ..types import DocPlan, PlanError, Ring, Thresholds
 
 
@@ -97,24 +98,14 @@ def rank_tokens(lengths: Sequence[int], groups: Mapping[int, Tuple[int, ...]], w
     return tok
 
 
-def pick_fastest(lengths: Sequence[int], ctx: PlanContext,
-                 candidates: Sequence[Tuple[int, Callable[[], Placement]]], what: str) -> Placement:
-    """Assemble each candidate (label, build) into a plan, keep the lowest predicted iteration time
-    (ties: the smaller label). Builders raising PlanError (e.g. over capacity) are skipped."""
-    from ..assemble import assemble  # late: assemble is the consumer of Placements
-
-    scored, reasons = [], []
-    for label, build in candidates:
+def setting_candidates(settings: Sequence[Tuple[int, Callable[[], Placement]]], what: str) -> Iterator[Candidate]:
+    """One Candidate per run-level value (value, build) of the PlanMeta field ``what``, in the order
+    given (strategies.choose keeps the first of equal predictions); a build raising PlanError (e.g.
+    over capacity) becomes a Candidate carrying that error, which choose skips and names."""
+    for value, build in settings:
         try:
             pl = build()
         except PlanError as e:
-            reasons.append(f"{what}={label}: {e}")
+            yield Candidate(None, setting=(what, value), error=e)
             continue
-        t = assemble(what, lengths, ctx, pl).predicted_iteration_s
-        scored.append((t, label, pl))
-    if not scored:
-        raise PlanError("no feasible " + what + " for this batch: " + "; ".join(reasons))
-    t, label, best = min(scored, key=lambda x: (x[0], x[1]))
-    best.meta[what] = str(label)
-    best.meta[what + "_predicted_s"] = ", ".join(f"{lb}:{tt:.6g}" for tt, lb, _ in sorted(scored, key=lambda x: x[1]))
-    return best
+        yield Candidate(pl, setting=(what, value))

@@ -41,12 +41,12 @@ Example: 4 ranks, capacity 4 tokens: 8 tokens need 2 ranks, 4 and 3 one each.
 from __future__ import annotations
 
 from collections import deque
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 from ..context import Placement, PlanContext
-from ..strategies import strategy
+from ..strategies import Candidate, strategy
 from ..types import PlanError
-from .cp_groups import aligned_blocks, member_tokens, pick_fastest, placement_from_groups
+from .cp_groups import aligned_blocks, member_tokens, placement_from_groups, setting_candidates
 
 DELTA = 0.05  # Megatron's next_hdp_group default: close the group when loads are within 5%
 BUCKET_SLACK = 1.1  # Megatron's dcp_make_buckets_equal: a bucket may exceed its target by 10%
@@ -178,8 +178,8 @@ class _Round:
                 return  # no group can grow into free ranks: they stay idle this round
 
 
-@strategy("dynamic_cp", order=5)
-def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
+@strategy("dynamic_cp", order=5, searches=True)
+def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
     """Best max_seqlen_per_dp_cp_rank for the batch: the capacity, or a power-of-two fraction of it
     (smaller values split more documents), whichever the cost model predicts fastest."""
     world, cap = ctx.topology.world_size, ctx.capacity
@@ -190,8 +190,8 @@ def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
         cands.append((m, (lambda m=m: dynamic_cp_placement(lengths, ctx, m))))
         m //= 2
     if len(cands) == 1:
-        return dynamic_cp_placement(lengths, ctx, cap)
-    return pick_fastest(lengths, ctx, cands, "max_seqlen_per_dp_cp_rank")
+        return (Candidate(dynamic_cp_placement(lengths, ctx, cap)),)
+    return setting_candidates(cands[::-1], "max_seqlen_per_dp_cp_rank")  # ascending: ties keep the smaller
 
 
 def dynamic_cp_rounds(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> List[Dict[int, Tuple[int, ...]]]:

@@ -23,12 +23,12 @@ Example: 4 ranks, CP 2: groups (0, 1) and (2, 3); lengths 8, 6, 4 pack as {8} an
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..context import Placement, PlanContext
-from ..strategies import strategy
+from ..strategies import Candidate, strategy
 from ..types import PlanError
-from .cp_groups import aligned_blocks, pick_fastest, placement_from_groups, cp_sizes, rank_tokens
+from .cp_groups import aligned_blocks, cp_sizes, placement_from_groups, rank_tokens, setting_candidates
 
 
 def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -> Placement:
@@ -65,15 +65,15 @@ def cp_assignment(lengths: Sequence[int], groups: int) -> list:
     return out
 
 
-def best_cp_placement(lengths: Sequence[int], ctx: PlanContext, comm: str) -> Placement:
-    """``config.cp_size`` if set, else the predicted-fastest CP size (see cp_sizes)."""
-    world = ctx.topology.world_size
+def cp_candidates(lengths: Sequence[int], ctx: PlanContext, comm: str) -> Iterable[Candidate]:
+    """``config.cp_size`` if set, else one candidate per CP size (see cp_sizes), ascending; the
+    one place that picks (strategies.choose) keeps the predicted-fastest."""
     if ctx.config.cp_size:
-        return cp_placement(lengths, ctx, ctx.config.cp_size, comm)
-    cands = [(cp, (lambda cp=cp: cp_placement(lengths, ctx, cp, comm))) for cp in cp_sizes(world)]
-    return pick_fastest(lengths, ctx, cands, "cp_size")
+        return (Candidate(cp_placement(lengths, ctx, ctx.config.cp_size, comm)),)
+    return setting_candidates([(cp, (lambda cp=cp: cp_placement(lengths, ctx, cp, comm)))
+                               for cp in cp_sizes(ctx.topology.world_size)], "cp_size")
 
 
-@strategy("static_cp", order=2)
-def plan_static_cp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    return best_cp_placement(lengths, ctx, "p2p")
+@strategy("static_cp", order=2, searches=True)
+def plan_static_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
+    return cp_candidates(lengths, ctx, "p2p")
