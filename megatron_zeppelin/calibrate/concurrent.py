@@ -112,6 +112,14 @@ def _compute(rank: int, repeat: int) -> Dict:
         out["full_fwd"][L] = _time_compute(f, few) / calls  # per block, its share of the one call included
         out["full_bwd"][L] = _time_compute(b, few) / calls
         out.setdefault("full_blocks", {})[L] = calls  # blocks in that one kernel call
+        # The same documents at ring step 0 (the own block): per document 2 causal blocks and 1 full
+        # one. The causal blocks of a ring step cost more on the engine's path than the hot loop
+        # above says (measured: ring step 0 of 16-128-token chunks 15-49% over the hot-loop table,
+        # full-only steps within noise), so the causal table is taken from here where measured.
+        f0, b0, _ = _probe(rank, L, max(1, min(PROBE_DOCS, 512 // L)), block=0)
+        out.setdefault("step0_fwd", {})[L] = _time_compute(f0, few)
+        out.setdefault("step0_bwd", {})[L] = _time_compute(b0, few)
+        out.setdefault("step0_docs", {})[L] = max(1, min(PROBE_DOCS, 512 // L))
     x = torch.randn(1024, m.hidden, generator=g)
     w = torch.randn(m.hidden, m.ffn, generator=g)
     out["gemm"] = _time_compute(lambda: x @ w, repeat)
@@ -119,10 +127,12 @@ def _compute(rank: int, repeat: int) -> Dict:
     return out
 
 
-def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
-    """(forward, backward, calls): the engine's own block loop (attention/blocks.attend and
-    attend_backward) over one K/V block of a ring of 2 holding ``ndocs`` documents of 4 x ``chunk``
-    tokens: member 0's last chunk sees both chunks of member 1's block, 2 full blocks per document."""
+def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, block: int = 1):
+    """(forward, backward, blocks): the engine's own block path (attention/blocks.attend and
+    attend_backward: one kernel call) over one K/V block of a ring of 2 holding ``ndocs`` documents
+    of 4 x ``chunk`` tokens, as member 0: ``block`` 1 (member 1's, ring step 1): its last chunk sees
+    both chunks of that block, 2 full blocks per document; ``block`` 0 (its own, step 0): 2 causal
+    (diagonal) blocks and 1 full block per document."""
     import torch
 
     from ..attention.blocks import _pairs, attend, attend_backward
@@ -134,16 +144,16 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
     ring = Ring(0, (0, 1), "intra", tuple(range(ndocs)))
     docs = tuple(DocPlan(i, L, "intra", 0, -1, zigzag_bounds(L, 2)) for i in range(ndocs))
     view = RankView.build(docs, (ring,), attention_layout(docs, (ring,), 2), 0)
-    calls = sum(1 for _ in _pairs(view, ring, 1))
+    calls = sum(1 for _ in _pairs(view, ring, block))
     g = torch.Generator().manual_seed(rank)
     q = torch.randn(view.tokens, m.heads, m.head_dim, generator=g)
-    kv = torch.randn(view.block_rows(ring, 1), 2 * m.kv_heads * m.head_dim, generator=g)
+    kv = torch.randn(view.block_rows(ring, block), 2 * m.kv_heads * m.head_dim, generator=g)
     out, lse = torch.zeros_like(q), torch.full((view.tokens, m.heads), float("-inf"))
     scale = m.head_dim ** -0.5
-    attend(view, [(ring, 1, kv)], q, out, lse, scale, "auto")  # a real output and LSE
+    attend(view, [(ring, block, kv)], q, out, lse, scale, "auto")  # a real output and LSE
     dkv, dq, dout = torch.zeros_like(kv), torch.zeros_like(q), torch.randn_like(q)
-    return (lambda: attend(view, [(ring, 1, kv)], q, out.clone(), lse.clone(), scale, "auto"),
-            lambda: attend_backward(view, [(ring, 1, kv, dkv)], q, out, lse, dout, dq, scale, "auto"), calls)
+    return (lambda: attend(view, [(ring, block, kv)], q, out.clone(), lse.clone(), scale, "auto"),
+            lambda: attend_backward(view, [(ring, block, kv, dkv)], q, out, lse, dout, dq, scale, "auto"), calls)
 
 
 def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[float, float]]:
@@ -295,17 +305,25 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
     # call for the causal table, the engine path's per block and call share for the full one). The
     # profile's fixed costs are the engine's: a block costs its FLOPs at the rate plus the engine's
     # per-block cost, and each kernel call (one per rank per Compute) the per-call cost.
+    def causal(r, d, b, L):  # one causal block on the engine's path (ring step 0 less its full block)
+        if "step0_" + d not in r:  # not measured: the hot loop's, with the engine's fixed cost per block
+            return r[d][L] - r[d][CALL_LEN] + block(r, b)
+        n, c = r["step0_docs"][L], call(r, b)
+        full_block = (r["full_" + d][L] * r["full_blocks"][L] - c) / r["full_blocks"][L]
+        return ((r["step0_" + d][L] - c) / n - full_block) / 2
     rates = {}
     for key in ("", "full_"):
         out = []
         for b, d in enumerate(("fwd", "bwd")):
-            fixed = (lambda r, L: full_fixed(r, b, L)) if key else (lambda r, L: r[d][CALL_LEN])
+            # seconds of one block and its fixed part, both the way the engine pays them
+            sec = ((lambda r, L: r["full_" + d][L]) if key else (lambda r, L: causal(r, d, b, L)))
+            fixed = (lambda r, L: full_fixed(r, b, L)) if key else (lambda r, L: block(r, b))
             ys = []
-            for L in SEQLENS:  # the rate of the FLOPs once the fixed cost of the call is taken out
+            for L in SEQLENS:  # the rate of the FLOPs once the fixed cost is taken out
                 fl = 4.0 * L * L * hd if key else 2.0 * L * (L + 1) * hd  # as the cost model counts them
                 fl *= BWD_FLOPS if b else 1.0
-                t = med(lambda r: r[key + d][L])
-                ys.append(fl / max(med(lambda r: r[key + d][L] - fixed(r, L)), 0.05 * t) / 1e12)
+                t = med(lambda r: sec(r, L))
+                ys.append(fl / max(med(lambda r: sec(r, L) - fixed(r, L)), 0.05 * t) / 1e12)
             out.append(tuple(ys))
         rates[key] = tuple(out)
     call_f, call_b = med(lambda r: call(r, 0)), med(lambda r: call(r, 1))

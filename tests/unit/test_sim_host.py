@@ -148,8 +148,9 @@ def test_profile_round_trip_and_gpu_presets_unchanged(tmp_path):
         replace(TOY_PROFILE, host_cores=-1.0)
 
 
-def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, call_f, call_b, cores):
-    """What ``measure`` would report on a machine with these exact costs."""
+def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, call_f, call_b, cores, engine=None):
+    """What ``measure`` would report on a machine with these exact costs; ``engine``: the causal
+    blocks' (fwd, bwd) rates on the engine's path (ring step 0), if it measured them."""
     hd = CPU_MODEL.heads * CPU_MODEL.head_dim
     out = {"cores": cores, "fwd": {}, "bwd": {}, "full_fwd": {}, "full_bwd": {},
            "gemm": 2.0 * 1024 * CPU_MODEL.hidden * CPU_MODEL.ffn / 1e11,
@@ -165,6 +166,12 @@ def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, call_f, call_b, cores):
         out["full_fwd"][L] = call_f + 2e-5 + 4e-4 / blocks + f / (full_fwd * 1e12)
         out["full_bwd"][L] = call_b + 1e-5 + 6e-4 / blocks + BWD_FLOPS * f / (full_bwd * 1e12)
         out.setdefault("full_blocks", {})[L] = blocks
+        if engine:  # step 0 of 3 documents in one call: 2 causal and 1 full block each
+            out.setdefault("step0_docs", {})[L] = 3
+            out.setdefault("step0_fwd", {})[L] = 4e-4 + 3 * (2 * (call_f + 2e-5 + c / (engine[0] * 1e12))
+                                                             + call_f + 2e-5 + f / (full_fwd * 1e12))
+            out.setdefault("step0_bwd", {})[L] = 6e-4 + 3 * BWD_FLOPS * (2 * c / (engine[1] * 1e12) + f / (full_bwd * 1e12)) \
+                + 3 * 3 * (call_b + 1e-5)
     out["fwd"][CALL_LEN], out["bwd"][CALL_LEN] = call_f, call_b  # the call-cost probe: all fixed cost
     out["engine_block"] = (call_f + 2e-5, call_b + 1e-5)  # the engine's path adds 20 / 10 us per block
     out["engine_call"] = (4e-4, 6e-4)  # and 400 / 600 us per kernel call
@@ -178,7 +185,11 @@ def test_calibration_recovers_known_costs():
     assert p.attn_block_fwd_us == pytest.approx(150.0) and p.attn_block_bwd_us == pytest.approx(100.0)
     assert p.attn_call_fwd_us == pytest.approx(400.0) and p.attn_call_bwd_us == pytest.approx(600.0)
     assert p.attn_full_fwd_tflops[1:] == pytest.approx([0.04] * (len(SEQLENS) - 1))  # 16 tokens: under the 5% floor
-    assert p.attn_fwd_tflops == pytest.approx([0.02] * len(SEQLENS))
+    assert p.attn_fwd_tflops[1:] == pytest.approx([0.02] * (len(SEQLENS) - 1))
+    # the causal table from the engine's path (ring step 0 less its full block) where it was measured
+    p = profile_from([_synthetic(0.02, 0.025, 0.04, 0.05, 1.3e-4, 0.9e-4, 2, engine=(0.012, 0.018))] * 2, 2)
+    assert p.attn_fwd_tflops[2:] == pytest.approx([0.012] * (len(SEQLENS) - 2))
+    assert p.attn_bwd_tflops[2:] == pytest.approx([0.018] * (len(SEQLENS) - 2))
     assert p.attn_full_bwd_tflops == pytest.approx([0.05] * len(SEQLENS))
     assert p.nvlink_GBps == pytest.approx(1.0) and p.nvlink_latency_us == pytest.approx(100.0)
     assert p.gemm_tflops == pytest.approx(0.1) and p.host_copy_GBps == pytest.approx(4.0)
