@@ -24,7 +24,6 @@ from __future__ import annotations
 import shlex
 from typing import List
 
-from .recompute import Recompute
 from .model_spec import ModelSpec
 
 DATA_FLAGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--lr", "3e-4", "--min-lr", "3e-5",

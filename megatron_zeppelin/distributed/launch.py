@@ -117,7 +117,10 @@ def _worker(fn, rank, world_size, port, backend, q, args, timeout, start_timeout
 
 
 def stop_ranks(procs, grace: float = STOP_GRACE_S) -> None:
-    """SIGTERM every live rank, SIGKILL what is left after ``grace`` seconds, join all."""
+    """SIGTERM every live rank, SIGKILL what is left after ``grace`` seconds, join all (a rank
+    that never started, because starting an earlier one failed, is skipped: joining it would hide
+    that error behind an AssertionError)."""
+    procs = [p for p in procs if p.pid is not None]
     for p in procs:
         if p.is_alive():
             p.terminate()

@@ -363,7 +363,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
             aligned: bool, budget: float):
     """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate, whether a
     document took an inter ring that a ``forced_only`` pass would not have considered)."""
-    topo, cost = ctx.topology, ctx.cost
+    topo = ctx.topology
     world, g, nodes = topo.world_size, topo.gpus_per_node, topo.nodes
     ranks = _Ranks(world, ctx.capacity)
     ring_of: Dict[int, Tuple[str, Tuple[int, ...]]] = {}

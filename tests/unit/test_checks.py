@@ -7,7 +7,7 @@ import pytest
 from megatron_zeppelin.planner import PlanError
 from megatron_zeppelin.planner.checks import check_plan
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
-from megatron_zeppelin.planner.types import CommOp, Move, RankCost, Ring, Segment
+from megatron_zeppelin.planner.types import RankCost, Segment
 from megatron_zeppelin.topology import Topology
 
 LENGTHS = [90000, 12000, 5000, 4000, 700, 300, 200, 100, 64, 9]

@@ -1,10 +1,8 @@
 """The Zeppelin partitioner: thresholds from crossovers, classes, rings, capacity, determinism,
 JSON and digest, and the issue-2 targets on the paper's workloads."""
 
-import json
 import subprocess
 import sys
-from collections import Counter
 from dataclasses import replace
 
 import numpy as np

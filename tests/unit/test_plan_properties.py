@@ -13,7 +13,6 @@ from megatron_zeppelin.planner.checks import check_plan
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.topology import Topology
 
-from collections import Counter
 
 
 from megatron_zeppelin.planner.testing import rank_signature  # noqa: E402
