@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from ..errors import ZeppelinError
 from ..model_spec import ModelSpec
 from ..recompute import LADDER, Recompute
@@ -81,14 +83,18 @@ def head_bytes_per_token(m: ModelSpec, tp: int = 1, sp: bool = True) -> int:
     return int(2 * m.hidden * m.dtype_bytes // (tp if sp else 1) + 3 * m.vocab * 4 // tp)
 
 
-def sp_rows(tokens: int, tp: int) -> int:
+def sp_rows(tokens, tp: int):
     """Rows of a layout of ``tokens`` tokens under sequence parallelism: a multiple of TP, at least
-    one per TP rank (the pad rows the batch adds; cost_model.layout_rows is the same rule).
+    one per TP rank (the pad rows the batch adds; integration/batch.py pads them). The one rule:
+    the cost model's ``layout_rows`` calls it. Works on arrays.
 
-    >>> sp_rows(0, 2), sp_rows(5, 2), sp_rows(5, 1)
-    (2, 6, 5)
+    >>> sp_rows(0, 2), sp_rows(5, 2), sp_rows(5, 1), sp_rows(np.array([0, 3]), 2).tolist()
+    (2, 6, 5, [2, 4])
     """
-    return max(-(-tokens // tp) * tp, tp) if tp > 1 else tokens
+    if tp <= 1:
+        return tokens
+    t = np.maximum(-(-np.asarray(tokens, dtype=np.int64) // tp) * tp, tp)
+    return int(t) if t.ndim == 0 else t
 
 
 def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1, recompute=None,

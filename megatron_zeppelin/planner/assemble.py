@@ -97,12 +97,12 @@ MEMORY_BALANCE = 1.10  # Zeppelin's goal for per-rank peak activation memory, ma
 
 def activation_weights(cost) -> Tuple[float, float]:
     """Activation bytes a rank keeps per token of its attention layout and per token of its linear
-    layout (dp/memory.py's model, all layers, without recompute; the head runs on the linear layout)."""
-    from ..dp.memory import head_bytes_per_token, layer_elements_per_token
-    m = cost.model
-    a, l = layer_elements_per_token(m, "none")
-    per = m.layers * m.dtype_bytes / cost.tp
-    return a * per, l * per + head_bytes_per_token(m, cost.tp)
+    layout: dp/memory.py's model (all layers, the head on the linear layout) with the run's recompute
+    and sequence parallelism (``cost.recompute``, ``cost.sp``), as plan_memory_balance reports it."""
+    from ..dp.memory import activation_bytes
+    n = 1 << 20  # per token, without the model's integer rounding
+    return (activation_bytes(cost.model, n, 0, cost.tp, cost.recompute, cost.sp) / n,
+            activation_bytes(cost.model, 0, n, cost.tp, cost.recompute, cost.sp) / n)
 
 
 def memory_caps(att_tokens: Sequence[int], gpus_per_node: int, att_bytes: float, lin_bytes: float,
@@ -131,15 +131,6 @@ def memory_caps(att_tokens: Sequence[int], gpus_per_node: int, att_bytes: float,
             lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
         lo = np.where(caps(lo).sum(axis=1) < n_tok, hi, lo)
     return caps(lo).astype(np.int64).reshape(-1)
-
-
-def memory_imbalance(plan, weights: Tuple[float, float]) -> float:
-    """Per-rank peak activation memory of ``plan`` (``activation_weights``), max / mean."""
-    a, l = weights
-    mem = [a * sum([s.stop - s.start for s in att]) + l * sum([s.stop - s.start for s in lin])
-           for att, lin in zip(plan.attention_layout, plan.linear_layout)]
-    mean = sum(mem) / len(mem)
-    return max(mem) / mean if mean > 0 else 1.0
 
 
 def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_node: int, rate: float,

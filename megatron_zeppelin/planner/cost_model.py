@@ -28,6 +28,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ..dp.memory import sp_rows
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
 from ..recompute import Recompute
@@ -225,7 +226,7 @@ class CostModel:
         """
         t = np.asarray(tokens, dtype=np.int64)
         if self.sp and self.tp > 1:
-            t = np.maximum(-(-t // self.tp) * self.tp, self.tp)
+            t = np.asarray(sp_rows(t, self.tp))  # the one rule, shared with the memory model
         return int(t) if t.ndim == 0 else t
 
     def sp_allgather_s(self, tokens, latency: bool = True):

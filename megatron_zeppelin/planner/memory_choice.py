@@ -17,6 +17,7 @@ import numpy as np
 
 from .assemble import MEMORY_BALANCE, activation_weights
 from .context import PlanContext
+from .remap import linear_tokens
 
 MEMORY_SLACK = 0.03
 
@@ -58,11 +59,6 @@ def memory_imbalance(plan, prepared, weights) -> float:
         att = np.asarray(prepared.att_tokens, dtype=np.float64)
     else:
         att = np.array([sum([s.stop - s.start for s in r]) for r in plan.attention_layout], dtype=np.float64)
-    lin = att.copy()
-    if plan.remap:
-        n = np.array([mv.tokens for mv in plan.remap], dtype=np.float64)
-        np.subtract.at(lin, np.array([mv.src for mv in plan.remap]), n)
-        np.add.at(lin, np.array([mv.dst for mv in plan.remap]), n)
-    mem = a * att + l * lin
+    mem = a * att + l * linear_tokens(att, plan.remap)
     mean = float(mem.mean())
     return float(mem.max()) / mean if mean > 0 else 1.0

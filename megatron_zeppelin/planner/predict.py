@@ -26,6 +26,7 @@ from ..topology import link_ports
 from .cost_model import LINEAR_PASSES, CostModel
 from .moe_cost import moe_pass_s
 from .program import AttentionWork, Compute, Post, attention_program, exchange_phases
+from .remap import linear_tokens
 from .types import MIRROR, CommOp, DocPlan, Move, RankCost, Ring, Segment
 
 
@@ -251,11 +252,7 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
         t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
     else:
         t_att = np.asarray(att_tokens, dtype=np.float64)
-        t_lin = t_att.copy()
-        if moves:
-            n = np.array([mv.tokens for mv in moves], dtype=np.float64)
-            np.subtract.at(t_lin, np.array([mv.src for mv in moves]), n)
-            np.add.at(t_lin, np.array([mv.dst for mv in moves]), n)
+        t_lin = linear_tokens(t_att, moves)
     # the linear modules run on each layout's rows: with sequence parallelism padded to a multiple of TP
     r_att = np.asarray(cost.layout_rows(t_att.astype(np.int64)), dtype=np.float64)
     r_lin = np.asarray(cost.layout_rows(t_lin.astype(np.int64)), dtype=np.float64)

@@ -217,6 +217,21 @@ def plan_remap(attention_layout: Sequence[Sequence[Segment]], topo: Topology, *,
 
 # --- what a remap costs (used by predict.py and the tests) ------------------------------------------
 
+def linear_tokens(att_tokens, moves: Sequence[Move]) -> np.ndarray:
+    """Per rank tokens of the linear layout: the attention layout's after the remap's moves.
+
+    >>> from megatron_zeppelin.planner.types import Move, Segment
+    >>> linear_tokens([6, 2], [Move(0, 1, (Segment(0, 4, 6),))]).tolist()
+    [4.0, 4.0]
+    """
+    out = np.array(att_tokens, dtype=np.float64)
+    if moves:
+        n = np.array([mv.tokens for mv in moves], dtype=np.float64)
+        np.subtract.at(out, np.array([mv.src for mv in moves]), n)
+        np.add.at(out, np.array([mv.dst for mv in moves]), n)
+    return out
+
+
 def remap_cost(moves: Sequence[Move], topo: Topology, costs: Tuple[float, float] = DEFAULT_LINK_COSTS) -> float:
     """Transportation cost of ``moves``: tokens x (intra or inter per-token cost)."""
     a, b = costs
