@@ -3,7 +3,8 @@
 For each strategy one batch (a long document plus a long tail of short ones) is planned on the CPU
 topology (world 2: one node of 2; world 4: two virtual nodes of 2), and every rank runs the attention
 engine's forward and backward on its share (float32, CPU_MODEL's heads); the measured time of an
-iteration is the slowest rank's, from a common barrier, median over repeats (with more ranks than
+iteration is the slowest rank's, from a common barrier, median over repeats (each repeat runs every
+strategy once, round robin, so a slow minute of a shared machine lands on all of them; with more ranks than
 cores one iteration's time depends on where the scheduler puts the ranks: packed_dp at world 4 took
 153-209 ms within one run, and the minimum picks the luckiest placement). The simulator predicts
 the same quantity (iteration.simulate_attention: one layer's core attention, forward then backward)
@@ -68,27 +69,29 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
     profile = profile_from(every, world)  # the same on every rank
     topo = cpu_topology(world)
     m = CPU_MODEL
-    times = []
+    runs = []
     for s in strategies:
         plan = plan_batch(list(lengths), topo, profile, m, cpu_config(topo, s), strategy=s)
-        t = plan.tokens(rank)
-        g = torch.Generator().manual_seed(rank)
-        q = torch.randn(t, m.heads, m.head_dim, generator=g, requires_grad=True)
-        k = torch.randn(t, m.kv_heads, m.head_dim, generator=g, requires_grad=True)
-        v = torch.randn(t, m.kv_heads, m.head_dim, generator=g, requires_grad=True)
-        dout = torch.randn(t, m.heads, m.head_dim, generator=g)
-        eng = AttentionEngine(plan, rank, None)
-        ts = []
-        for i in range(repeat + 1):  # the first is a warm-up
+        runs.append((plan.tokens(rank), AttentionEngine(plan, rank, None)))
+    times = [[] for _ in strategies]
+    # Round robin: repeat i runs every strategy once, so a slow minute of this shared machine lands
+    # on all of them alike; fresh inputs every time (the same values), so where the allocator puts
+    # them, which can set a kernel's speed for as long as they live, changes between repeats too.
+    for i in range(repeat + 1):  # the first is a warm-up
+        for j, (t, eng) in enumerate(runs):
+            g = torch.Generator().manual_seed(rank)
+            q = torch.randn(t, m.heads, m.head_dim, generator=g, requires_grad=True)
+            k = torch.randn(t, m.kv_heads, m.head_dim, generator=g, requires_grad=True)
+            v = torch.randn(t, m.kv_heads, m.head_dim, generator=g, requires_grad=True)
+            dout = torch.randn(t, m.heads, m.head_dim, generator=g)
             dist.barrier()
             b0, c0 = host_busy_s(), time.process_time()
             t0 = time.perf_counter()
             eng(q, k, v).backward(dout)
-            t = time.perf_counter() - t0
+            dt = time.perf_counter() - t0
             dist.barrier()  # the load window closes when every rank is done
-            ts.append((t, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
-            q.grad = k.grad = v.grad = None
-        times.append(ts[1:])
+            if i:
+                times[j].append((dt, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
     return (profile.to_dict() if rank == 0 else None), times
 
 
