@@ -70,56 +70,29 @@ def _time_compute(fn, repeat: int, budget_s: float = 0.05) -> float:
 
 
 def _compute(rank: int, repeat: int) -> Dict:
-    """Block-call times by length (forward, backward) and a GEMM's, on one core."""
+    """Attention block times by length on the engine's own path (forward, backward; full blocks, and
+    ring step 0 for the causal ones), its fixed costs, and a GEMM's, on one core."""
     import torch
 
-    from ..attention.kernels import block_backward, block_forward
-    from ..attention.merge import merge_into
     m = CPU_MODEL
     g = torch.Generator().manual_seed(rank)
-    out: Dict = {"fwd": {}, "bwd": {}, "full_fwd": {}, "full_bwd": {}}
-    scale = m.head_dim ** -0.5
-    mask = 0
-    # causal diagonal blocks (as the GPU profiles), the way the engine runs them: kernel, then merge
-    # into the running output / accumulate the gradients
-    for L in (CALL_LEN,) + SEQLENS:
-        q = torch.randn(L, m.heads, m.head_dim, generator=g)
-        k = torch.randn(L, m.kv_heads, m.head_dim, generator=g)
-        v = torch.randn(L, m.kv_heads, m.head_dim, generator=g)
-        o, lse = block_forward(q, k, v, scale, causal_offset=mask)
-        do = torch.randn_like(o)
-        acc_o, acc_l = torch.zeros_like(o), torch.full(lse.shape, float("-inf"))
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        rows = slice(0, L)
-
-        def fwd():  # as attention/blocks.attend
-            a, b = block_forward(q[rows], k[rows], v[rows], scale, mask)
-            merge_into(acc_o, acc_l, rows, a, b)
-
-        def bwd():  # as attend_backward
-            gq, gk, gv = block_backward(do[rows], q[rows], k[rows], v[rows], o[rows], lse[rows], scale, mask)
-            dq[rows] += gq
-            dk[rows] += gk
-            dv[rows] += gv
-        out["fwd"][L] = _time_compute(fwd, repeat)
-        out["bwd"][L] = _time_compute(bwd, repeat)
-    # full blocks (the off-diagonal blocks of ring steps) through the engine's own block loop: its
-    # cost per call grows with the block beyond the hot loop's (slicing the packed K/V message,
-    # strided copies: +10-20% at 64-153-token chunks)
+    out: Dict = {"full_fwd": {}, "full_bwd": {}}
+    # Everything through the engine's own block path, not a hot loop over one block: there a block
+    # costs more (slicing the packed K/V message, strided copies: +10-20% for full blocks of 64-153
+    # tokens; ring step 0 of 16-128-token chunks was 15-49% over a hot-loop causal table).
     for L in SEQLENS:
-        f, b, calls = _probe(rank, L, max(1, min(PROBE_DOCS, 512 // L)))
+        n = max(1, min(PROBE_DOCS, 512 // L))  # documents of the probe
+        f, b, calls = _probe(rank, L, n)
         few = repeat if L <= 256 else min(repeat, 3)  # a 2048-token backward pair takes ~0.3 s
         out["full_fwd"][L] = _time_compute(f, few) / calls  # per block, its share of the one call included
         out["full_bwd"][L] = _time_compute(b, few) / calls
         out.setdefault("full_blocks", {})[L] = calls  # blocks in that one kernel call
         # The same documents at ring step 0 (the own block): per document 2 causal blocks and 1 full
-        # one. The causal blocks of a ring step cost more on the engine's path than the hot loop
-        # above says (measured: ring step 0 of 16-128-token chunks 15-49% over the hot-loop table,
-        # full-only steps within noise), so the causal table is taken from here where measured.
-        f0, b0, _ = _probe(rank, L, max(1, min(PROBE_DOCS, 512 // L)), block=0)
+        # one, which gives the causal table (profile_from).
+        f0, b0, _ = _probe(rank, L, n, block=0)
         out.setdefault("step0_fwd", {})[L] = _time_compute(f0, few)
         out.setdefault("step0_bwd", {})[L] = _time_compute(b0, few)
-        out.setdefault("step0_docs", {})[L] = max(1, min(PROBE_DOCS, 512 // L))
+        out.setdefault("step0_docs", {})[L] = n
     x = torch.randn(1024, m.hidden, generator=g)
     w = torch.randn(m.hidden, m.ffn, generator=g)
     out["gemm"] = _time_compute(lambda: x @ w, repeat)
@@ -293,24 +266,23 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
     def med(f):
         return statistics.median([f(r) for r in res])
 
-    def block(r, b):  # the engine path's fixed cost per block (the hot loop's per call, if not measured)
-        return r["engine_block"][b] if "engine_block" in r else r[("fwd", "bwd")[b]][CALL_LEN]
+    def block(r, b):  # the engine path's fixed cost per block
+        return r["engine_block"][b]
 
-    def call(r, b):  # the engine's fixed cost per kernel call (0 if not measured)
-        return r["engine_call"][b] if "engine_block" in r else 0.0
+    def call(r, b):  # the engine's fixed cost per kernel call
+        return r["engine_call"][b]
 
     def full_fixed(r, b, L):  # per block of the full table's probe: its own, and its share of the call
-        return block(r, b) + call(r, b) / r.get("full_blocks", {}).get(L, float("inf"))
-    # The rates: FLOPs over a table time less the fixed cost paid the same way (the hot loop's per
-    # call for the causal table, the engine path's per block and call share for the full one). The
-    # profile's fixed costs are the engine's: a block costs its FLOPs at the rate plus the engine's
-    # per-block cost, and each kernel call (one per rank per Compute) the per-call cost.
-    def causal(r, d, b, L):  # one causal block on the engine's path (ring step 0 less its full block)
-        if "step0_" + d not in r:  # not measured: the hot loop's, with the engine's fixed cost per block
-            return r[d][L] - r[d][CALL_LEN] + block(r, b)
+        return block(r, b) + call(r, b) / r["full_blocks"][L]
+
+    def causal(r, d, b, L):  # one causal block on the engine's path: ring step 0 less its full block
         n, c = r["step0_docs"][L], call(r, b)
         full_block = (r["full_" + d][L] * r["full_blocks"][L] - c) / r["full_blocks"][L]
         return ((r["step0_" + d][L] - c) / n - full_block) / 2
+    # The rates: FLOPs over a block's time on the engine's path less its fixed part there (per block,
+    # and a full-table block's share of its call). The profile's fixed costs are the engine's too: a
+    # block costs its FLOPs at the rate plus the per-block cost, each kernel call (one per rank per
+    # Compute) the per-call cost.
     rates = {}
     for key in ("", "full_"):
         out = []

@@ -11,8 +11,8 @@ square for a diagonal block); the backward is 2.5x the forward FLOPs at the prof
 rate; full blocks run at the profile's full-block table when it has one
 (``attention.full_fwd_tflops`` / ``full_bwd_tflops``); every block adds the profile's fixed seconds
 per block (``attention.block_fwd_us``), and every kernel call its fixed seconds per call
-(``call_s``: the engine makes one call per rank per Compute of the layer program, program.py). ``gemm_s`` is the one linear function: linear modules cost 3x their forward
-FLOPs at the GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a
+(``call_s``: the engine makes one call per rank per Compute of the layer program, program.py).
+``gemm_s`` is the one linear function: linear modules cost 3x their forward FLOPs at the GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a
 node, one NIC across nodes); the DP gradient all-reduce is ``dp_allreduce_s``.
 
 Why thresholds are not constants: a document split over a ring of G ranks computes about
@@ -80,8 +80,8 @@ class CostModel:
     def block_pass_s(self, q, kv, causal, backward: bool = False):
         """Seconds of attention blocks in one layer, one pass (forward, or backward: 2.5x the
         forward FLOPs at the backward rate), plus the profile's fixed seconds per block (the kernel
-        call they are packed in is ``call_s``); 0 where q or kv is 0. Vectorised over q, kv and causal: the partitioner, the prediction and
-        the simulator all price attention here.
+        call they are packed in is ``call_s``); 0 where q or kv is 0. Vectorised over q, kv and
+        causal: the partitioner, the prediction and the simulator all price attention here.
 
         >>> from megatron_zeppelin.planner.testing import toy_context
         >>> c = toy_context().cost

@@ -46,7 +46,8 @@ def step_message_times(ops: Sequence[CommOp], cost: CostModel, scale: float = 1.
         t = cost.latency(o.link) + busiest / cost.bandwidth(o.link)
         key = (o.ring, o.block, o.msg_src, o.msg_dst)
         per_msg_stage[key][o.stage] = max(per_msg_stage[key].get(o.stage, 0.0), t)
-    return {k: sum(v.get(s, 0.0) for s in exchange_phases()) for k, v in per_msg_stage.items()}
+    order = exchange_phases()
+    return {k: sum(v.get(s, 0.0) for s in order) for k, v in per_msg_stage.items()}
 
 
 def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None):

@@ -117,11 +117,12 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     memory = MemoryChoice(ctx) if name == "zeppelin" else None  # Zeppelin's memory balance
     tried: Dict[str, list] = {}  # setting field -> (value, predicted seconds) of each assembled setting
     for c in propose(lengths, ctx, search):
-        if c.error is None and c.bound >= search.best_s:
+        if c.error is not None:  # a setting with no placement
+            errors.append((c.setting, c.error))
+            continue
+        if c.bound >= search.best_s:
             continue
         try:
-            if c.error is not None:
-                raise c.error
             plan = assemble(name, lengths, ctx, c.placement, prepared=c.prepared)
         except PlanError as e:
             errors.append((c.setting, e))

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from megatron_zeppelin.calibrate.concurrent import CALL_LEN, CPU_MODEL, SEQLENS, SIZES, profile_from
+from megatron_zeppelin.calibrate.concurrent import CPU_MODEL, SEQLENS, SIZES, profile_from
 from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.planner.cost_model import BWD_FLOPS, CostModel
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
@@ -148,49 +148,43 @@ def test_profile_round_trip_and_gpu_presets_unchanged(tmp_path):
         replace(TOY_PROFILE, host_cores=-1.0)
 
 
-def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, call_f, call_b, cores, engine=None):
-    """What ``measure`` would report on a machine with these exact costs; ``engine``: the causal
-    blocks' (fwd, bwd) rates on the engine's path (ring step 0), if it measured them."""
+def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, block_f, block_b, cores):
+    """What ``measure`` would report on a machine with these exact costs: causal blocks at
+    ``rate_*``, full ones at ``full_*`` TFLOP/s, ``block_*`` seconds per block and 400 / 600 us per
+    kernel call (forward / backward), every probe one call on the engine's path."""
     hd = CPU_MODEL.heads * CPU_MODEL.head_dim
-    out = {"cores": cores, "fwd": {}, "bwd": {}, "full_fwd": {}, "full_bwd": {},
-           "gemm": 2.0 * 1024 * CPU_MODEL.hidden * CPU_MODEL.ffn / 1e11,
+    call_f, call_b = 4e-4, 6e-4
+    out = {"cores": cores, "full_fwd": {}, "full_bwd": {}, "full_blocks": {}, "step0_fwd": {}, "step0_bwd": {},
+           "step0_docs": {}, "gemm": 2.0 * 1024 * CPU_MODEL.hidden * CPU_MODEL.ffn / 1e11,
            "p2p": {n: [1e-4 + n / 1e9, 9.0, 1e-4 + n / 1e9] for n in SIZES},  # one round held up
            "p2p_cpu": {n: [5e-5 + 2 * n / 4e9] * 3 for n in SIZES}}  # 4 GB/s copies at each end
-    for L in (CALL_LEN,) + SEQLENS:
-        c = 2.0 * L * (L + 1) * hd
-        out["fwd"][L] = call_f + c / (rate_fwd * 1e12)
-        out["bwd"][L] = call_b + BWD_FLOPS * c / (rate_bwd * 1e12)
-        f = 4.0 * L * L * hd
-        # timed on the engine's path, per block: its fixed cost, its share of the one call's, FLOPs
-        blocks = 8
-        out["full_fwd"][L] = call_f + 2e-5 + 4e-4 / blocks + f / (full_fwd * 1e12)
-        out["full_bwd"][L] = call_b + 1e-5 + 6e-4 / blocks + BWD_FLOPS * f / (full_bwd * 1e12)
-        out.setdefault("full_blocks", {})[L] = blocks
-        if engine:  # step 0 of 3 documents in one call: 2 causal and 1 full block each
-            out.setdefault("step0_docs", {})[L] = 3
-            out.setdefault("step0_fwd", {})[L] = 4e-4 + 3 * (2 * (call_f + 2e-5 + c / (engine[0] * 1e12))
-                                                             + call_f + 2e-5 + f / (full_fwd * 1e12))
-            out.setdefault("step0_bwd", {})[L] = 6e-4 + 3 * BWD_FLOPS * (2 * c / (engine[1] * 1e12) + f / (full_bwd * 1e12)) \
-                + 3 * 3 * (call_b + 1e-5)
-    out["fwd"][CALL_LEN], out["bwd"][CALL_LEN] = call_f, call_b  # the call-cost probe: all fixed cost
-    out["engine_block"] = (call_f + 2e-5, call_b + 1e-5)  # the engine's path adds 20 / 10 us per block
-    out["engine_call"] = (4e-4, 6e-4)  # and 400 / 600 us per kernel call
+    blocks, docs = 8, 3
+    for L in SEQLENS:
+        c, f = 2.0 * L * (L + 1) * hd, 4.0 * L * L * hd
+        full = (block_f + f / (full_fwd * 1e12), block_b + BWD_FLOPS * f / (full_bwd * 1e12))
+        causal = (block_f + c / (rate_fwd * 1e12), block_b + BWD_FLOPS * c / (rate_bwd * 1e12))
+        # ring step 1: `blocks` full blocks in one call, timed per block
+        out["full_fwd"][L], out["full_bwd"][L] = full[0] + call_f / blocks, full[1] + call_b / blocks
+        out["full_blocks"][L] = blocks
+        # ring step 0 of `docs` documents in one call: 2 causal and 1 full block each
+        out["step0_docs"][L] = docs
+        out["step0_fwd"][L] = call_f + docs * (2 * causal[0] + full[0])
+        out["step0_bwd"][L] = call_b + docs * (2 * causal[1] + full[1])
+    out["engine_block"], out["engine_call"] = (block_f, block_b), (call_f, call_b)
     return out
 
 
 def test_calibration_recovers_known_costs():
-    res = [_synthetic(0.02, 0.025, 0.04, 0.05, 1.3e-4, 0.9e-4, 2)] * 2
+    res = [_synthetic(0.012, 0.018, 0.04, 0.05, 1.5e-4, 1.0e-4, 2)] * 2
     p = profile_from(res, 2)
     assert isinstance(p, HardwareProfile) and p.host_cores == 2.0
     assert p.attn_block_fwd_us == pytest.approx(150.0) and p.attn_block_bwd_us == pytest.approx(100.0)
     assert p.attn_call_fwd_us == pytest.approx(400.0) and p.attn_call_bwd_us == pytest.approx(600.0)
-    assert p.attn_full_fwd_tflops[1:] == pytest.approx([0.04] * (len(SEQLENS) - 1))  # 16 tokens: under the 5% floor
-    assert p.attn_fwd_tflops[1:] == pytest.approx([0.02] * (len(SEQLENS) - 1))
-    # the causal table from the engine's path (ring step 0 less its full block) where it was measured
-    p = profile_from([_synthetic(0.02, 0.025, 0.04, 0.05, 1.3e-4, 0.9e-4, 2, engine=(0.012, 0.018))] * 2, 2)
+    # 16 and 32 tokens: so few FLOPs that the rate is under the 5% floor of a block's time
+    assert p.attn_full_fwd_tflops[2:] == pytest.approx([0.04] * (len(SEQLENS) - 2))
+    assert p.attn_full_bwd_tflops[2:] == pytest.approx([0.05] * (len(SEQLENS) - 2))
     assert p.attn_fwd_tflops[2:] == pytest.approx([0.012] * (len(SEQLENS) - 2))
     assert p.attn_bwd_tflops[2:] == pytest.approx([0.018] * (len(SEQLENS) - 2))
-    assert p.attn_full_bwd_tflops == pytest.approx([0.05] * len(SEQLENS))
     assert p.nvlink_GBps == pytest.approx(1.0) and p.nvlink_latency_us == pytest.approx(100.0)
     assert p.gemm_tflops == pytest.approx(0.1) and p.host_copy_GBps == pytest.approx(4.0)
 
