@@ -18,6 +18,7 @@ import numpy as np
 from .assemble import MEMORY_BALANCE, activation_weights
 from .context import PlanContext
 from .remap import linear_tokens
+from .strategies import faster
 
 MEMORY_SLACK = 0.03
 
@@ -32,21 +33,22 @@ class MemoryChoice:
 
     def offer(self, plan, candidate) -> None:
         t = plan.predicted_iteration_s
-        if "shape" in candidate.placement.meta and (self.shape is None or t < self.shape[0]):
+        if "shape" in candidate.placement.meta and (self.shape is None or faster(t, self.shape[0])):
             self.shape = (t, plan, candidate)  # a baseline's shape (candidates.py)
-        if self.best is not None and t >= self.best[0] and self.fit is not None and t >= self.fit[0]:
+        if (self.best is not None and not faster(t, self.best[0]) and self.fit is not None
+                and not faster(t, self.fit[0])):
             return
         mem = memory_imbalance(plan, candidate.prepared, self.weights)
-        if self.best is None or t < self.best[0]:
+        if self.best is None or faster(t, self.best[0]):
             self.best = (t, plan, candidate)
-        if (self.fit is None or t < self.fit[0]) and mem <= MEMORY_BALANCE:
+        if (self.fit is None or faster(t, self.fit[0])) and mem <= MEMORY_BALANCE:
             self.fit = (t, plan, candidate)
 
     def pick(self) -> Optional[Tuple[float, object, object]]:
         b, f = self.best, self.fit
         if b is None or f is None or f is b or f[0] > (1 + MEMORY_SLACK) * b[0]:
             return b
-        if self.shape is not None and f[0] > self.shape[0]:
+        if self.shape is not None and faster(self.shape[0], f[0]):
             return b
         return f
 
