@@ -46,6 +46,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
     g.add_argument("--recompute-granularity", choices=("selective", "full"), default=None,
                    help="Megatron's activation recompute (full: every layer, --recompute-method uniform, 1 layer)")
+    g.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
+                   help="with full: uniform recomputes every layer; block only the first --recompute-num-layers")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="with --recompute-method block: how many layers (the first ones) recompute")
     g.add_argument("--recompute-modules", nargs="*", default=None,
                    help="with selective: core_attn (default), mlp, layernorm (layernorm needs Transformer Engine)")
     g.add_argument("--save", default="")

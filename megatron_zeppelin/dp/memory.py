@@ -103,25 +103,31 @@ def activation_bytes(m: ModelSpec, att_tokens: int, lin_tokens: int, tp: int = 1
     ``lin_tokens`` in the linear layout (the head runs on the linear layout), with TP ``tp`` and
     sequence parallelism ``sp`` (Megatron's --sequence-parallel; without it the replicated parts are
     whole on every TP rank; a plan's pad rows: ``plan_memory_balance``). Full recompute keeps each
-    layer's input (h, attention layout) plus one layer's saved tensors while it is recomputed.
+    layer's input (h, attention layout) plus one layer's saved tensors while it is recomputed; block
+    recompute ("full:block=N") that for its first N layers, everything for the others.
 
     >>> from megatron_zeppelin.model_spec import ModelSpec
     >>> tiny = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, dtype_bytes=4)
     >>> activation_bytes(tiny, 1000, 1000, tp=2) < activation_bytes(tiny, 1000, 1000, tp=2, sp=False)
     True
+    >>> [activation_bytes(tiny, 1000, 1000, recompute=r) for r in ("full", "full:block=1", "full:block=2", "none")]
+    [8848000, 8592000, 8848000, 13088000]
     """
-    rc = Recompute.parse(recompute)
     rep_div = tp if sp else 1
-    (a_rep, a_sh), (l_rep, l_sh) = layer_parts_per_token(m, "none" if rc.full else rc)
     db = m.dtype_bytes
-    if sp:  # everything /TP
-        one = ((a_rep + a_sh) * att_tokens + (l_rep + l_sh) * lin_tokens) * db // tp
-    else:
-        one = (a_rep * att_tokens + l_rep * lin_tokens) * db + (a_sh * att_tokens + l_sh * lin_tokens) * db // tp
-    if rc.full:
-        layers = m.layers * m.hidden * att_tokens * db // rep_div + one
-    else:
-        layers = m.layers * one
+
+    def one(rc) -> int:  # what one layer saves, recomputing ``rc``
+        (a_rep, a_sh), (l_rep, l_sh) = layer_parts_per_token(m, rc)
+        if sp:  # everything /TP
+            return ((a_rep + a_sh) * att_tokens + (l_rep + l_sh) * lin_tokens) * db // tp
+        return (a_rep * att_tokens + l_rep * lin_tokens) * db + (a_sh * att_tokens + l_sh * lin_tokens) * db // tp
+
+    groups = Recompute.parse(recompute).groups(m.layers)  # with block: the full layers, then the rest
+    recomputed = sum(n for n, rc in groups if rc.full)
+    kept = sum(n * one(rc) for n, rc in groups if not rc.full)
+    # A recomputed layer keeps its input; while it is recomputed its tensors exist, and the kept
+    # layers' are freed by then (their backward came first): the peak is the larger of the two.
+    layers = recomputed * m.hidden * att_tokens * db // rep_div + max(kept, one("none") if recomputed else 0)
     return int(layers + head_bytes_per_token(m, tp, sp) * lin_tokens)
 
 

@@ -121,6 +121,8 @@ def config_from_args(args) -> ZeppelinConfig:
         tp=tp,
         sequence_parallel=bool(_get(args, "sequence_parallel", False)),
         # Megatron's own recompute flags, so plans are priced with the forward the backward reruns
-        # (full with --recompute-method block over fewer layers is priced as full: an upper bound)
+        # (with --recompute-method block, only the first --recompute-num-layers layers rerun it)
         recompute=Recompute.from_megatron(_get(args, "recompute_granularity", None),
-                                          _get(args, "recompute_modules", None)).describe())
+                                          _get(args, "recompute_modules", None),
+                                          _get(args, "recompute_method", None),
+                                          _get(args, "recompute_num_layers", None)).describe())

@@ -209,13 +209,16 @@ def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequenc
     att = _Attention(docs, rings, schedule, cost)
     L, world = cost.model.layers, cost.topology.world_size
     busy, total = np.zeros(world), np.zeros(world)
-    again = cost.recompute.has("core_attn")  # the backward first runs the forward again
-    for backward in (False, True):
-        clock = np.zeros(world)
-        if backward and again:
-            att.run(clock, False, busy)
-        att.run(clock, backward, busy)
-        total += clock
+    att.run(total, False, busy)
+    for n, rc in cost.recompute.groups(L):  # per layer; block recompute: its layers' share each
+        w = n / L
+        b, clock = (busy if w == 1 else np.zeros(world)), np.zeros(world)
+        if rc.has("core_attn"):  # the backward first runs the forward again
+            att.run(clock, False, b)
+        att.run(clock, True, b)
+        if w != 1:
+            busy += w * b
+        total += w * clock if w != 1 else clock
     out = RingParts(((busy * L).tolist(), ((total - busy) * L).tolist()))
     out.attention = att
     return out
@@ -279,7 +282,6 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     topo = cost.topology
     remap_b = [_hop("direct", x[2], x[1], x[3], x[5], topo.nic_of(x[2]) if x[5] != "nvlink" else -1, cost) for x in remap_f]
     attn_busy, lin_busy, remap_t = np.zeros(world), np.zeros(world), np.zeros(world)
-    total = np.zeros(world)
 
     def lin(clock, t):
         clock += t
@@ -302,25 +304,35 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
         lin(c, mlp + tp_ar(t_lin) + sp_lin)
         remap(c, remap_b)
 
-    rc = cost.recompute  # what the backward runs forward again first (recompute.py)
-    c = np.zeros(world)  # forward of one layer
-    forward(c)
-    total += c
-    c = np.zeros(world)  # backward of one layer
-    if rc.full:
-        forward(c)
-    lin(c, sp_att)
-    remap(c, remap_f)
-    if rc.has("mlp") and not rc.full:
-        lin(c, mlp + tp_ar(t_lin) + sp_lin)
-    lin(c, mlp_b + tp_ar(t_lin) + sp_lin)
-    remap(c, remap_b)
-    lin(c, 2 * out)
-    if rc.has("core_attn") and not rc.full:  # a ring-split document's K/V exchanges again
-        att.run(c, False, attn_busy)
-    att.run(c, True, attn_busy)
-    lin(c, 2 * qkv + tp_ar(t_att))
-    total += c
+    def backward(c, rc):  # what the backward runs forward again first: rc (recompute.py)
+        if rc.full:
+            forward(c)
+        lin(c, sp_att)
+        remap(c, remap_f)
+        if rc.has("mlp") and not rc.full:
+            lin(c, mlp + tp_ar(t_lin) + sp_lin)
+        lin(c, mlp_b + tp_ar(t_lin) + sp_lin)
+        remap(c, remap_b)
+        lin(c, 2 * out)
+        if rc.has("core_attn") and not rc.full:  # a ring-split document's K/V exchanges again
+            att.run(c, False, attn_busy)
+        att.run(c, True, attn_busy)
+        lin(c, 2 * qkv + tp_ar(t_att))
+
+    def share(w, run):  # one layer's pass, its clock and busy times weighted by w (its share of layers)
+        c = np.zeros(world)
+        before = None if w == 1 else (attn_busy.copy(), lin_busy.copy(), remap_t.copy())
+        run(c)
+        if before is not None:
+            for acc, b in zip((attn_busy, lin_busy, remap_t), before):
+                acc[:] = b + w * (acc - b)
+            c *= w
+        return c
+
+    total = np.zeros(world)
+    total += share(1, forward)
+    for n, rc in cost.recompute.groups(L):  # block recompute: each kind of layer for its share
+        total += share(n / L, lambda c, rc=rc: backward(c, rc))
     total = total * L + head
     a, li, rm = attn_busy * L, lin_busy * L + head, remap_t * L
     exp = np.maximum(0.0, total - a - li - rm)
@@ -347,12 +359,12 @@ def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     L = arr.astype(np.float64)
     att = float(cost.doc_attention_np(L).sum())
     tp_ar = 4 * cost.model.layers * float(cost.tp_allreduce_s(n, latency=False))
-    rc, layers = cost.recompute, cost.model.layers
     again = 0.0
-    if rc.has("core_attn"):
-        again += layers * float(np.sum(cost.block_pass_s(L, L, True, False)))
-    if rc.has("mlp"):
-        again += layers * float(cost.gemm_s(n, "mlp"))
-    if rc.full:
-        again += layers * float(cost.gemm_s(n, "qkv") + cost.gemm_s(n, "out"))
+    for layers, rc in cost.recompute.groups(cost.model.layers):  # block recompute: its layers only
+        if rc.has("core_attn"):
+            again += layers * float(np.sum(cost.block_pass_s(L, L, True, False)))
+        if rc.has("mlp"):
+            again += layers * float(cost.gemm_s(n, "mlp"))
+        if rc.full:
+            again += layers * float(cost.gemm_s(n, "qkv") + cost.gemm_s(n, "out"))
     return (att + cost.linear_s(n) + tp_ar + again) / world

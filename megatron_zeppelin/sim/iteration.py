@@ -110,12 +110,14 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
         gf = TaskGraph()
         LayerBuilder(plan, costs, links, gf, opt.tp_comm, cache, opt.remap_point).forward()
         rf = _Run(gf, links, L)
-        gb = TaskGraph()
-        LayerBuilder(plan, costs, links, gb, opt.tp_comm, cache, opt.remap_point).backward()
-        rb = _Run(gb, links, L, offset=rf.res.makespan)
-        runs = [rf, rb]
-        fwd, bwd = L * rf.res.makespan, L * rb.res.makespan
-        layer_ends = [fwd + head_s + (i + 1) * rb.res.makespan for i in range(L)]
+        runs, fwd, bwd, layer_ends = [rf], L * rf.res.makespan, 0.0, []
+        for n, rc in reversed(cost.recompute.groups(L)):  # the backward's last layers first (block recompute)
+            gb = TaskGraph()
+            LayerBuilder(plan, costs, links, gb, opt.tp_comm, cache, opt.remap_point).backward(recompute=rc)
+            rb = _Run(gb, links, n, offset=sum(r.res.makespan for r in runs))  # the timeline: one layer of each
+            runs.append(rb)
+            layer_ends += [fwd + head_s + bwd + (i + 1) * rb.res.makespan for i in range(n)]
+            bwd += n * rb.res.makespan
     else:
         g = TaskGraph()
         b = LayerBuilder(plan, costs, links, g, opt.tp_comm, None, opt.remap_point)
@@ -125,8 +127,9 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
         fwd_marks = list(b.cursor)
         for r in range(world):
             b.compute(r, head[r], "head")
+        per_layer = [rc for n, rc in cost.recompute.groups(L) for _ in range(n)]  # block: the first N
         for i in reversed(range(L)):
-            b.backward(remap_back=i < L - 1)
+            b.backward(remap_back=i < L - 1, recompute=per_layer[i])
             marks.append(g.join(list(b.cursor)))
         run = _Run(g, links, 1)
         runs = [run]

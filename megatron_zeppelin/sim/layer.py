@@ -179,10 +179,10 @@ class LayerBuilder:
             self.compute(r, self.mlp_fwd[r], "linear")
         self._tp(self.t_lin)
 
-    def _again(self, module: str) -> bool:
-        """Whether the backward first runs ``module``'s forward again (selective recompute; full
-        recompute reruns the whole layer's forward first instead)."""
-        rc = self.k.cost.recompute
+    @staticmethod
+    def _again(rc, module: str) -> bool:
+        """Whether the backward first runs ``module``'s forward again (selective recompute ``rc``;
+        full recompute reruns the whole layer's forward first instead)."""
         return rc.has(module) and not rc.full
 
     def _recomputed(self, run):
@@ -193,15 +193,18 @@ class LayerBuilder:
         finally:
             self.recomputing = False
 
-    def backward(self, remap_back: bool = True):
+    def backward(self, remap_back: bool = True, recompute=None):
+        """One layer's backward; ``recompute``: this layer's (default the cost model's; block
+        recompute differs per layer: sim/iteration.py passes each layer's)."""
+        rc = self.k.cost.recompute if recompute is None else recompute
         if self.remap_point == "core_attention":
-            return self._backward_core()
+            return self._backward_core(rc)
         k = self.k
-        if self.k.cost.recompute.full:  # the layer's forward again (its ring exchanges and remaps too)
+        if rc.full:  # the layer's forward again (its ring exchanges and remaps too)
             self._recomputed(lambda: self.forward(remap_back))
         if remap_back:
             self._remap(reverse=False)  # gradient of "remap back": attention layout -> linear layout
-        if self._again("mlp"):
+        if self._again(rc, "mlp"):
             self._recomputed(self._mlp_forward)
         for r in range(self.world):
             self.compute(r, self.mlp_bwd[r], "linear")
@@ -209,7 +212,7 @@ class LayerBuilder:
         self._remap(reverse=True)
         for r in range(self.world):
             self.compute(r, 2 * k.out_s(self.t_att[r]), "linear")
-        if self._again("core_attn"):  # a ring-split document repeats its K/V exchanges; a local one none
+        if self._again(rc, "core_attn"):  # a ring-split document repeats its K/V exchanges; a local one none
             self._recomputed(lambda: self._attention(False))
         self._attention(True)
         for r in range(self.world):
@@ -230,17 +233,17 @@ class LayerBuilder:
         self._tp(self.t_lin)
         self._tp(self.t_lin)
 
-    def _backward_core(self):
+    def _backward_core(self, rc):
         k = self.k
-        if k.cost.recompute.full:
+        if rc.full:
             self._recomputed(self._forward_core)
-        if self._again("mlp"):
+        if self._again(rc, "mlp"):
             self._recomputed(lambda: [self.compute(r, k.mlp_s(self.t_lin[r]), "linear") for r in range(self.world)])
         for r in range(self.world):
             self.compute(r, 2 * (k.out_s(self.t_lin[r]) + k.mlp_s(self.t_lin[r])), "linear")
         self._tp(self.t_lin)
         self._remap(reverse=True, what="ctx")
-        if self._again("core_attn"):
+        if self._again(rc, "core_attn"):
             self._recomputed(lambda: self._attention(False))
         self._attention(True)
         self._remap(reverse=False, what="qkv")

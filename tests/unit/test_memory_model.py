@@ -25,6 +25,19 @@ def test_recompute_keeps_far_fewer_activations():
     assert activation_bytes_per_token(m, recompute=True) * 4 < activation_bytes_per_token(m)
 
 
+def test_block_recompute_keeps_the_other_layers_whole():
+    """--recompute-method block over N of the 32 layers: N layers keep their input only, the rest
+    everything, so the bytes fall linearly in N. At N = 31 the last layer's tensors are the peak
+    that a recomputed layer's would be under full, with one input fewer; N >= 32 is full."""
+    m = load_model("llama-7b")
+    none, full = activation_bytes_per_token(m), activation_bytes_per_token(m, recompute="full")
+    by_n = [activation_bytes_per_token(m, recompute=f"full:block={n}") for n in (1, 8, 16, 31, 32, 40)]
+    assert none > by_n[0] > by_n[1] > by_n[2] > by_n[3]
+    assert by_n[4] == by_n[5] == full == by_n[3] + m.hidden * m.dtype_bytes
+    step = by_n[1] - by_n[2]  # 8 layers' worth
+    assert by_n[0] - by_n[1] == pytest.approx(step * 7 / 8, rel=1e-3)
+
+
 # Measured by `zeppelin compare-dp` (MemTracker, one step): tiny GPT, fp32, see docs/dp.md.
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "results", "compare_dp", "compare_dp.json")
 

@@ -146,6 +146,32 @@ def test_recompute_ring_plans_predicted_as_simulated(profile, rc):
         assert extra >= fwd_ring * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_block_recompute_is_priced_per_layer(profile):
+    """--recompute-method block --recompute-num-layers 1 of the toy model's 2 layers: the first layer
+    reruns its forward, the second none. The prediction and the simulator (every layer chained, and
+    one layer of each kind scaled) agree, and the price lies strictly between none and full: each
+    half of full's extra, local plan and ring plan alike (a ring plan's recomputed layer repeats its
+    K/V exchanges, the other does not)."""
+    topo = Topology(2, 2, 2)
+    for base in (plan_batch(_lengths(20, hi=3000), topo, profile, TOY_MODEL, strategy="packed_dp"),
+                 _ring_plan([6000, 3000, 800], Topology(1, 4), cp=4, profile=profile)):
+        cp = 4 if base.strategy == "static_cp" else None
+        t = base.topology
+        none, block, full = (_recompute(base, rc, t, profile, cp) for rc in ("none", "full:block=1", "full"))
+        assert dict(block.meta)["recompute"] == "full:block=1"
+        assert none.predicted_iteration_s < block.predicted_iteration_s < full.predicted_iteration_s
+        assert block.predicted_iteration_s == pytest.approx(
+            (none.predicted_iteration_s + full.predicted_iteration_s) / 2, rel=1e-9)  # one layer of each
+        assert none.lower_bound_s < block.lower_bound_s < full.lower_bound_s
+        chained = simulate(block, profile, TOY_MODEL, options=SimOptions(layers="all"))
+        scaled = simulate(block, profile, TOY_MODEL)
+        rel = 1e-9 if cp is None else 0.02
+        assert chained.iteration_s == pytest.approx(block.predicted_with_allreduce_s, rel=rel)
+        assert scaled.iteration_s == pytest.approx(block.predicted_with_allreduce_s, rel=rel)
+        assert 0 < scaled.recompute_s < simulate(full, profile, TOY_MODEL).recompute_s
+
+
 def test_one_kernel_call_per_rank_per_compute():
     """The engine packs every block of a Compute into one kernel call per rank (attention/runner.py),
     so a Compute costs its blocks plus one call on each rank that has blocks, and the local queue one

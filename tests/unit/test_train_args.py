@@ -68,6 +68,7 @@ def test_token_counts_take_suffixes_like_plan():
     (["--recompute-granularity", "selective"], "selective:core_attn"),  # Megatron's default module
     (["--recompute-granularity", "selective", "--recompute-modules", "mlp", "core_attn"], "selective:core_attn,mlp"),
     (["--recompute-granularity", "full"], "full"),
+    (["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"], "full:block=1"),
 ])
 def test_megatrons_recompute_flags_reach_the_plans_and_the_model(argv, want):
     """The flags set the ZeppelinConfig the plans are priced with; the trainer builds the model with it."""
@@ -84,3 +85,7 @@ def test_megatron_lm_args_set_the_recompute():
         "selective:core_attn"
     with pytest.raises(RecomputeError, match="--recompute-modules"):
         config_from_args(Namespace(recompute_granularity="selective", recompute_modules=["moe"]))
+    block = Namespace(recompute_granularity="full", recompute_method="block", recompute_num_layers=3)
+    assert config_from_args(block).recompute == "full:block=3"  # only the first 3 layers rerun their forward
+    uniform = Namespace(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    assert config_from_args(uniform).recompute == "full"
