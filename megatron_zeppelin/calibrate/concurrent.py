@@ -5,8 +5,10 @@ point-to-point bandwidth and latency between ranks, and the host's cores.
 
 All ranks are processes of one host, and the simulator shares the host's cores among the ranks
 computing at once (sim/host.py). So compute is measured on one core: the ranks take turns, each
-measuring while the others sleep in a barrier; ``host_cores`` is the number of cores the process may
-run on (``os.sched_getaffinity``). Messages are measured the other way, with every rank exchanging
+measuring while the others sleep in a barrier; ``host_cores`` is what all ranks computing at once
+get: the cores the process may run on (``os.sched_getaffinity``), or fewer where ranks slow each
+other down (shared caches and memory bandwidth, sibling hyperthreads: on this project's 2-vCPU
+machine two ranks computing at once ran 1.2-1.35 cores' worth, not 2). Messages are measured the other way, with every rank exchanging
 at once (a ring step over all ranks), because their cost is the scheduling of the ranks: with more
 ranks than cores a blocked receiver runs only when it gets a core back.
 
@@ -43,6 +45,7 @@ CALL_LEN = 4  # a block this small measures fixed costs (per kernel call, per bl
 PROBE_DOCS = 64  # documents of the engine-path probe (2 blocks of CALL_LEN x CALL_LEN each)
 P2P_ROUNDS = 21  # ring exchanges per message size (the median is kept)
 SHARE_CHUNK = 32  # chunk of the sharing probe (the validation's zigzag chunks are mostly 4-100 tokens)
+SHARE_ROUND_S = 0.2  # single-core seconds of one sharing round
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
 
 
@@ -146,9 +149,11 @@ def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[flo
 
 
 def _sharing(rank: int, world: int, repeat: int) -> Tuple[float, list]:
-    """(alone, rounds): seconds of one block sequence (``_probe`` with SHARE_CHUNK-token chunks,
-    forward and backward) on this rank alone (the ranks take turns), and of each round with every
-    rank running it at once from a barrier (host_cores turns them into the cores delivered)."""
+    """(alone, rounds): single-core seconds of one round's work, a block sequence (``_probe`` with
+    SHARE_CHUNK-token chunks, forward and backward) run until about SHARE_ROUND_S on this rank alone
+    (the ranks take turns), and the seconds of each round with every rank running it at once from a
+    barrier (host_cores turns them into the cores delivered). Rounds that long average the
+    scheduler's time slices out: short ones gave 1.1 to 2.0 cores for 4 ranks from run to run."""
     import torch.distributed as dist
     fwd, bwd, _ = _probe(rank, SHARE_CHUNK)
 
@@ -160,14 +165,19 @@ def _sharing(rank: int, world: int, repeat: int) -> Tuple[float, list]:
         dist.barrier()
         if rank == turn:
             alone = _time_compute(seq, repeat)
+    n = max(1, int(SHARE_ROUND_S / alone))
+
+    def round_():
+        for _ in range(n):
+            seq()
     rounds = []
     for i in range(max(repeat, 3) + 1):  # the first is a warm-up
         dist.barrier()
         t = time.perf_counter()
-        seq()
+        round_()
         rounds.append(time.perf_counter() - t)
     dist.barrier()
-    return alone, rounds[1:]
+    return n * alone, rounds[1:]
 
 
 def measure(rank: int, world: int, repeat: int) -> Dict:
@@ -183,7 +193,9 @@ def measure(rank: int, world: int, repeat: int) -> Dict:
         if rank == turn:
             out.update(_compute(rank, repeat))
     dist.barrier()
-    out["sharing"] = _sharing(rank, world, repeat) if world > out["cores"] else None
+    # What the ranks get computing at once: below the core count when they outnumber the cores, and
+    # also when they do not but slow each other down (measured, not assumed: sim/host.py).
+    out["sharing"] = _sharing(rank, world, repeat) if world > 1 else None
     # Point-to-point under the load the run will have: every rank sends to its ring successor and
     # receives from its predecessor at once (a ring step over all ranks), back to back. With more
     # ranks than cores a receiver blocked in wait() runs only when the scheduler gives it a core, so
@@ -235,10 +247,10 @@ def p2p_round_s(res: Sequence[Dict], n: int) -> float:
 
 
 def host_cores(res: Sequence[Dict]) -> float:
-    """The cores the ranks share: the affinity mask's, or, with more ranks than cores, the compute
-    the host delivered to them all at once if less: their single-core seconds over the time until
-    the last is done (median round of ``_sharing``). Below the core count when ranks that outnumber
-    the cores thrash each other's caches at every switch.
+    """The cores the ranks share: the affinity mask's, or the compute the host delivered to them all
+    at once if less: their single-core seconds over the time until the last is done (median round of
+    ``_sharing``). Below the core count when ranks that outnumber the cores thrash each other's
+    caches at every switch, or when ranks on their own cores contend for caches and memory.
 
     >>> host_cores([{"cores": 2, "sharing": (1.0, [2.2, 2.0, 9.0])}] * 4)  # 4 s of work in 2.2 s
     1.818182
