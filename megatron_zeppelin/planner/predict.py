@@ -210,15 +210,16 @@ def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequenc
     L, world = cost.model.layers, cost.topology.world_size
     busy, total = np.zeros(world), np.zeros(world)
     att.run(total, False, busy)
-    for n, rc in cost.recompute.groups(L):  # per layer; block recompute: its layers' share each
-        w = n / L
+    for n, rc in cost.recompute.groups(L):  # per layer; block recompute: each group for its share
+        w = n / L  # 1 but under block recompute
         b, clock = (busy if w == 1 else np.zeros(world)), np.zeros(world)
         if rc.has("core_attn"):  # the backward first runs the forward again
             att.run(clock, False, b)
         att.run(clock, True, b)
         if w != 1:
             busy += w * b
-        total += w * clock if w != 1 else clock
+            clock *= w
+        total += clock
     out = RingParts(((busy * L).tolist(), ((total - busy) * L).tolist()))
     out.attention = att
     return out
