@@ -290,7 +290,9 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
     def causal(r, d, b, L):  # one causal block on the engine's path: ring step 0 less its full block
         n, c = r["step0_docs"][L], call(r, b)
         full_block = (r["full_" + d][L] * r["full_blocks"][L] - c) / r["full_blocks"][L]
-        return ((r["step0_" + d][L] - c) / n - full_block) / 2
+        # A difference of two timings: noise (one repeat, a busy moment) can leave it at or below
+        # zero. A causal block does at least half a full block's work, so it is held to that.
+        return max(((r["step0_" + d][L] - c) / n - full_block) / 2, full_block / 2)
     # The rates: FLOPs over a block's time on the engine's path less its fixed part there (per block,
     # and a full-table block's share of its call). The profile's fixed costs are the engine's too: a
     # block costs its FLOPs at the rate plus the per-block cost, each kernel call (one per rank per

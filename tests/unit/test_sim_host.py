@@ -189,6 +189,18 @@ def test_calibration_recovers_known_costs():
     assert p.gemm_tflops == pytest.approx(0.1) and p.host_copy_GBps == pytest.approx(4.0)
 
 
+def test_a_noisy_ring_step_still_gives_a_valid_profile():
+    """Ring step 0 timed faster than its own full block (one noisy repeat): the causal block it
+    implies would take no time; it is held to half a full block, and the profile stays valid."""
+    res = [_synthetic(0.012, 0.018, 0.04, 0.05, 1.5e-4, 1.0e-4, 2) for _ in range(2)]
+    for r in res:
+        for L in SEQLENS[-3:]:
+            r["step0_fwd"][L] = r["engine_call"][0] + r["step0_docs"][L] * 0.5 * r["full_fwd"][L]
+    p = profile_from(res, 2)
+    assert min(p.attn_fwd_tflops) > 0 and min(p.attn_bwd_tflops) > 0
+    assert p.attn_bwd_tflops[2:] == pytest.approx([0.018] * (len(SEQLENS) - 2))  # the clean ones as before
+
+
 def test_message_copies_take_host_cpu():
     """One core; rank 0 computes 1 s while rank 1 sends rank 2 a message whose copy takes 0.5 s of
     CPU at each end (the link itself is ~free). The compute and both copies share the core: the
