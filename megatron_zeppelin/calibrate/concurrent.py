@@ -8,9 +8,10 @@ computing at once (sim/host.py). So compute is measured on one core: the ranks t
 measuring while the others sleep in a barrier; ``host_cores`` is what all ranks computing at once
 get: the cores the process may run on (``os.sched_getaffinity``), or fewer where ranks slow each
 other down (shared caches and memory bandwidth, sibling hyperthreads: on this project's 2-vCPU
-machine two ranks computing at once ran 1.2-1.35 cores' worth, not 2). Messages are measured the other way, with every rank exchanging
-at once (a ring step over all ranks), because their cost is the scheduling of the ranks: with more
-ranks than cores a blocked receiver runs only when it gets a core back.
+machine two ranks computing at once ran 1.2-1.65 cores' worth, not 2). Messages are measured the
+other way, with every rank exchanging at once (a ring step over all ranks), because their cost is
+the scheduling of the ranks: with more ranks than cores a blocked receiver runs only when it gets a
+core back.
 
 All ranks are on one host, so "NVLink" and "NIC" are the same gloo transport; the profile's
 topology splits the ranks into virtual nodes only so that inter-node rings and routing get exercised.
