@@ -113,6 +113,9 @@ class TaskGraph:
         act_rem: List[float] = []
         rates = np.zeros(0)
         dirty = False
+        # The fair rates are a function of the active flows' links (in order) alone, and a graph's
+        # pattern of concurrent flows recurs (every ring step, every layer): computed once each.
+        fair: dict = {}
 
         def ready(i: int, t: float):
             start[i] = t
@@ -125,7 +128,10 @@ class TaskGraph:
         done = 0
         while heap or act_ids:
             if dirty:
-                rates = fair_rates(*pad_links([self.links[i] for i in act_ids], capacity))
+                key = tuple([self.links[i] for i in act_ids])
+                rates = fair.get(key)
+                if rates is None:  # never written in place below: a cached array can be shared
+                    rates = fair[key] = fair_rates(*pad_links(list(key), capacity))
                 dirty = False
             t_flow = np.inf
             if act_ids:
