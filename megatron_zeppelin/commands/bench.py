@@ -29,6 +29,10 @@ def add_parser(subparsers):
     p.add_argument("--matrix", default=None,
                    help="run matrix YAML (default: the project's configs/runs/paper.yaml, found from any directory)")
     p.add_argument("--studies", default="", help="comma-separated studies of the matrix to run (default: all)")
+    p.add_argument("--shard", metavar="K/N", default="",
+                   help="run only the K-th of N shares of the configurations (every N-th, from the K-th; "
+                        "1 <= K <= N), to split a long study over processes or jobs: `zeppelin report "
+                        "--results` merges the shards' --json files")
     p.add_argument("--json", metavar="FILE", help="write every run and the summary as JSON")
     p.add_argument("--csv", metavar="FILE", help="write every run as CSV")
     p.add_argument("--plots", metavar="DIR", help="write speedup bars and scaling lines (PNG) here")
@@ -50,12 +54,33 @@ def add_parser(subparsers):
 def command_line(args) -> str:
     """The command that reproduces this run (from the parsed flags, not sys.argv)."""
     parts = ["zeppelin bench"] + ([f"--matrix {args.matrix}"] if args.matrix else [])
-    for flag in ("studies", "json", "csv", "plots"):
+    for flag in ("studies", "shard", "json", "csv", "plots"):
         if getattr(args, flag):
             parts.append(f"--{flag} {getattr(args, flag)}")
     if args.overlap_grad_reduce:
         parts.append("--overlap-grad-reduce")
     return " ".join(parts)
+
+
+def parse_shard(text: str):
+    """(K, N) from ``--shard K/N``; None when empty.
+
+    >>> parse_shard("2/3"), parse_shard("")
+    ((2, 3), None)
+    >>> parse_shard("4/3")
+    Traceback (most recent call last):
+    ...
+    megatron_zeppelin.errors.ZeppelinError: --shard 4/3: want K/N with 1 <= K <= N (e.g. --shard 1/2)
+    """
+    if not text:
+        return None
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        raise ZeppelinError(f"--shard {text}: want K/N with 1 <= K <= N (e.g. --shard 1/2)")
+    return k, n
 
 
 def write_csv(records, path: str) -> None:
@@ -107,6 +132,13 @@ def run(args) -> int:
         if bad:
             raise ZeppelinError(f"--studies names {bad}, not in {matrix_path} (known: {', '.join(known)})")
         items = [it for it in items if it[0].study in want]
+    shard = parse_shard(args.shard)
+    if shard is not None:
+        k, n = shard
+        total, items = len(items), items[k - 1::n]
+        if not items:
+            raise ZeppelinError(f"--shard {args.shard} selects none of the {total} configuration(s): use N <= {total}")
+        print(f"shard {k}/{n}: {len(items)} of {total} configuration(s)")
     opts = SimOptions(overlap_grad_reduce=args.overlap_grad_reduce)
     t0 = time.perf_counter()
     records = run_matrix(items, opts, progress=not args.no_progress and sys.stderr.isatty())

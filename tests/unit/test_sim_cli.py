@@ -113,3 +113,27 @@ def test_simulate_bad_flags_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("zeppelin simulate: error:") and needle in err[0], err
         assert not j.exists()
+
+
+def test_bench_shards_split_the_configurations_and_the_report_merges_them(tmp_path, capsys):
+    m = tmp_path / "m.yaml"
+    m.write_text(MATRIX)
+    whole = tmp_path / "whole.json"
+    assert main(["bench", "--matrix", str(m), "--studies", "main", "--json", str(whole), "--no-progress"]) == 0
+    parts = [tmp_path / f"s{k}.json" for k in (1, 2, 3)]
+    for k, p in enumerate(parts, 1):
+        assert main(["bench", "--matrix", str(m), "--studies", "main", "--shard", f"{k}/3", "--json", str(p),
+                     "--no-progress"]) == 0
+        assert f"--shard {k}/3" in json.loads(p.read_text())["command"]
+    keys = [sorted({r["key"] for r in json.loads(p.read_text())["runs"]}) for p in parts]
+    assert [len(k) for k in keys] == [2, 1, 1]  # 4 configurations: every 3rd from the 1st, 2nd, 3rd
+    runs = {(r["key"], r["variant"]): r["iteration_s"] for p in parts for r in json.loads(p.read_text())["runs"]}
+    assert runs == {(r["key"], r["variant"]): r["iteration_s"] for r in json.loads(whole.read_text())["runs"]}
+    report = tmp_path / "results.md"
+    assert main(["report", "--results", *map(str, parts), "--out", str(report), "--figures",
+                 str(tmp_path / "fig"), "--no-progress"]) == 0
+    assert "--shard 3/3" in report.read_text()
+    assert main(["bench", "--matrix", str(m), "--studies", "main", "--shard", "5/5", "--no-progress"]) == 2
+    assert "selects none of the 4 configuration(s)" in capsys.readouterr().err
+    assert main(["bench", "--matrix", str(m), "--shard", "0/2", "--no-progress"]) == 2
+    assert "--shard 0/2: want K/N" in capsys.readouterr().err
