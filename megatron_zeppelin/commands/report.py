@@ -210,6 +210,7 @@ scheduler within the global batch; `dynamic_cp`, Megatron-Core's dynamic/hybrid 
 parallelism (DefaultDynamicCPScheduler in megatron/core/datasets/data_schedule*.py), its HDP rounds
 run one after another with a barrier after each, `max_seqlen_per_dp_cp_rank` fixed per run.
 Zeppelin weighs their shapes too (planner/candidates.py: uniform CP groups of every size, routed
-or not; hybrid_dp's and dynamic_cp's groups for batches of up to 4 documents per rank; the search
-stops once a plan is predicted within 2% of the lower bound), so its prediction is not above theirs
-on a batch but by that margin; the simulator may still disagree with the prediction."""
+or not; hybrid_dp's groups for batches of up to 256 documents or 4 per rank, dynamic_cp's for up
+to 4 documents per rank; the search stops once a plan is predicted within 2% of the lower bound),
+so its prediction is not above theirs on a batch but by that margin; the simulator may still
+disagree with the prediction."""
