@@ -61,14 +61,15 @@ class HardwareProfile:
     memory_GB: float = 80.0
     assumed: Tuple[str, ...] = field(default=())  # fields that are assumptions, not published/measured
     # Fixed seconds per attention kernel call (launch, cu_seqlens, LSE merge; the engine makes one
-    # call per rank per Compute of the layer program, every block of it packed), and per block inside
-    # a call (pairing segments, masks, slicing the K/V message), forward and backward, on top of
-    # FLOPs / rate; 0 in the GPU presets (folded into the rate table), measured by
-    # `zeppelin bench --validate-cpu`.
+    # call per rank per Compute of the layer program, every block of it packed), and per *sequence*
+    # inside a call (one query chunk with every key block it attends in that call: the kernels merge
+    # them, attention/kernels/pieces.py; pairing segments, masks, slicing the K/V message), forward
+    # and backward, on top of FLOPs / rate; 0 in the GPU presets (folded into the rate table),
+    # measured by `zeppelin bench --validate-cpu`.
     attn_call_fwd_us: float = 0.0
     attn_call_bwd_us: float = 0.0
-    attn_block_fwd_us: float = 0.0
-    attn_block_bwd_us: float = 0.0
+    attn_seq_fwd_us: float = 0.0
+    attn_seq_bwd_us: float = 0.0
     # Cores of one host CPU that all ranks' compute shares (processor sharing: with n ranks computing,
     # each runs at min(1, host_cores / n) of the single-core rates above; sim/host.py). 0 = ranks do
     # not share compute (GPUs). Set by the CPU validation's calibration (calibrate/concurrent.py): the
@@ -79,6 +80,14 @@ class HardwareProfile:
     # (gloo over TCP copies every message on both ends); each message then takes bytes / rate seconds
     # of CPU at its sender and at its receiver, shared with the compute. 0 = messages take no CPU.
     host_copy_GBps: float = 0.0
+    # On a shared host (host_cores > 0): the engine's own CPU per Post and per Wait of the layer
+    # program on each rank the exchange involves, outside any kernel call: a fixed part (building
+    # and posting the exchange; waiting), and at a Wait the bytes of the messages ending at the rank
+    # at host_land_GBps (landing the rows in place and adding them up). 0 = none (GPUs: the host
+    # runs ahead of the device, so this hides behind the kernels).
+    host_post_us: float = 0.0
+    host_wait_us: float = 0.0
+    host_land_GBps: float = 0.0
     # Throughput of *full* (non-causal) blocks by the same lengths, for the simulator's ring steps
     # (off-diagonal zigzag blocks); empty = the causal tables above (FLOPs count the same either way:
     # right where a kernel skips the masked tiles, as GPU flash kernels do). Torch's CPU flash kernel
@@ -118,6 +127,9 @@ class HardwareProfile:
             raise ProfileError(f"profile {self.name}: host_cores must be >= 0 (0: compute not shared)")
         if not self.host_copy_GBps >= 0:
             raise ProfileError(f"profile {self.name}: host_copy_GBps must be >= 0 (0: messages take no CPU)")
+        if not (self.host_post_us >= 0 and self.host_wait_us >= 0 and self.host_land_GBps >= 0):
+            raise ProfileError(f"profile {self.name}: host_post_us, host_wait_us and host_land_GBps must be "
+                               ">= 0 (0: none)")
 
     def _check_levels(self) -> None:
         names, below = {"nvlink", "nic"}, self.nic_nodes
@@ -176,8 +188,8 @@ class HardwareProfile:
         out["assumed"] = list(self.assumed)
         if self.attn_call_fwd_us or self.attn_call_bwd_us:
             out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
-        if self.attn_block_fwd_us or self.attn_block_bwd_us:
-            out["attention"].update(block_fwd_us=self.attn_block_fwd_us, block_bwd_us=self.attn_block_bwd_us)
+        if self.attn_seq_fwd_us or self.attn_seq_bwd_us:
+            out["attention"].update(seq_fwd_us=self.attn_seq_fwd_us, seq_bwd_us=self.attn_seq_bwd_us)
         if self.attn_full_fwd_tflops:
             out["attention"].update(full_fwd_tflops=list(self.attn_full_fwd_tflops),
                                     full_bwd_tflops=list(self.attn_full_bwd_tflops))
@@ -185,12 +197,19 @@ class HardwareProfile:
             out["host_cores"] = self.host_cores
         if self.host_copy_GBps:
             out["host_copy_GBps"] = self.host_copy_GBps
+        if self.host_post_us or self.host_wait_us or self.host_land_GBps:
+            out.update(host_post_us=self.host_post_us, host_wait_us=self.host_wait_us,
+                       host_land_GBps=self.host_land_GBps)
         return out
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "<dict>") -> "HardwareProfile":
         try:
             att, nv, nic = d["attention"], d["nvlink"], d["nic"]
+            if "block_fwd_us" in att or "block_bwd_us" in att:
+                raise ProfileError(f"profile {source}: attention.block_fwd_us / block_bwd_us (per block) are now "
+                                   "seq_fwd_us / seq_bwd_us (per sequence of a kernel call): recalibrate it "
+                                   "(zeppelin bench --validate-cpu)")
             return cls(
                 name=str(d["name"]), gpu=str(d.get("gpu", d["name"])), gemm_tflops=float(d["gemm_tflops"]),
                 attn_seqlen=tuple(int(x) for x in att["seqlen"]),
@@ -203,9 +222,11 @@ class HardwareProfile:
                 memory_GB=float(d.get("memory_GB", 80.0)), assumed=tuple(d.get("assumed", ())),
                 attn_call_fwd_us=float(att.get("call_fwd_us", 0.0)),
                 attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)),
-                attn_block_fwd_us=float(att.get("block_fwd_us", 0.0)),
-                attn_block_bwd_us=float(att.get("block_bwd_us", 0.0)),
+                attn_seq_fwd_us=float(att.get("seq_fwd_us", 0.0)),
+                attn_seq_bwd_us=float(att.get("seq_bwd_us", 0.0)),
                 host_cores=float(d.get("host_cores", 0.0)), host_copy_GBps=float(d.get("host_copy_GBps", 0.0)),
+                host_post_us=float(d.get("host_post_us", 0.0)), host_wait_us=float(d.get("host_wait_us", 0.0)),
+                host_land_GBps=float(d.get("host_land_GBps", 0.0)),
                 attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
                 attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())),
                 nic_nodes=int(nic.get("nodes", 0)),

@@ -1,7 +1,8 @@
 """Calibrate a HardwareProfile on this CPU with gloo inside the spawned run it will predict, as the
 simulator's validation needs it (``zeppelin calibrate`` measures one process, on any device):
 attention rate by length (causal and full blocks), the fixed cost of a block call, GEMM rate, the
-point-to-point bandwidth and latency between ranks, and the host's cores.
+point-to-point bandwidth and latency between ranks, the engine's own CPU per Post and per Wait of
+the layer program (``_exchanges``), and the host's cores.
 
 All ranks are processes of one host, and the simulator shares the host's cores among the ranks
 computing at once (sim/host.py). So compute is measured on one core: the ranks take turns, each
@@ -43,6 +44,7 @@ CPU_MODEL = ModelSpec(name="cpu-validation", layers=1, hidden=256, heads=8, kv_h
 # call is far from "fixed cost + FLOPs at one rate": dense points there keep the interpolation close.
 SEQLENS = (16, 32, 48, 64, 96, 128, 256, 512, 1024, 2048)
 CALL_LEN = 4  # a block this small measures fixed costs (per kernel call, per block)
+LAND_CHUNK = 64  # chunk of the engine's exchange probe with large messages (8 MB: landing them costs CPU)
 PROBE_DOCS = 64  # documents of the engine-path probe (2 blocks of CALL_LEN x CALL_LEN each)
 P2P_ROUNDS = 21  # ring exchanges per message size (the median is kept)
 SHARE_CHUNK = 32  # chunk of the sharing probe (the validation's zigzag chunks are mostly 4-100 tokens)
@@ -100,7 +102,7 @@ def _compute(rank: int, repeat: int) -> Dict:
     x = torch.randn(1024, m.hidden, generator=g)
     w = torch.randn(m.hidden, m.ffn, generator=g)
     out["gemm"] = _time_compute(lambda: x @ w, repeat)
-    out["engine_call"], out["engine_block"] = _engine_call(rank, repeat)
+    out["engine_call"], out["engine_seq"] = _engine_call(rank, repeat)
     return out
 
 
@@ -134,19 +136,73 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, block: int = 1):
 
 
 def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[float, float]]:
-    """(per kernel call, per block in a call), forward and backward, as the engine makes its calls
-    (every block of a Compute packed in one call), on tiny blocks: ``_probe`` with CALL_LEN-token
-    chunks over one document (2 blocks in the call) and over PROBE_DOCS (2 x PROBE_DOCS blocks).
-    The difference gives what each block adds (pairing segments, masks, slicing the packed K/V
-    message), the rest of the small call the fixed cost of a call (cu_seqlens, launch, merge)."""
+    """(per kernel call, per sequence in a call), forward and backward, as the engine makes its
+    calls (every block of a Compute packed in one call, the blocks of one query chunk merged into
+    one sequence), on tiny blocks: ``_probe`` with CALL_LEN-token chunks over one document (one
+    sequence: the member's last chunk against both chunks of the block) and over PROBE_DOCS
+    (PROBE_DOCS sequences). The difference gives what each sequence adds (pairing segments, masks,
+    slicing the packed K/V message, one kernel launch), the rest of the small call the fixed cost of
+    a call (cu_seqlens, merge)."""
     one, many = _probe(rank, CALL_LEN, 1), _probe(rank, CALL_LEN)
-    call, block = [], []
+    call, seq = [], []
     for i in (0, 1):
         t1, tn = _time_compute(one[i], repeat), _time_compute(many[i], repeat)
-        per = max(tn - t1, 0.0) / max(many[2] - one[2], 1)
-        block.append(per)
-        call.append(max(t1 - one[2] * per, 0.0))
-    return tuple(call), tuple(block)
+        per = max(tn - t1, 0.0) / (PROBE_DOCS - 1)
+        seq.append(per)
+        call.append(max(t1 - per, 0.0))
+    return tuple(call), tuple(seq)
+
+
+def _exchanges(rank: int, world: int, repeat: int, chunk: int) -> Tuple[list, list]:
+    """(posts, waits): per repeat, this rank's mean CPU seconds (its own thread's: not the
+    transport's, not the time blocked) per Post and per Wait of the layer program, on the engine's
+    own path (attention/runner.py), every rank running at once: one zigzag ring over all ranks
+    holding PROBE_DOCS documents of ``chunk``-token chunks (every Wait lands one message of
+    ``exchange_bytes(chunk)``), forward and backward, ``repeat`` times after a warm-up. The mean,
+    not the median: a pass pays the whole tail (page faults of fresh buffers, a busy moment)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..attention.engine import AttentionEngine
+    from ..attention.runner import LayerRun
+    from ..attention.testing import hand_plan
+    from ..planner.program import Compute, Post
+    from ..topology import Topology
+    m = CPU_MODEL
+    plan = hand_plan([2 * world * chunk] * PROBE_DOCS, Topology(1, world, world), [tuple(range(world))] * PROBE_DOCS)
+    eng = AttentionEngine(plan, rank, None)
+    eng.scale = m.head_dim ** -0.5
+    t = plan.tokens(rank)
+    g = torch.Generator().manual_seed(rank)
+    q = torch.randn(t, m.heads, m.head_dim, generator=g)
+    k, v = (torch.randn(t, m.kv_heads, m.head_dim, generator=g) for _ in range(2))
+    posts, waits = [], []
+    for i in range(max(repeat, 3) + 1):  # the first is a warm-up
+        out, lse = torch.zeros(q.shape), torch.full(q.shape[:2], float("-inf"))
+        grads = (torch.randn(q.shape, generator=g), torch.zeros(q.shape), torch.zeros(k.shape), torch.zeros(v.shape))
+        p, w = [], []
+        dist.barrier()
+        for bw in (False, True):
+            run = LayerRun(eng.context(), q, k, v, out, lse, lambda: None, grads=grads if bw else None)
+            for x in eng.program[bw]:
+                c = time.thread_time()
+                if isinstance(x, Compute):
+                    run.compute(x)
+                    continue
+                (run.post if isinstance(x, Post) else run.wait)(x)
+                (p if isinstance(x, Post) else w).append(time.thread_time() - c)
+        eng.tags.drain()
+        if i:
+            posts.append(statistics.mean(p))
+            waits.append(statistics.mean(w))
+    dist.barrier()
+    return posts, waits
+
+
+def exchange_bytes(chunk: int) -> int:
+    """Bytes of one message of ``_exchanges``'s ring: a member's K/V (or dK/dV) block, 2 chunks of
+    each of PROBE_DOCS documents, float32."""
+    return PROBE_DOCS * 2 * chunk * 2 * CPU_MODEL.kv_heads * CPU_MODEL.head_dim * 4
 
 
 def _sharing(rank: int, world: int, repeat: int) -> Tuple[float, list]:
@@ -218,6 +274,9 @@ def measure(rank: int, world: int, repeat: int) -> Dict:
                 times.append(time.perf_counter() - t)
                 cpu.append(time.process_time() - c)
             out["p2p"][n], out["p2p_cpu"][n] = times[1:], cpu[1:]
+        # The engine's own CPU per Post and per Wait (outside kernel calls), all ranks at once, with
+        # tiny messages and with large ones (a Wait's CPU grows with the bytes it lands).
+        out["engine_exchange"] = {c: _exchanges(rank, world, repeat, c) for c in (CALL_LEN, LAND_CHUNK)}
     dist.barrier()
     return out
 
@@ -266,6 +325,29 @@ def host_cores(res: Sequence[Dict]) -> float:
     return round(min(cores, sum(x[0] for x in shared) / statistics.median(rounds)), 6)
 
 
+def engine_host(res: Sequence[Dict]) -> Tuple[float, float, float]:
+    """(post seconds, wait seconds, landing bytes per second) of the engine's CPU per Post and per
+    Wait (``_exchanges``; medians over ranks and repeats): a Post's from the tiny messages; a Wait's
+    fixed part and landing rate through its time with tiny and with large messages (as fit_link).
+    Zeros when not measured (one rank: no exchanges).
+
+    >>> small, big = exchange_bytes(CALL_LEN), exchange_bytes(LAND_CHUNK)
+    >>> r = {"engine_exchange": {CALL_LEN: ([4e-4], [2e-4 + small / 1e9]), LAND_CHUNK: ([5e-4], [2e-4 + big / 1e9])}}
+    >>> post, wait, rate = engine_host([r, r])
+    >>> round(post * 1e6, 6), round(wait * 1e6, 6), round(rate / 1e9, 6)
+    (400.0, 200.0, 1.0)
+    """
+    got = [r.get("engine_exchange") for r in res]
+    if not all(got):
+        return 0.0, 0.0, 0.0
+
+    def med(chunk, i):
+        return statistics.median([x for g in got for x in g[chunk][i]])
+    sizes = [exchange_bytes(c) for c in (CALL_LEN, LAND_CHUNK)]
+    rate, fixed = fit_link(sizes, [med(CALL_LEN, 1), med(LAND_CHUNK, 1)])
+    return med(CALL_LEN, 0), fixed, rate
+
+
 def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: str = "") -> HardwareProfile:
     """The profile from every rank's ``measure``: single-core rates, the links measured with every
     rank running, and the host's cores that the ranks share. The ranks measured compute one at a
@@ -279,48 +361,48 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
     def med(f):
         return statistics.median([f(r) for r in res])
 
-    def block(r, b):  # the engine path's fixed cost per block
-        return r["engine_block"][b]
+    def seq(r, b):  # the engine path's fixed cost per sequence (a query chunk with its key blocks)
+        return r["engine_seq"][b]
 
     def call(r, b):  # the engine's fixed cost per kernel call
         return r["engine_call"][b]
 
-    def full_fixed(r, b, L):  # per block of the full table's probe: its own, and its share of the call
-        return block(r, b) + call(r, b) / r["full_blocks"][L]
+    def full_block(r, d, b, L):  # one full block's FLOPs time: the full probe's call less its fixed costs
+        n, docs = r["full_blocks"][L], r["full_blocks"][L] // 2  # per document 1 sequence of 2 blocks
+        return (r["full_" + d][L] * n - call(r, b) - docs * seq(r, b)) / n
 
-    def causal(r, d, b, L):  # one causal block on the engine's path: ring step 0 less its full block
-        n, c = r["step0_docs"][L], call(r, b)
-        full_block = (r["full_" + d][L] * r["full_blocks"][L] - c) / r["full_blocks"][L]
-        # A difference of two timings: noise (one repeat, a busy moment) can leave it at or below
-        # zero. A causal block does at least half a full block's work, so it is held to that.
-        return max(((r["step0_" + d][L] - c) / n - full_block) / 2, full_block / 2)
-    # The rates: FLOPs over a block's time on the engine's path less its fixed part there (per block,
-    # and a full-table block's share of its call). The profile's fixed costs are the engine's too: a
-    # block costs its FLOPs at the rate plus the per-block cost, each kernel call (one per rank per
-    # Compute) the per-call cost.
+    def causal(r, d, b, L):  # one causal block's FLOPs time: ring step 0 less its full block and fixed costs
+        n = r["step0_docs"][L]  # per document 2 sequences: 1 causal block, and 1 full + 1 causal
+        per_doc = (r["step0_" + d][L] - call(r, b)) / n - 2 * seq(r, b)
+        # A difference of timings: noise (one repeat, a busy moment) can leave it at or below zero.
+        # A causal block does at least half a full block's work, so it is held to that.
+        return max((per_doc - full_block(r, d, b, L)) / 2, full_block(r, d, b, L) / 2)
+    # The rates: FLOPs over a block's time on the engine's path less its fixed part there (per
+    # sequence, per call). The profile's fixed costs are the engine's too: each sequence of a call
+    # costs its blocks' FLOPs at the rate plus the per-sequence cost, each kernel call (one per rank
+    # per Compute) the per-call cost.
     rates = {}
     for key in ("", "full_"):
         out = []
         for b, d in enumerate(("fwd", "bwd")):
-            # seconds of one block and its fixed part, both the way the engine pays them
-            sec = ((lambda r, L: r["full_" + d][L]) if key else (lambda r, L: causal(r, d, b, L)))
-            fixed = (lambda r, L: full_fixed(r, b, L)) if key else (lambda r, L: block(r, b))
+            sec = (lambda r, L: full_block(r, d, b, L)) if key else (lambda r, L: causal(r, d, b, L))
             ys = []
-            for L in SEQLENS:  # the rate of the FLOPs once the fixed cost is taken out
+            for L in SEQLENS:  # the rate of the FLOPs once the fixed costs are taken out
                 fl = 4.0 * L * L * hd if key else 2.0 * L * (L + 1) * hd  # as the cost model counts them
                 fl *= BWD_FLOPS if b else 1.0
-                t = med(lambda r: sec(r, L))
-                ys.append(fl / max(med(lambda r: sec(r, L) - fixed(r, L)), 0.05 * t) / 1e12)
+                whole = med(lambda r: r["full_" + d][L])  # a full block's time with its fixed share
+                ys.append(fl / max(med(lambda r: sec(r, L)), 0.05 * whole) / 1e12)
             out.append(tuple(ys))
         rates[key] = tuple(out)
     call_f, call_b = med(lambda r: call(r, 0)), med(lambda r: call(r, 1))
-    block_f, block_b = med(lambda r: block(r, 0)), med(lambda r: block(r, 1))
+    seq_f, seq_b = med(lambda r: seq(r, 0)), med(lambda r: seq(r, 1))
     gemm = 2.0 * 1024 * m.hidden * m.ffn / med(lambda r: r["gemm"]) / 1e12
     if world > 1:
         bw, lat = fit_link(SIZES, [p2p_round_s(res, n) for n in SIZES])
     else:  # nothing to measure: a figure that never matters (no messages with one rank)
         bw, lat = 1e9, 0.0
     gpn = gpus_per_node or (world // 2 if world >= 4 else world)  # world 4: 2 virtual nodes of 2
+    host = engine_host(res)
     return HardwareProfile(
         name=name or f"cpu-w{world}", gpu="cpu (gloo, 1 thread per rank)", gemm_tflops=gemm,
         attn_seqlen=SEQLENS, attn_fwd_tflops=rates[""][0], attn_bwd_tflops=rates[""][1],
@@ -328,12 +410,14 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
         nvlink_GBps=bw / 1e9, nvlink_latency_us=lat * 1e6, nic_GBps=bw / 1e9, nic_latency_us=lat * 1e6,
         gpus_per_node=gpn, nics_per_node=gpn, memory_GB=0.0,
         attn_call_fwd_us=call_f * 1e6, attn_call_bwd_us=call_b * 1e6,
-        attn_block_fwd_us=block_f * 1e6, attn_block_bwd_us=block_b * 1e6, host_cores=host_cores(res),
+        attn_seq_fwd_us=seq_f * 1e6, attn_seq_bwd_us=seq_b * 1e6, host_cores=host_cores(res),
         host_copy_GBps=copy_rate(res) / 1e9 if world > 1 else 0.0,
+        host_post_us=host[0] * 1e6, host_wait_us=host[1] * 1e6, host_land_GBps=host[2] / 1e9,
         assumed=("measured on this machine by `zeppelin bench --validate-cpu`: compute rates with one rank "
                  f"computing at a time (single core); host_cores = what the {world} ranks got computing at "
                  f"once, at most the {min(r['cores'] for r in res)} cores of the affinity mask; links and "
-                 f"the copy rate with {world} ranks exchanging at once (median round); nvlink and nic are the "
+                 f"the copy rate and the engine's CPU per Post / Wait with {world} ranks exchanging at once "
+                 "(median round; per Post / Wait the mean over a pass, median over passes); nvlink and nic are the "
                  "same gloo transport",))
 
 

@@ -197,7 +197,7 @@ def run_validation(args) -> int:
         prof.save(path)
         print(f"world {w}: attention fwd {min(prof.attn_fwd_tflops) * 1e3:.2f}..{max(prof.attn_fwd_tflops) * 1e3:.2f} "
               f"GFLOP/s, {prof.attn_call_fwd_us:.0f}/{prof.attn_call_bwd_us:.0f} us per kernel call + "
-              f"{prof.attn_block_fwd_us:.0f}/{prof.attn_block_bwd_us:.0f} us per block (fwd/bwd), "
+              f"{prof.attn_seq_fwd_us:.0f}/{prof.attn_seq_bwd_us:.0f} us per sequence (fwd/bwd), "
               f"GEMM {prof.gemm_tflops * 1e3:.1f} GFLOP/s, p2p {prof.nvlink_GBps:.2f} GB/s + "
               f"{prof.nvlink_latency_us:.0f} us; {prof.host_cores:.2f} host cores, copies "
               f"{prof.host_copy_GBps:.1f} GB/s; wrote {path}")

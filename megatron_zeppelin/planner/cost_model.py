@@ -9,9 +9,12 @@ function (vectorised over query length, key length and causal-or-full, forward o
 attention FLOPs count the causal triangle once (4*q*k*heads*head_dim for a full block, half of the
 square for a diagonal block); the backward is 2.5x the forward FLOPs at the profile's backward
 rate; full blocks run at the profile's full-block table when it has one
-(``attention.full_fwd_tflops`` / ``full_bwd_tflops``); every block adds the profile's fixed seconds
-per block (``attention.block_fwd_us``), and every kernel call its fixed seconds per call
-(``call_s``: the engine makes one call per rank per Compute of the layer program, program.py).
+(``attention.full_fwd_tflops`` / ``full_bwd_tflops``); every *sequence* of a kernel call (a query
+chunk with all the key blocks it attends in that call, which the kernels merge) adds the profile's
+fixed seconds per sequence (``seq_s``: ``attention.seq_fwd_us``; a block alone is one sequence, as
+``block_pass_s`` prices it), and every kernel call its fixed seconds per call
+(``call_s``: the engine makes one call per rank per Compute of the layer program, program.py);
+on a shared host every Post and Wait also costs its ranks the engine's CPU (``post_s``, ``wait_s``).
 ``gemm_s`` is the one linear function: linear modules cost 3x their forward FLOPs at the GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a
 node, one NIC across nodes); the DP gradient all-reduce is ``dp_allreduce_s``.
 
@@ -77,26 +80,58 @@ class CostModel:
             rate = np.where(causal, rate, full)
         return rate * 1e12
 
+    def block_flops_s(self, q, kv, causal, backward: bool = False):
+        """Seconds of the FLOPs of attention blocks in one layer, one pass (forward, or backward:
+        2.5x the forward FLOPs at the backward rate), without fixed costs; 0 where q or kv is 0.
+        Vectorised over q, kv and causal: the partitioner, the prediction and the simulator all
+        price attention here (program.py adds a fixed ``seq_s`` per sequence, ``call_s`` per call)."""
+        q = np.asarray(q, dtype=np.float64)
+        kv = np.asarray(kv, dtype=np.float64)
+        f = self.block_flops(q, kv, causal) * (BWD_FLOPS if backward else 1.0)
+        return np.where((q > 0) & (kv > 0), f / self.attn_rate(q, causal, backward), 0.0)
+
+    def seq_s(self, backward: bool = False) -> float:
+        """Fixed seconds of one sequence of a kernel call: a query chunk with every key block it
+        attends in that call (the kernels merge them into one sequence: attention/kernels/pieces.py)."""
+        return (self.profile.attn_seq_bwd_us if backward else self.profile.attn_seq_fwd_us) * 1e-6
+
     def block_pass_s(self, q, kv, causal, backward: bool = False):
-        """Seconds of attention blocks in one layer, one pass (forward, or backward: 2.5x the
-        forward FLOPs at the backward rate), plus the profile's fixed seconds per block (the kernel
-        call they are packed in is ``call_s``); 0 where q or kv is 0. Vectorised over q, kv and
-        causal: the partitioner, the prediction and the simulator all price attention here.
+        """Seconds of attention blocks each a sequence of its own (a local document; the estimates
+        of whole documents and ring members): ``block_flops_s`` plus ``seq_s`` (the kernel call
+        they are packed in is ``call_s``); 0 where q or kv is 0.
 
         >>> from megatron_zeppelin.planner.testing import toy_context
         >>> c = toy_context().cost
         >>> c.block_pass_s([300, 0], [300, 5], [True, False]).tolist()[1], c.block_fwd_s(300, 300, True) > 0
         (0.0, True)
         """
-        q = np.asarray(q, dtype=np.float64)
-        kv = np.asarray(kv, dtype=np.float64)
-        f = self.block_flops(q, kv, causal) * (BWD_FLOPS if backward else 1.0)
-        fixed = (self.profile.attn_block_bwd_us if backward else self.profile.attn_block_fwd_us) * 1e-6
-        return np.where((q > 0) & (kv > 0), f / self.attn_rate(q, causal, backward) + fixed, 0.0)
+        sec = self.block_flops_s(q, kv, causal, backward)
+        return np.where(sec > 0, sec + self.seq_s(backward), 0.0)
 
     def call_s(self, backward: bool = False) -> float:
         """Fixed seconds of one attention kernel call (one per rank per Compute that has blocks)."""
         return (self.profile.attn_call_bwd_us if backward else self.profile.attn_call_fwd_us) * 1e-6
+
+    def post_s(self) -> float:
+        """Host CPU seconds of one Post of the layer program on each rank its exchange involves
+        (the profile's ``host_post_us``; 0 on GPUs, where posting hides behind the kernels)."""
+        return self.profile.host_post_us * 1e-6
+
+    def wait_s(self, landed_bytes=0.0):
+        """Host CPU seconds of one Wait on a rank its exchange involves, once its messages are in:
+        the profile's ``host_wait_us``, plus ``landed_bytes`` (of the messages ending at the rank:
+        scalar or array) at ``host_land_GBps`` (landing the rows in place, adding them up).
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> from dataclasses import replace
+        >>> c = toy_context().cost
+        >>> c = replace(c, profile=replace(c.profile, host_wait_us=100.0, host_land_GBps=2.0))
+        >>> round(float(c.wait_s(4e6)) * 1e6, 6)   # 100 us + 4 MB at 2 GB/s
+        2100.0
+        """
+        p = self.profile
+        land = np.asarray(landed_bytes, dtype=np.float64) / (p.host_land_GBps * 1e9) if p.host_land_GBps else 0.0
+        return p.host_wait_us * 1e-6 + land
 
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:
         """Forward seconds of one block in one layer."""

@@ -155,6 +155,9 @@ class _Attention:
         self._hops: Dict[Tuple[bool, str], list] = {}
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
+        self.post_s = cost.post_s()  # the engine's CPU per Post (and per Wait: _host)
+        self.host = bool(self.post_s or np.any(cost.wait_s(1.0)))  # any engine CPU to charge (shared hosts)
+        self._host_costs: Dict[Tuple[bool, str], Tuple[np.ndarray, np.ndarray]] = {}
 
     def hops(self, backward: bool, name: str):
         """The hops of the exchange ``name`` (cached: a layer runs the same program every time)."""
@@ -175,6 +178,7 @@ class _Attention:
         waited at the next queue's overlap point or at the end (tests/unit/test_predict_backward.py).
         """
         done: Dict[str, Dict[int, float]] = {}
+        landing: Dict[str, np.ndarray] = {}  # per exchange in flight, the engine's CPU at its Wait, per rank
         for x in self.program[backward]:
             if isinstance(x, Compute):
                 t = self.work.seconds(x, backward)
@@ -183,17 +187,37 @@ class _Attention:
             elif isinstance(x, Post):
                 h = self.hops(backward, x.name)
                 if not h:
-                    done[x.name] = {}
+                    done[x.name], landing[x.name] = {}, None
                     continue
                 key = (backward, x.name)
                 if key not in self._prepared:
                     also = [o for n in x.shares for o in self.hops(backward, n)]
                     self._prepared[key] = _prepared_exchange(h, self.cost, also)
+                ranks, land = self._host(key, h) if self.host else (None, None)
+                if self.post_s:  # the engine's CPU posting it, on every rank it involves (shared hosts)
+                    clock[ranks] += self.post_s
                 done[x.name] = _exchange(h, clock, self.cost, prepared=self._prepared[key])
+                landing[x.name] = land
             else:
+                land = landing.pop(x.name)
                 for r, t in done.pop(x.name).items():
                     if t > clock[r]:
                         clock[r] = t
+                    if land is not None:  # then the engine lands the messages (shared hosts)
+                        clock[r] += land[r]
+
+    def _host(self, key, hops) -> Tuple[np.ndarray, np.ndarray]:
+        """(the ranks an exchange involves: senders and receivers of its hops, proxies included;
+        per rank the engine's CPU at its Wait: ``wait_s`` of the bytes of the pieces ending there)."""
+        if key not in self._host_costs:
+            landed = np.zeros(self.world)
+            for h in hops:
+                if h[6][1]:  # the receiver is the message's destination: its wait() lands the piece
+                    landed[h[2]] += h[3]
+            ranks = np.array(sorted({h[1] for h in hops} | {h[2] for h in hops}), dtype=np.int64)
+            wait = np.broadcast_to(self.cost.wait_s(landed), (self.world,))
+            self._host_costs[key] = (ranks, wait if wait.any() else None)
+        return self._host_costs[key]
 
 
 class RingParts(tuple):

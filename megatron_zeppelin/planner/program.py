@@ -55,6 +55,8 @@ class RingBlocks:
     member: np.ndarray
     step: np.ndarray
     rank: np.ndarray  # the member's rank
+    seq: np.ndarray  # the block's query chunk (ring, document, chunk), an id: blocks of one query chunk in
+    # one kernel call are one sequence of it (attention/kernels/pieces.py), which pays cost.seq_s once
 
 
 def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
@@ -66,6 +68,8 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
         if r.docs and r.size:
             by_size.setdefault(r.size, []).append(ri)
     parts = []
+    top = max(by_size, default=0) + 1
+    pairs_before = 0  # (ring, document) pairs of the earlier sizes: seq ids stay distinct across sizes
     for g, ris in by_size.items():
         # One row per (ring, document) pair, rings in order, each ring's documents in order.
         pair_ring = np.array([ri for ri in ris for _ in rings[ri].docs], dtype=np.int64)
@@ -85,31 +89,45 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
         member = np.broadcast_to(np.arange(g)[None, None, :, None, None], shape)[keep]
         pair = np.broadcast_to(p, shape)[keep]
         causal = np.broadcast_to(kb == qa, shape)[keep]
-        parts.append((q[keep], k[keep], causal, pair_ring[pair], member, step, ranks[slot[pair], member]))
+        seq = (pairs_before + pair) * (2 * top) + np.broadcast_to(qa, shape)[keep]
+        parts.append((q[keep], k[keep], causal, pair_ring[pair], member, step, ranks[slot[pair], member], seq))
+        pairs_before += len(pair_ring)
     f, n, b = np.float64, np.int64, bool
     if not parts:
         e = np.zeros(0)
-        return RingBlocks(e, e.copy(), e.astype(b), e.astype(n), e.astype(n), e.astype(n), e.astype(n))
-    q, kv, c, ri, i, st, rank = (np.concatenate(x) for x in zip(*parts))
-    top = int(max(by_size)) + 1
+        return RingBlocks(e, e.copy(), e.astype(b), e.astype(n), e.astype(n), e.astype(n), e.astype(n), e.astype(n))
+    q, kv, c, ri, i, st, rank, seq = (np.concatenate(x) for x in zip(*parts))
     order = np.argsort((ri * top + st) * top + i, kind="stable")  # (ring, step, member); documents stay in order
     return RingBlocks(q[order].astype(f), kv[order].astype(f), c[order].astype(b), ri[order].astype(n),
-                      i[order].astype(n), st[order].astype(n), rank[order].astype(n))
+                      i[order].astype(n), st[order].astype(n), rank[order].astype(n), seq[order].astype(n))
+
+
+def sequences_per(keys: np.ndarray, seq: np.ndarray, size: int) -> np.ndarray:
+    """How many distinct ``seq`` each ``key`` (an index < size) has among the blocks given.
+
+    >>> sequences_per(np.array([0, 0, 0, 2]), np.array([5, 5, 6, 5]), 3).tolist()
+    [2, 0, 1]
+    """
+    if not len(keys):
+        return np.zeros(size, dtype=np.int64)
+    pairs = np.unique(keys.astype(np.int64) * (int(seq.max()) + 1) + seq)
+    return np.bincount(pairs // (int(seq.max()) + 1), minlength=size)
 
 
 def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps: int, world: int):
     """Per ring step and rank, (forward, backward) compute seconds of one layer of ``rings``, as
-    [steps, world] arrays, priced by the cost model's one block function, plus one kernel call
-    (``cost.call_s``) per (step, rank) with blocks, as the engine packs a step's blocks."""
+    [steps, world] arrays: the blocks' FLOPs by the cost model's one block function, a fixed
+    ``cost.seq_s`` per sequence (query chunk) and one kernel call (``cost.call_s``) per (step, rank)
+    with blocks, as the engine packs a step's blocks."""
     b = ring_blocks(rings, docs)
     fwd, bwd = np.zeros((steps, world)), np.zeros((steps, world))
     if len(b.q):
-        np.add.at(fwd, (b.step, b.rank), cost.block_pass_s(b.q, b.kv, b.causal))
-        np.add.at(bwd, (b.step, b.rank), cost.block_pass_s(b.q, b.kv, b.causal, True))
-        has = np.zeros((steps, world), dtype=bool)
-        has[b.step, b.rank] = True
-        fwd += has * cost.call_s()
-        bwd += has * cost.call_s(True)
+        np.add.at(fwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal))
+        np.add.at(bwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal, True))
+        n = sequences_per(b.step * world + b.rank, b.seq, steps * world).reshape(steps, world)
+        has = n > 0
+        fwd += has * cost.call_s() + n * cost.seq_s()
+        bwd += has * cost.call_s(True) + n * cost.seq_s(True)
     return fwd, bwd
 
 
@@ -272,16 +290,18 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
 class AttentionWork:
     """The compute of a plan's core attention priced once by the cost model: every ring block and
     every local document, forward and backward; ``seconds`` gives a Compute's seconds per rank
-    (its blocks, plus one kernel call on every rank that has any: the engine packs them, runner.py)."""
+    (its blocks' FLOPs, a fixed cost per sequence (query chunk) and one kernel call on every rank
+    that has any: the engine packs them, runner.py; a local document is one sequence)."""
 
     def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int):
         dmap = {d.doc: d for d in docs}
         b = ring_blocks(rings, dmap)
         ids = np.array([r.id for r in rings], dtype=np.int64)
         self.ring_id = ids[b.ring] if len(b.q) else b.ring
-        self.step, self.rank = b.step, b.rank
-        self.sec = {bw: cost.block_pass_s(b.q, b.kv, b.causal, bw) for bw in (False, True)}
+        self.step, self.rank, self.seq = b.step, b.rank, b.seq
+        self.sec = {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) for bw in (False, True)}
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
+        self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
         self.members = {r.id: r.ranks for r in rings}
         loc = [d for d in docs if d.cls == "local"]
         L = np.array([d.length for d in loc], dtype=np.float64)
@@ -313,6 +333,8 @@ class AttentionWork:
                 m = np.isin(self.ring_id, c.rings) & np.isin(self.step, c.steps)
             np.add.at(out, self.rank[m], self.sec[backward][m])
             out[np.unique(self.rank[m])] += self.call[backward]  # all its blocks in one call per rank
+            if self.per_seq[backward]:  # each query chunk's blocks of the call: one sequence
+                out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.world)
             self._seconds[key] = out
         return out
 

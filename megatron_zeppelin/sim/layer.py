@@ -10,7 +10,8 @@ Attention is the layer program (planner/program.py ``attention_program``: the en
 compute, posted exchanges and waits, with its overlap points and the pipelined dK/dV), turned into
 tasks: each Compute is a kernel on every rank it involves, each Post a StepExchange of the Plan's
 CommOps (executor.run_step, so routed schedules are timed as run), each Wait a join of the rank's
-stream with its part of that exchange.
+stream with its part of that exchange. On a shared host (a CPU profile) a Post and a Wait also cost
+each rank of the exchange the engine's CPU (``CostModel.post_s``, ``wait_s``, category ``engine``).
 
 Activation recompute (``CostModel.recompute``, from the plan): the backward first reruns the forward
 it recomputes, as tasks (category ``recompute``): full, the whole layer's forward; selective
@@ -130,18 +131,29 @@ class LayerBuilder:
         return [Hop(o.stage, o.src, o.dst, o.nbytes * scale, o.link, o.nic, f"ring_{o.queue}",
                     o.msg_src, o.msg_dst, o.start, o.stop, (o.ring, o.block)) for o in ops]
 
-    def _exchange(self, ops, reverse: bool = False) -> Dict[int, int]:
-        """Start a StepExchange of ``ops`` on every rank it involves, gated by each rank's stream."""
+    def _exchange(self, ops, reverse: bool = False, post_s: float = 0.0):
+        """Start a StepExchange of ``ops`` on every rank it involves, gated by each rank's stream,
+        after ``post_s`` of the engine's CPU on each (a shared host's): (when each rank's part is
+        done, the bytes of the pieces ending at each rank, which its Wait lands)."""
         hops = self._hops(ops, 1.0)
         if reverse:
             hops = reverse_hops(hops, self.topo)
-        ranks = {h.src for h in hops} | {h.dst for h in hops}
-        return run_step(self.g, self.links, self.topo, hops, {r: [self.cursor[r]] for r in ranks}, self.lat)
+        ranks = sorted({h.src for h in hops} | {h.dst for h in hops})
+        if post_s:
+            for r in ranks:
+                self.compute(r, post_s, "engine")
+        landed: Dict[int, float] = defaultdict(float)
+        for h in hops:
+            if h.dst == h.target:
+                landed[h.dst] += h.nbytes
+        return run_step(self.g, self.links, self.topo, hops, {r: [self.cursor[r]] for r in ranks}, self.lat), landed
 
     def _attention(self, backward: bool):
         """The layer program's attention (planner/program.py), as a task graph."""
         work = self.work
-        done: Dict[str, Dict[int, int]] = {}
+        cost = self.k.cost
+        post_s, host = cost.post_s(), bool(cost.post_s() or cost.wait_s(1.0))  # the engine's CPU (shared hosts)
+        done: Dict[str, tuple] = {}
         for x in attention_program(self.plan.rings, bool(work.local_ranks), backward):
             if isinstance(x, Compute):
                 t = work.seconds(x, backward)
@@ -150,9 +162,13 @@ class LayerBuilder:
             elif isinstance(x, Post):
                 rings = set(x.rings)
                 ops = [o for o in self.ops.get((x.queue, x.step), ()) if o.ring in rings]
-                done[x.name] = self._exchange(ops, x.reverse) if ops else {}
+                done[x.name] = self._exchange(ops, x.reverse, post_s) if ops else ({}, {})
             else:
-                self._wait(done.pop(x.name))
+                ends, landed = done.pop(x.name)
+                self._wait(ends)
+                if host:  # then the engine lands the messages (on a shared host)
+                    for r in sorted(ends):
+                        self.compute(r, float(cost.wait_s(landed.get(r, 0.0))), "engine")
 
     def attention(self, backward: bool = False):
         """Only the core attention (the engine alone), for validation against measured engine runs."""

@@ -91,3 +91,44 @@ def test_latency_bound_rings_near_simulator(lengths, where):
     plan = hand_plan(lengths, topo, where)
     _, clock, _ = _backward(plan, cost)
     assert clock.max() == pytest.approx(_sim_attention(plan, cost, True), rel=0.10)
+
+
+def _with_host(cost, post_us=300.0, wait_us=150.0, land_GBps=2.0):
+    """The cost model on a profile whose engine pays host CPU per Post and Wait (a CPU host's)."""
+    from dataclasses import replace
+    return replace(cost, profile=replace(cost.profile, host_post_us=post_us, host_wait_us=wait_us,
+                                         host_land_GBps=land_GBps))
+
+
+def test_engine_host_cpu_closed_form():
+    """A 2-member ring's forward on a host whose engine pays CPU per Post and Wait: the K/V leaves
+    after the Post's CPU, and the Wait lands the block (its bytes at the landing rate) before step 1:
+    post + max(c0, T) + wait_fixed + bytes / rate + c1."""
+    topo = Topology(1, 2)
+    cost = _with_host(toy_context(1, 2).cost)
+    plan = hand_plan([65536], topo, [(0, 1)])
+    att = _Attention(plan.docs, plan.rings, plan.schedule, cost)
+    clock, busy = np.zeros(2), np.zeros(2)
+    att.run(clock, False, busy)
+    c = np.stack([att.work.seconds(Compute("intra", (0,), (s,)), False) for s in range(2)])
+    nb = plan.schedule[0].nbytes
+    T = cost.latency("nvlink") + nb / cost.bandwidth("nvlink")
+    want = 300e-6 + np.maximum(c[0], T) + 150e-6 + nb / 2e9 + c[1]
+    assert np.allclose(clock, want, rtol=1e-12)
+    assert np.allclose(busy, c.sum(axis=0), rtol=1e-12)  # the engine's CPU is not attention compute
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_engine_host_cpu_agrees_with_simulator(name):
+    """The prediction and the simulator charge the engine's CPU per Post and Wait alike."""
+    lengths, where, comm = CASES[name]
+    topo = Topology(2, 2, 1) if any(isinstance(w, tuple) and (0 in w and 2 in w) for w in where) else Topology(1, 4)
+    plain = toy_context(topo.nodes, topo.gpus_per_node, topo.nics_per_node).cost
+    cost = _with_host(plain)
+    plan = hand_plan(lengths, topo, where, comm=comm)
+    for backward in (False, True):
+        att = _Attention(plan.docs, plan.rings, plan.schedule, cost)
+        clock, busy = np.zeros(plan.world_size), np.zeros(plan.world_size)
+        att.run(clock, backward, busy)
+        assert clock.max() == pytest.approx(_sim_attention(plan, cost, backward), rel=1e-9)
+        assert clock.max() > _sim_attention(plan, plain, backward)

@@ -5,7 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from megatron_zeppelin.calibrate.concurrent import CPU_MODEL, SEQLENS, SIZES, profile_from
+from megatron_zeppelin.calibrate.concurrent import (CALL_LEN, CPU_MODEL, LAND_CHUNK, SEQLENS, SIZES, exchange_bytes,
+                                                    profile_from)
 from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.planner.cost_model import BWD_FLOPS, CostModel
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
@@ -135,7 +136,8 @@ def test_full_block_rates():
 
 
 def test_profile_round_trip_and_gpu_presets_unchanged(tmp_path):
-    p = replace(TOY_PROFILE, host_cores=2.0, attn_full_fwd_tflops=(30.0, 150.0), attn_full_bwd_tflops=(20.0, 90.0))
+    p = replace(TOY_PROFILE, host_cores=2.0, attn_full_fwd_tflops=(30.0, 150.0), attn_full_bwd_tflops=(20.0, 90.0),
+                host_post_us=450.0, host_wait_us=170.0, host_land_GBps=3.5)
     path = tmp_path / "p.yaml"
     p.save(str(path))
     assert load_profile(str(path)) == p
@@ -146,31 +148,40 @@ def test_profile_round_trip_and_gpu_presets_unchanged(tmp_path):
         replace(TOY_PROFILE, attn_full_fwd_tflops=(1.0,))
     with pytest.raises(Exception, match="host_cores"):
         replace(TOY_PROFILE, host_cores=-1.0)
+    with pytest.raises(Exception, match="host_land_GBps"):
+        replace(TOY_PROFILE, host_land_GBps=-1.0)
+    assert "host_post_us" not in d
 
 
-def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, block_f, block_b, cores):
+def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, seq_f, seq_b, cores):
     """What ``measure`` would report on a machine with these exact costs: causal blocks at
-    ``rate_*``, full ones at ``full_*`` TFLOP/s, ``block_*`` seconds per block and 400 / 600 us per
-    kernel call (forward / backward), every probe one call on the engine's path."""
+    ``rate_*``, full ones at ``full_*`` TFLOP/s, ``seq_*`` seconds per sequence (a query chunk with
+    its key blocks) and 400 / 600 us per kernel call (forward / backward), every probe one call on
+    the engine's path."""
     hd = CPU_MODEL.heads * CPU_MODEL.head_dim
     call_f, call_b = 4e-4, 6e-4
     out = {"cores": cores, "full_fwd": {}, "full_bwd": {}, "full_blocks": {}, "step0_fwd": {}, "step0_bwd": {},
            "step0_docs": {}, "gemm": 2.0 * 1024 * CPU_MODEL.hidden * CPU_MODEL.ffn / 1e11,
            "p2p": {n: [1e-4 + n / 1e9, 9.0, 1e-4 + n / 1e9] for n in SIZES},  # one round held up
            "p2p_cpu": {n: [5e-5 + 2 * n / 4e9] * 3 for n in SIZES}}  # 4 GB/s copies at each end
-    blocks, docs = 8, 3
+    docs = 3
     for L in SEQLENS:
         c, f = 2.0 * L * (L + 1) * hd, 4.0 * L * L * hd
-        full = (block_f + f / (full_fwd * 1e12), block_b + BWD_FLOPS * f / (full_bwd * 1e12))
-        causal = (block_f + c / (rate_fwd * 1e12), block_b + BWD_FLOPS * c / (rate_bwd * 1e12))
-        # ring step 1: `blocks` full blocks in one call, timed per block
-        out["full_fwd"][L], out["full_bwd"][L] = full[0] + call_f / blocks, full[1] + call_b / blocks
-        out["full_blocks"][L] = blocks
-        # ring step 0 of `docs` documents in one call: 2 causal and 1 full block each
+        full = (f / (full_fwd * 1e12), BWD_FLOPS * f / (full_bwd * 1e12))  # FLOPs time of one block
+        causal = (c / (rate_fwd * 1e12), BWD_FLOPS * c / (rate_bwd * 1e12))
+        # ring step 1: per document one sequence of 2 full blocks, all in one call, timed per block
+        out["full_fwd"][L] = (call_f + docs * (seq_f + 2 * full[0])) / (2 * docs)
+        out["full_bwd"][L] = (call_b + docs * (seq_b + 2 * full[1])) / (2 * docs)
+        out["full_blocks"][L] = 2 * docs
+        # ring step 0 in one call: per document 2 sequences, a causal block, and a full + a causal one
         out["step0_docs"][L] = docs
-        out["step0_fwd"][L] = call_f + docs * (2 * causal[0] + full[0])
-        out["step0_bwd"][L] = call_b + docs * (2 * causal[1] + full[1])
-    out["engine_block"], out["engine_call"] = (block_f, block_b), (call_f, call_b)
+        out["step0_fwd"][L] = call_f + docs * (2 * seq_f + 2 * causal[0] + full[0])
+        out["step0_bwd"][L] = call_b + docs * (2 * seq_b + 2 * causal[1] + full[1])
+    out["engine_seq"], out["engine_call"] = (seq_f, seq_b), (call_f, call_b)
+    # the engine's CPU per Post (500 us) and per Wait (200 us + the message at 3 GB/s), one
+    # repeat of each size held up by a busy moment (the median skips it)
+    out["engine_exchange"] = {c: ([5e-4, 5e-4, 0.1], [2e-4 + exchange_bytes(c) / 3e9] * 2 + [0.1])
+                              for c in (CALL_LEN, LAND_CHUNK)}
     return out
 
 
@@ -178,7 +189,7 @@ def test_calibration_recovers_known_costs():
     res = [_synthetic(0.012, 0.018, 0.04, 0.05, 1.5e-4, 1.0e-4, 2)] * 2
     p = profile_from(res, 2)
     assert isinstance(p, HardwareProfile) and p.host_cores == 2.0
-    assert p.attn_block_fwd_us == pytest.approx(150.0) and p.attn_block_bwd_us == pytest.approx(100.0)
+    assert p.attn_seq_fwd_us == pytest.approx(150.0) and p.attn_seq_bwd_us == pytest.approx(100.0)
     assert p.attn_call_fwd_us == pytest.approx(400.0) and p.attn_call_bwd_us == pytest.approx(600.0)
     # 16 and 32 tokens: so few FLOPs that the rate is under the 5% floor of a block's time
     assert p.attn_full_fwd_tflops[2:] == pytest.approx([0.04] * (len(SEQLENS) - 2))
@@ -187,6 +198,8 @@ def test_calibration_recovers_known_costs():
     assert p.attn_bwd_tflops[2:] == pytest.approx([0.018] * (len(SEQLENS) - 2))
     assert p.nvlink_GBps == pytest.approx(1.0) and p.nvlink_latency_us == pytest.approx(100.0)
     assert p.gemm_tflops == pytest.approx(0.1) and p.host_copy_GBps == pytest.approx(4.0)
+    assert p.host_post_us == pytest.approx(500.0) and p.host_wait_us == pytest.approx(200.0)
+    assert p.host_land_GBps == pytest.approx(3.0)
 
 
 def test_a_noisy_ring_step_still_gives_a_valid_profile():
