@@ -190,17 +190,19 @@ def run_validation(args) -> int:
         if w < 1 or (w >= 4 and w % 2):
             raise ZeppelinError(f"--world {w}: use 1, 2 or an even number of ranks (2 virtual nodes from 4 on)")
     os.makedirs(args.profiles, exist_ok=True)
-    rows = []
+    rows, profiles = [], []
     for w in worlds:
         prof, vrows = validate(w, repeat=args.repeat, calib_repeat=args.repeat)
         path = os.path.join(args.profiles, f"{prof.name}.yaml")
         prof.save(path)
+        profiles.append(prof.to_dict())  # kept with the rows: a run's misses are read against its profile
         print(f"world {w}: attention fwd {min(prof.attn_fwd_tflops) * 1e3:.2f}..{max(prof.attn_fwd_tflops) * 1e3:.2f} "
               f"GFLOP/s, {prof.attn_call_fwd_us:.0f}/{prof.attn_call_bwd_us:.0f} us per kernel call + "
               f"{prof.attn_seq_fwd_us:.0f}/{prof.attn_seq_bwd_us:.0f} us per sequence (fwd/bwd), "
               f"GEMM {prof.gemm_tflops * 1e3:.1f} GFLOP/s, p2p {prof.nvlink_GBps:.2f} GB/s + "
               f"{prof.nvlink_latency_us:.0f} us; {prof.host_cores:.2f} host cores, copies "
-              f"{prof.host_copy_GBps:.1f} GB/s; wrote {path}")
+              f"{prof.host_copy_GBps:.1f} GB/s; engine {prof.host_post_us:.0f} us per Post, "
+              f"{prof.host_wait_us:.0f} us per Wait + landing {prof.host_land_GBps:.1f} GB/s; wrote {path}")
         for r in vrows:
             rows.append(r)
             bg = statistics.median(r["background_cores"]) if r["background_cores"] else float("nan")
@@ -217,6 +219,6 @@ def run_validation(args) -> int:
                        "host's cores shared among the ranks computing at once).",
                "command": " ".join(["zeppelin bench --validate-cpu"] + [f"--world {w}" for w in worlds] +
                                    [f"--repeat {args.repeat}", f"--json {args.json}"]),
-               "rows": rows}
+               "rows": rows, "profiles": profiles}
         _write(args.json, lambda f: json.dump(doc, f, indent=1))
     return 0

@@ -29,5 +29,6 @@ def test_bench_validate_cpu_command(tmp_path, capsys):
                  "--profiles", str(tmp_path)]) == 0
     doc = json.loads(out.read_text())
     assert len(doc["rows"]) == 6 and doc["command"].startswith("zeppelin bench --validate-cpu")
+    assert [p["name"] for p in doc["profiles"]] == ["cpu-w1"]  # each world's calibrated profile, kept with its rows
     assert (tmp_path / "cpu-w1.yaml").exists()
     assert "mean |error|" in capsys.readouterr().out
