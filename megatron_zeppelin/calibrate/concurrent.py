@@ -252,7 +252,7 @@ def measure(rank: int, world: int, repeat: int) -> Dict:
     dist.barrier()
     # What the ranks get computing at once: below the core count when they outnumber the cores, and
     # also when they do not but slow each other down (measured, not assumed: sim/host.py).
-    out["sharing"] = _sharing(rank, world, repeat) if world > 1 else None
+    out["sharing"] = [_sharing(rank, world, repeat)] if world > 1 else None  # samples (the validation adds more)
     # Point-to-point under the load the run will have: every rank sends to its ring successor and
     # receives from its predecessor at once (a ring step over all ranks), back to back. With more
     # ranks than cores a receiver blocked in wait() runs only when the scheduler gives it a core, so
@@ -308,21 +308,29 @@ def p2p_round_s(res: Sequence[Dict], n: int) -> float:
 
 def host_cores(res: Sequence[Dict]) -> float:
     """The cores the ranks share: the affinity mask's, or the compute the host delivered to them all
-    at once if less: their single-core seconds over the time until the last is done (median round of
-    ``_sharing``). Below the core count when ranks that outnumber the cores thrash each other's
-    caches at every switch, or when ranks on their own cores contend for caches and memory.
+    at once if less. Per round of ``_sharing``: their single-core seconds over the time until the last
+    is done; the median over every round of every sample (``sharing``: a list of ``_sharing``
+    results, all ranks taking the same samples; the validation takes them before, during and after
+    its timed runs, so that one slow minute of the machine is outvoted). Below the core count when
+    ranks that outnumber the cores thrash each other's caches at every switch, or when ranks on their
+    own cores contend for caches and memory.
 
-    >>> host_cores([{"cores": 2, "sharing": (1.0, [2.2, 2.0, 9.0])}] * 4)  # 4 s of work in 2.2 s
+    >>> host_cores([{"cores": 2, "sharing": [(1.0, [2.2, 2.0, 9.0])]}] * 4)  # 4 s of work in 2.2 s
+    1.818182
+    >>> host_cores([{"cores": 2, "sharing": [(1.0, [9.0, 9.0]), (1.0, [2.0, 2.2]), (1.0, [2.2, 2.0])]}] * 4)
     1.818182
     >>> host_cores([{"cores": 2, "sharing": None}] * 2)
     2.0
     """
     cores = float(min(r["cores"] for r in res))
     shared = [r.get("sharing") for r in res]
-    if any(x is None for x in shared):
+    if any(not x for x in shared):
         return cores
-    rounds = [max(x[1][i] for x in shared) for i in range(len(shared[0][1]))]
-    return round(min(cores, sum(x[0] for x in shared) / statistics.median(rounds)), 6)
+    got = []
+    for k in range(len(shared[0])):  # sample k: the same rounds on every rank
+        work = sum(x[k][0] for x in shared)
+        got += [work / max(x[k][1][i] for x in shared) for i in range(len(shared[0][k][1]))]
+    return round(min(cores, statistics.median(got)), 6)
 
 
 def engine_host(res: Sequence[Dict]) -> Tuple[float, float, float]:

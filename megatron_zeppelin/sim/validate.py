@@ -9,7 +9,10 @@ cores one iteration's time depends on where the scheduler puts the ranks: packed
 153-209 ms within one run, and the minimum picks the luckiest placement). The simulator predicts
 the same quantity (iteration.simulate_attention: one layer's core attention, forward then backward)
 from a profile calibrated in the same spawned run (calibrate/concurrent.py: single-core compute
-rates and the host's cores, which the simulator shares among the ranks computing at once).
+rates and the host's cores, which the simulator shares among the ranks computing at once; the
+host's cores are sampled before, mid-way through and after the timed repeats, and the median round
+of all samples kept: one sample alone once gave 1.29 cores where the other runs gave 1.77-1.84, and
+every plan of that run was simulated 15-54% too slow).
 
 This machine is shared: other processes' CPU time during each timed repeat is measured (the host's
 busy time from /proc/stat minus the ranks' own) and repeats where others kept more than
@@ -62,11 +65,11 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
 
     from ..attention.engine import AttentionEngine
     from ..planner import plan_batch
-    from ..calibrate.concurrent import measure, profile_from
+    from ..calibrate.concurrent import _sharing, measure, profile_from
     mine = measure(rank, world, calib_repeat)
     every = [None] * world
     dist.all_gather_object(every, mine)
-    profile = profile_from(every, world)  # the same on every rank
+    profile = profile_from(every, world)  # the same on every rank (the planner does not read host_cores)
     topo = cpu_topology(world)
     m = CPU_MODEL
     runs = []
@@ -92,6 +95,11 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
             dist.barrier()  # the load window closes when every rank is done
             if i:
                 times[j].append((dt, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
+        if world > 1 and i in (repeat // 2, repeat):  # host_cores sampled mid-way and at the end too
+            mine["sharing"].append(_sharing(rank, world, calib_repeat))
+    if world > 1:  # the profile simulated: host_cores from every sample (a slow minute is outvoted)
+        dist.all_gather_object(every, mine)
+        profile = profile_from(every, world)
     return (profile.to_dict() if rank == 0 else None), times
 
 
