@@ -76,8 +76,8 @@ def _time_compute(fn, repeat: int, budget_s: float = 0.05) -> float:
 
 
 def _compute(rank: int, repeat: int) -> Dict:
-    """Attention block times by length on the engine's own path (forward, backward; full blocks, and
-    ring step 0 for the causal ones), its fixed costs, and a GEMM's, on one core."""
+    """Attention block times by length on the engine's own path (forward, backward; full blocks of a
+    ring step, and local documents for the causal ones), its fixed costs, and a GEMM's, on one core."""
     import torch
 
     m = CPU_MODEL
@@ -93,12 +93,12 @@ def _compute(rank: int, repeat: int) -> Dict:
         out["full_fwd"][L] = _time_compute(f, few) / calls  # per block, its share of the one call included
         out["full_bwd"][L] = _time_compute(b, few) / calls
         out.setdefault("full_blocks", {})[L] = calls  # blocks in that one kernel call
-        # The same documents at ring step 0 (the own block): per document 2 causal blocks and 1 full
-        # one, which gives the causal table (profile_from).
-        f0, b0, _ = _probe(rank, L, n, block=0)
-        out.setdefault("step0_fwd", {})[L] = _time_compute(f0, few)
-        out.setdefault("step0_bwd", {})[L] = _time_compute(b0, few)
-        out.setdefault("step0_docs", {})[L] = n
+        # As many local documents of L tokens (one causal block, one sequence each, the local queue's
+        # path), which gives the causal table (profile_from).
+        f0, b0 = _local_probe(rank, L, n)
+        out.setdefault("local_fwd", {})[L] = _time_compute(f0, few)
+        out.setdefault("local_bwd", {})[L] = _time_compute(b0, few)
+        out.setdefault("local_docs", {})[L] = n
     x = torch.randn(1024, m.hidden, generator=g)
     w = torch.randn(m.hidden, m.ffn, generator=g)
     out["gemm"] = _time_compute(lambda: x @ w, repeat)
@@ -110,8 +110,8 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, block: int = 1):
     """(forward, backward, blocks): the engine's own block path (attention/blocks.attend and
     attend_backward: one kernel call) over one K/V block of a ring of 2 holding ``ndocs`` documents
     of 4 x ``chunk`` tokens, as member 0: ``block`` 1 (member 1's, ring step 1): its last chunk sees
-    both chunks of that block, 2 full blocks per document; ``block`` 0 (its own, step 0): 2 causal
-    (diagonal) blocks and 1 full block per document."""
+    both chunks of that block, 2 full blocks in one sequence per document; ``block`` 0 (its own,
+    step 0): 2 causal (diagonal) blocks and 1 full block per document."""
     import torch
 
     from ..attention.blocks import _pairs, attend, attend_backward
@@ -133,6 +133,27 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, block: int = 1):
     dkv, dq, dout = torch.zeros_like(kv), torch.zeros_like(q), torch.randn_like(q)
     return (lambda: attend(view, [(ring, block, kv)], q, out.clone(), lse.clone(), scale, "auto"),
             lambda: attend_backward(view, [(ring, block, kv, dkv)], q, out, lse, dout, dq, scale, "auto"), calls)
+
+
+def _local_probe(rank: int, length: int, ndocs: int):
+    """(forward, backward): the engine's local queue (attention/kernels attend_pairs and
+    attend_pairs_backward, as AttentionEngine._local_forward runs it: one kernel call) over
+    ``ndocs`` documents of ``length`` tokens, each one causal block."""
+    import torch
+
+    from ..attention.kernels import attend_pairs, attend_pairs_backward
+    m = CPU_MODEL
+    g = torch.Generator().manual_seed(rank)
+    t = length * ndocs
+    q = torch.randn(t, m.heads, m.head_dim, generator=g)
+    k, v = (torch.randn(t, m.kv_heads, m.head_dim, generator=g) for _ in range(2))
+    pairs = [(slice(i * length, (i + 1) * length),) * 2 + (0,) for i in range(ndocs)]
+    out, lse = torch.zeros_like(q), torch.full((t, m.heads), float("-inf"))
+    scale = m.head_dim ** -0.5
+    attend_pairs(q, k, v, pairs, out, lse, scale, "auto")  # a real output and LSE
+    dq, dk, dv, dout = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.randn_like(q)
+    return (lambda: attend_pairs(q, k, v, pairs, out.clone(), lse.clone(), scale, "auto"),
+            lambda: attend_pairs_backward(dout, q, k, v, out, lse, pairs, dq, dk, dv, scale, "auto"))
 
 
 def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[float, float]]:
@@ -379,12 +400,12 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
         n, docs = r["full_blocks"][L], r["full_blocks"][L] // 2  # per document 1 sequence of 2 blocks
         return (r["full_" + d][L] * n - call(r, b) - docs * seq(r, b)) / n
 
-    def causal(r, d, b, L):  # one causal block's FLOPs time: ring step 0 less its full block and fixed costs
-        n = r["step0_docs"][L]  # per document 2 sequences: 1 causal block, and 1 full + 1 causal
-        per_doc = (r["step0_" + d][L] - call(r, b)) / n - 2 * seq(r, b)
+    def causal(r, d, b, L):  # one causal block's FLOPs time: a local document less its fixed costs
+        n = r["local_docs"][L]  # one sequence each
+        per_doc = (r["local_" + d][L] - call(r, b)) / n - seq(r, b)
         # A difference of timings: noise (one repeat, a busy moment) can leave it at or below zero.
         # A causal block does at least half a full block's work, so it is held to that.
-        return max((per_doc - full_block(r, d, b, L)) / 2, full_block(r, d, b, L) / 2)
+        return max(per_doc, full_block(r, d, b, L) / 2)
     # The rates: FLOPs over a block's time on the engine's path less its fixed part there (per
     # sequence, per call). The profile's fixed costs are the engine's too: each sequence of a call
     # costs its blocks' FLOPs at the rate plus the per-sequence cost, each kernel call (one per rank

@@ -12,7 +12,8 @@ rate; full blocks run at the profile's full-block table when it has one
 (``attention.full_fwd_tflops`` / ``full_bwd_tflops``); every *sequence* of a kernel call (a query
 chunk with all the key blocks it attends in that call, which the kernels merge) adds the profile's
 fixed seconds per sequence (``seq_s``: ``attention.seq_fwd_us``; a block alone is one sequence, as
-``block_pass_s`` prices it), and every kernel call its fixed seconds per call
+``block_pass_s`` prices it; one mixing full keys with a causal run counts twice, as the CPU kernel
+splits it: program.py ``sequences_per``), and every kernel call its fixed seconds per call
 (``call_s``: the engine makes one call per rank per Compute of the layer program, program.py);
 on a shared host every Post and Wait also costs its ranks the engine's CPU (``post_s``, ``wait_s``).
 ``gemm_s`` is the one linear function: linear modules cost 3x their forward FLOPs at the GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a

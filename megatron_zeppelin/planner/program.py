@@ -102,16 +102,22 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
                       i[order].astype(n), st[order].astype(n), rank[order].astype(n), seq[order].astype(n))
 
 
-def sequences_per(keys: np.ndarray, seq: np.ndarray, size: int) -> np.ndarray:
-    """How many distinct ``seq`` each ``key`` (an index < size) has among the blocks given.
+def sequences_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, size: int) -> np.ndarray:
+    """Kernel sequences per ``key`` (an index < size) among the blocks given: one per distinct
+    ``seq`` (query chunk), and one more for each that mixes full and causal blocks: such a sequence
+    (full keys, then a causal run: bottom-right causal with more keys than queries) runs as two
+    calls and a merge on the CPU kernel (attention/kernels/cpu.py); GPU profiles have no
+    per-sequence cost, so the count does not matter there.
 
-    >>> sequences_per(np.array([0, 0, 0, 2]), np.array([5, 5, 6, 5]), 3).tolist()
-    [2, 0, 1]
+    >>> sequences_per(np.array([0, 0, 0, 2]), np.array([5, 5, 6, 5]), np.array([True, False, True, False]), 3).tolist()
+    [3, 0, 1]
     """
     if not len(keys):
         return np.zeros(size, dtype=np.int64)
-    pairs = np.unique(keys.astype(np.int64) * (int(seq.max()) + 1) + seq)
-    return np.bincount(pairs // (int(seq.max()) + 1), minlength=size)
+    top = int(seq.max()) + 1
+    ks = keys.astype(np.int64) * top + seq
+    both = np.intersect1d(ks[causal], ks[~causal])  # sequences with full and causal blocks
+    return np.bincount(np.unique(ks) // top, minlength=size) + np.bincount(both // top, minlength=size)
 
 
 def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps: int, world: int):
@@ -124,7 +130,7 @@ def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps
     if len(b.q):
         np.add.at(fwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal))
         np.add.at(bwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal, True))
-        n = sequences_per(b.step * world + b.rank, b.seq, steps * world).reshape(steps, world)
+        n = sequences_per(b.step * world + b.rank, b.seq, b.causal, steps * world).reshape(steps, world)
         has = n > 0
         fwd += has * cost.call_s() + n * cost.seq_s()
         bwd += has * cost.call_s(True) + n * cost.seq_s(True)
@@ -298,7 +304,7 @@ class AttentionWork:
         b = ring_blocks(rings, dmap)
         ids = np.array([r.id for r in rings], dtype=np.int64)
         self.ring_id = ids[b.ring] if len(b.q) else b.ring
-        self.step, self.rank, self.seq = b.step, b.rank, b.seq
+        self.step, self.rank, self.seq, self.causal = b.step, b.rank, b.seq, b.causal
         self.sec = {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) for bw in (False, True)}
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
@@ -334,7 +340,7 @@ class AttentionWork:
             np.add.at(out, self.rank[m], self.sec[backward][m])
             out[np.unique(self.rank[m])] += self.call[backward]  # all its blocks in one call per rank
             if self.per_seq[backward]:  # each query chunk's blocks of the call: one sequence
-                out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.world)
+                out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.causal[m], self.world)
             self._seconds[key] = out
         return out
 
