@@ -106,12 +106,14 @@ def _compute(rank: int, repeat: int) -> Dict:
     return out
 
 
-def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, block: int = 1):
+def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
     """(forward, backward, blocks): the engine's own block path (attention/blocks.attend and
     attend_backward: one kernel call) over one K/V block of a ring of 2 holding ``ndocs`` documents
-    of 4 x ``chunk`` tokens, as member 0: ``block`` 1 (member 1's, ring step 1): its last chunk sees
-    both chunks of that block, 2 full blocks in one sequence per document; ``block`` 0 (its own,
-    step 0): 2 causal (diagonal) blocks and 1 full block per document."""
+    of 4 x ``chunk`` tokens, as member 1 at ring step 1 (member 0's block: chunks 0 and 3): both its
+    chunks see chunk 0 fully and chunk 3 not at all, so 2 full ``chunk`` x ``chunk`` blocks per
+    document, each its own sequence. (A member's later chunk against both chunks of a block, the
+    other pattern, is one sequence of twice the keys, which the kernel runs faster per FLOP; a
+    step's slowest member, which sets the ring's pace, has the first.)"""
     import torch
 
     from ..attention.blocks import _pairs, attend, attend_backward
@@ -119,10 +121,10 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, block: int = 1):
     from ..planner.layout import attention_layout, zigzag_bounds
     from ..planner.types import DocPlan, Ring
     m = CPU_MODEL
-    L = 4 * chunk
+    L, block = 4 * chunk, 0
     ring = Ring(0, (0, 1), "intra", tuple(range(ndocs)))
     docs = tuple(DocPlan(i, L, "intra", 0, -1, zigzag_bounds(L, 2)) for i in range(ndocs))
-    view = RankView.build(docs, (ring,), attention_layout(docs, (ring,), 2), 0)
+    view = RankView.build(docs, (ring,), attention_layout(docs, (ring,), 2), 1)
     calls = sum(1 for _ in _pairs(view, ring, block))
     g = torch.Generator().manual_seed(rank)
     q = torch.randn(view.tokens, m.heads, m.head_dim, generator=g)
@@ -159,18 +161,17 @@ def _local_probe(rank: int, length: int, ndocs: int):
 def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[float, float]]:
     """(per kernel call, per sequence in a call), forward and backward, as the engine makes its
     calls (every block of a Compute packed in one call, the blocks of one query chunk merged into
-    one sequence), on tiny blocks: ``_probe`` with CALL_LEN-token chunks over one document (one
-    sequence: the member's last chunk against both chunks of the block) and over PROBE_DOCS
-    (PROBE_DOCS sequences). The difference gives what each sequence adds (pairing segments, masks,
-    slicing the packed K/V message, one kernel launch), the rest of the small call the fixed cost of
-    a call (cu_seqlens, merge)."""
+    one sequence), on tiny blocks: ``_probe`` with CALL_LEN-token chunks over one document (2
+    sequences) and over PROBE_DOCS (2 x PROBE_DOCS). The difference gives what each sequence adds
+    (pairing segments, masks, slicing the packed K/V message, one kernel launch), the rest of the
+    small call the fixed cost of a call (cu_seqlens, merge)."""
     one, many = _probe(rank, CALL_LEN, 1), _probe(rank, CALL_LEN)
     call, seq = [], []
     for i in (0, 1):
         t1, tn = _time_compute(one[i], repeat), _time_compute(many[i], repeat)
-        per = max(tn - t1, 0.0) / (PROBE_DOCS - 1)
+        per = max(tn - t1, 0.0) / (many[2] - one[2])
         seq.append(per)
-        call.append(max(t1 - per, 0.0))
+        call.append(max(t1 - one[2] * per, 0.0))
     return tuple(call), tuple(seq)
 
 
@@ -397,8 +398,8 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
         return r["engine_call"][b]
 
     def full_block(r, d, b, L):  # one full block's FLOPs time: the full probe's call less its fixed costs
-        n, docs = r["full_blocks"][L], r["full_blocks"][L] // 2  # per document 1 sequence of 2 blocks
-        return (r["full_" + d][L] * n - call(r, b) - docs * seq(r, b)) / n
+        n = r["full_blocks"][L]  # each block its own sequence
+        return (r["full_" + d][L] * n - call(r, b) - n * seq(r, b)) / n
 
     def causal(r, d, b, L):  # one causal block's FLOPs time: a local document less its fixed costs
         n = r["local_docs"][L]  # one sequence each

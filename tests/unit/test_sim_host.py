@@ -169,9 +169,9 @@ def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, seq_f, seq_b, cores):
         c, f = 2.0 * L * (L + 1) * hd, 4.0 * L * L * hd
         full = (f / (full_fwd * 1e12), BWD_FLOPS * f / (full_bwd * 1e12))  # FLOPs time of one block
         causal = (c / (rate_fwd * 1e12), BWD_FLOPS * c / (rate_bwd * 1e12))
-        # ring step 1: per document one sequence of 2 full blocks, all in one call, timed per block
-        out["full_fwd"][L] = (call_f + docs * (seq_f + 2 * full[0])) / (2 * docs)
-        out["full_bwd"][L] = (call_b + docs * (seq_b + 2 * full[1])) / (2 * docs)
+        # ring step 1: per document 2 full blocks, each its own sequence, all in one call, timed per block
+        out["full_fwd"][L] = (call_f + 2 * docs * (seq_f + full[0])) / (2 * docs)
+        out["full_bwd"][L] = (call_b + 2 * docs * (seq_b + full[1])) / (2 * docs)
         out["full_blocks"][L] = 2 * docs
         # local documents of L tokens in one call: one causal block, one sequence each
         out["local_docs"][L] = docs
