@@ -216,7 +216,8 @@ def run_validation(args) -> int:
                        "float32), slowest rank from a common barrier, median over the repeats where other "
                        f"processes kept at most {BACKGROUND_MAX} cores busy (background_cores per repeat); "
                        "simulated with the profile calibrated in the same spawned run (single-core rates, the "
-                       "host's cores shared among the ranks computing at once).",
+                       "host's cores shared among the ranks computing at once, sampled before, during and after "
+                       "the timed repeats; the engine's CPU per Post and Wait); `profiles` holds each world's.",
                "command": " ".join(["zeppelin bench --validate-cpu"] + [f"--world {w}" for w in worlds] +
                                    [f"--repeat {args.repeat}", f"--json {args.json}"]),
                "rows": rows, "profiles": profiles}
