@@ -227,7 +227,7 @@ def exchange_bytes(chunk: int) -> int:
     return PROBE_DOCS * 2 * chunk * 2 * CPU_MODEL.kv_heads * CPU_MODEL.head_dim * 4
 
 
-def _sharing(rank: int, world: int, repeat: int) -> Tuple[float, list]:
+def sharing_sample(rank: int, world: int, repeat: int) -> Tuple[float, list]:
     """(alone, rounds): single-core seconds of one round's work, a block sequence (``_probe`` with
     SHARE_CHUNK-token chunks, forward and backward) run until about SHARE_ROUND_S on this rank alone
     (the ranks take turns), and the seconds of each round with every rank running it at once from a
@@ -274,7 +274,7 @@ def measure(rank: int, world: int, repeat: int) -> Dict:
     dist.barrier()
     # What the ranks get computing at once: below the core count when they outnumber the cores, and
     # also when they do not but slow each other down (measured, not assumed: sim/host.py).
-    out["sharing"] = [_sharing(rank, world, repeat)] if world > 1 else None  # samples (the validation adds more)
+    out["sharing"] = [sharing_sample(rank, world, repeat)] if world > 1 else None  # samples (the validation adds more)
     # Point-to-point under the load the run will have: every rank sends to its ring successor and
     # receives from its predecessor at once (a ring step over all ranks), back to back. With more
     # ranks than cores a receiver blocked in wait() runs only when the scheduler gives it a core, so
@@ -330,12 +330,12 @@ def p2p_round_s(res: Sequence[Dict], n: int) -> float:
 
 def host_cores(res: Sequence[Dict]) -> float:
     """The cores the ranks share: the affinity mask's, or the compute the host delivered to them all
-    at once if less. Per round of ``_sharing``: their single-core seconds over the time until the last
-    is done; the median over every round of every sample (``sharing``: a list of ``_sharing``
-    results, all ranks taking the same samples; the validation takes them before, during and after
-    its timed runs, so that one slow minute of the machine is outvoted). Below the core count when
-    ranks that outnumber the cores thrash each other's caches at every switch, or when ranks on their
-    own cores contend for caches and memory.
+    at once if less. Per round of ``sharing_sample``: their single-core seconds over the time until
+    the last is done; the median over every round of every sample (``sharing``: a list of
+    ``sharing_sample`` results, all ranks taking the same samples; the validation takes them before,
+    during and after its timed runs, so that one slow minute of the machine is outvoted). Below the
+    core count when ranks that outnumber the cores thrash each other's caches at every switch, or
+    when ranks on their own cores contend for caches and memory.
 
     >>> host_cores([{"cores": 2, "sharing": [(1.0, [2.2, 2.0, 9.0])]}] * 4)  # 4 s of work in 2.2 s
     1.818182

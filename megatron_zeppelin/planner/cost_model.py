@@ -134,6 +134,13 @@ class CostModel:
         land = np.asarray(landed_bytes, dtype=np.float64) / (p.host_land_GBps * 1e9) if p.host_land_GBps else 0.0
         return p.host_wait_us * 1e-6 + land
 
+    @property
+    def charges_host(self) -> bool:
+        """Whether the engine's Posts and Waits cost host CPU here (a CPU profile; never on GPUs):
+        the prediction and the simulator skip that bookkeeping otherwise."""
+        p = self.profile
+        return bool(p.host_post_us or p.host_wait_us or p.host_land_GBps)
+
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:
         """Forward seconds of one block in one layer."""
         return float(self.block_pass_s(q, kv, causal))

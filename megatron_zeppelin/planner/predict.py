@@ -156,7 +156,6 @@ class _Attention:
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
         self.post_s = cost.post_s()  # the engine's CPU per Post (and per Wait: _host)
-        self.host = bool(self.post_s or np.any(cost.wait_s(1.0)))  # any engine CPU to charge (shared hosts)
         self._host_costs: Dict[Tuple[bool, str], Tuple[np.ndarray, np.ndarray]] = {}
 
     def hops(self, backward: bool, name: str):
@@ -193,7 +192,7 @@ class _Attention:
                 if key not in self._prepared:
                     also = [o for n in x.shares for o in self.hops(backward, n)]
                     self._prepared[key] = _prepared_exchange(h, self.cost, also)
-                ranks, land = self._host(key, h) if self.host else (None, None)
+                ranks, land = self._host(key, h) if self.cost.charges_host else (None, None)
                 if self.post_s:  # the engine's CPU posting it, on every rank it involves (shared hosts)
                     clock[ranks] += self.post_s
                 done[x.name] = _exchange(h, clock, self.cost, prepared=self._prepared[key])

@@ -152,7 +152,7 @@ class LayerBuilder:
         """The layer program's attention (planner/program.py), as a task graph."""
         work = self.work
         cost = self.k.cost
-        post_s, host = cost.post_s(), bool(cost.post_s() or cost.wait_s(1.0))  # the engine's CPU (shared hosts)
+        post_s, host = cost.post_s(), cost.charges_host  # the engine's CPU per Post / Wait (shared hosts)
         done: Dict[str, tuple] = {}
         for x in attention_program(self.plan.rings, bool(work.local_ranks), backward):
             if isinstance(x, Compute):

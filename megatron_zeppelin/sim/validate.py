@@ -65,7 +65,7 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
 
     from ..attention.engine import AttentionEngine
     from ..planner import plan_batch
-    from ..calibrate.concurrent import _sharing, measure, profile_from
+    from ..calibrate.concurrent import measure, profile_from, sharing_sample
     mine = measure(rank, world, calib_repeat)
     every = [None] * world
     dist.all_gather_object(every, mine)
@@ -96,7 +96,7 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
             if i:
                 times[j].append((dt, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
         if world > 1 and i in (repeat // 2, repeat):  # host_cores sampled mid-way and at the end too
-            mine["sharing"].append(_sharing(rank, world, calib_repeat))
+            mine["sharing"].append(sharing_sample(rank, world, calib_repeat))
     if world > 1:  # the profile simulated: host_cores from every sample (a slow minute is outvoted)
         dist.all_gather_object(every, mine)
         profile = profile_from(every, world)
