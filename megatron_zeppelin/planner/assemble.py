@@ -18,11 +18,12 @@ import numpy as np
 
 from .context import Placement, PlanContext
 from .layout import attention_layout
+from .levels import linear_level, smallest_level
 from .predict import lower_bound, predict, ring_costs
 from .remap import plan_remap
 from .types import PlanError
 from .schedule import ring_ops
-from .types import CLASSES, Plan, PlanMeta
+from .types import CLASSES, Plan, PlanMeta, segment_tokens
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,14 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
-    tokens = tuple([sum([s.stop - s.start for s in r]) for r in att])
+    tokens = tuple([segment_tokens(r) for r in att])
     return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost), tokens)
 
 
 def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
-             prepared: Optional[Prepared] = None) -> Plan:
+             prepared: Optional[Prepared] = None, lower_bound_s: Optional[float] = None) -> Plan:
+    """The Plan of ``placement``; ``prepared``: its prepare() when shared with other candidates;
+    ``lower_bound_s``: the batch's lower_bound when the caller assembles several candidates."""
     topo, cost = ctx.topology, ctx.cost
     pre = prepared or prepare(ctx, placement)
     docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
@@ -80,7 +83,8 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
         _check_fits(strategy, att, lin, ctx.config.capacity_tokens)
     return Plan(strategy=strategy, topology=topo, lengths=tuple(map(int, lengths)), docs=docs,
                 rings=rings, attention_layout=att, linear_layout=lin, remap=tuple(moves),
-                schedule=tuple(ops), cost=rank_cost, lower_bound_s=lower_bound(lengths, cost),
+                schedule=tuple(ops), cost=rank_cost,
+                lower_bound_s=lower_bound(lengths, cost) if lower_bound_s is None else lower_bound_s,
                 thresholds=placement.thresholds, kv_bytes_per_token=cost.kv_bytes_per_token,
                 meta=PlanMeta.from_pairs(plan_meta(placement.meta, cost)),
                 allreduce_s=cost.dp_allreduce_s())
@@ -123,14 +127,25 @@ def memory_caps(att_tokens: Sequence[int], gpus_per_node: int, att_bytes: float,
         return np.clip(np.floor((level[:, None] - att_bytes * att) / lin_bytes), 0, capacity)
 
     lo = np.full(len(att), balance * mean)
-    if (caps(lo).sum(axis=1) < n_tok).any():  # some node needs a higher level: bisect it
+    short = caps(lo).sum(axis=1) < n_tok
+    if short.any():  # some node needs a higher level: its least, to the float (levels.py)
         hi = lo + att_bytes * att.max() + lin_bytes * (n_tok + 1)
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            short = caps(mid).sum(axis=1) < n_tok
-            lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
-        lo = np.where(caps(lo).sum(axis=1) < n_tok, hi, lo)
+        lo = np.where(short, smallest_level(lambda T: caps(T).sum(axis=1), n_tok, lo, hi,
+                                            _step_guess(att_bytes * att, lin_bytes, capacity, n_tok)), lo)
     return caps(lo).astype(np.int64).reshape(-1)
+
+
+def _step_guess(base: np.ndarray, rate: float, capacity: int, need: np.ndarray) -> np.ndarray:
+    """Where the floored fill sum(clip(floor((T - base) / rate), 0, capacity)) of each node (rows)
+    reaches ``need``, about: the unfloored level, then the next steps of its ranks for the tokens the
+    floors lose (an estimate for levels.smallest_level, which makes it exact)."""
+    cap = np.full(base.shape, float(capacity))
+    T = linear_level(base, rate, cap, need.astype(np.float64))
+    k = np.clip(np.floor((T[:, None] - base) / rate), 0, capacity)
+    nxt = np.sort(np.where(k < capacity, base + rate * (k + 1), np.inf), axis=1)
+    m = (need - k.sum(axis=1)).astype(np.int64)
+    pick = nxt[np.arange(len(T)), np.clip(m - 1, 0, base.shape[1] - 1)]
+    return np.where((m > 0) & np.isfinite(pick), pick, T)
 
 
 def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_node: int, rate: float,
@@ -147,15 +162,11 @@ def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_nod
     b = np.asarray(busy, dtype=np.float64).reshape(-1, gpus_per_node)
     n_tok = np.asarray(tokens, dtype=np.int64).reshape(-1, gpus_per_node).sum(axis=1)
     cap = np.broadcast_to(np.asarray(capacity, dtype=np.float64), (b.size,)).reshape(b.shape)
-    # Per node the level T with sum(clip((T - busy) / rate, 0, cap)) = its tokens (bisection).
+    # Per node the least level T with sum(clip((T - busy) / rate, 0, cap)) >= its tokens (levels.py).
     lo = b.min(axis=1)
     hi = b.max(axis=1) + rate * n_tok + rate
-    for _ in range(64):
-        mid = 0.5 * (lo + hi)
-        got = np.clip((mid[:, None] - b) / rate, 0.0, cap).sum(axis=1)
-        low = got < n_tok
-        lo = np.where(low, mid, lo)
-        hi = np.where(low, hi, mid)
+    hi = smallest_level(lambda T: np.clip((T[:, None] - b) / rate, 0.0, cap).sum(axis=1), n_tok, lo, hi,
+                        linear_level(b, rate, cap, n_tok))
     x = np.clip((hi[:, None] - b) / rate, 0.0, cap)
     out = np.floor(x).astype(np.int64)
     # Round to the node total: the largest remainders get the +1s (ties: lower rank).

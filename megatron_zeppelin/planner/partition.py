@@ -66,12 +66,15 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     cost = ctx.cost
     G = sizes.astype(np.float64)
     c = np.maximum(1, length // (2 * sizes)).astype(np.float64)  # zigzag chunk tokens
-    blk_c = 2 * cost.block_pass_s(c, c, False)  # forward blocks of one ring step (2 full blocks, one layer)
-    blk_b = 2 * cost.block_pass_s(c, c, False, backward=True)
+    # One pricing call per pass for the full blocks and the diagonal (causal) ones of every size.
+    n, cc, causal = len(c), np.concatenate([c, c]), np.arange(2 * len(c)) >= len(c)
+    fwd, bwd = cost.block_pass_s(cc, cc, causal), cost.block_pass_s(cc, cc, causal, backward=True)
+    blk_c = 2 * fwd[:n]  # forward blocks of one ring step (2 full blocks, one layer)
+    blk_b = 2 * bwd[:n]
     step_c, step_b = blk_c + cost.call_s(), blk_b + cost.call_s(True)  # in one kernel call
     full = (blk_c + blk_b) / 2 * cost.model.layers
     calls = G * (cost.call_s() + cost.call_s(True)) * cost.model.layers  # a call per ring step
-    member_att = 2 * cost.block_s_np(c, c, True) + (2 * G - 1) * full + calls
+    member_att = 2 * ((fwd[n:] + bwd[n:]) * cost.model.layers) + (2 * G - 1) * full + calls  # block_s_np(c, c, True)
     need = 2 * -(-length // (2 * sizes))  # tokens of a member's two chunks, at most
     nbytes = cost.kv_bytes_per_token * length / G
     x_nv = cost.latency("nvlink") + nbytes / cost.bandwidth("nvlink")

@@ -58,7 +58,7 @@ import numpy as np
 
 from ..errors import ZeppelinError
 from ..topology import Topology
-from .types import Move, Segment
+from .types import Move, Segment, segment_tokens
 
 DEFAULT_LINK_COSTS = (1.0, 8.0)  # (intra, inter) per token when no CostModel is given: NVLink ~8x a NIC
 
@@ -193,7 +193,7 @@ def plan_remap(attention_layout: Sequence[Sequence[Segment]], topo: Topology, *,
     if len(attention_layout) != topo.world_size:
         raise RemapError(f"attention layout has {len(attention_layout)} ranks but the topology has "
                          f"{topo.world_size} ({topo.describe()})")
-    counts = [sum(s.stop - s.start for s in r) for r in attention_layout]
+    counts = [segment_tokens(r) for r in attention_layout]
     targets = balanced_targets(counts, topo, capacities, link_costs(cost))
     flows = transfer_matrix(counts, targets, topo)
     by_src: Dict[int, List[int]] = {}

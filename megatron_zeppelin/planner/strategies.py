@@ -125,10 +125,12 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     error is raised. The winner's label becomes its ``variant``."""
     from .assemble import assemble  # late: assemble imports the planner's other parts
     from .memory_choice import MemoryChoice
+    from .predict import lower_bound
 
     search, won, errors = Search(), None, []
     memory = MemoryChoice(ctx) if name == "zeppelin" else None  # Zeppelin's memory balance
     tried: Dict[str, list] = {}  # setting field -> (value, predicted seconds) of each assembled setting
+    lower = None  # the batch's lower bound, the same for every candidate (computed at the first)
     for c in propose(lengths, ctx, search):
         if c.error is not None:  # a setting with no placement
             errors.append((c.setting, c.error))
@@ -136,7 +138,8 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
         if c.bound >= search.best_s:
             continue
         try:
-            plan = assemble(name, lengths, ctx, c.placement, prepared=c.prepared)
+            lower = lower_bound(lengths, ctx.cost) if lower is None else lower
+            plan = assemble(name, lengths, ctx, c.placement, prepared=c.prepared, lower_bound_s=lower)
         except PlanError as e:
             errors.append((c.setting, e))
             continue

@@ -21,6 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
+from operator import attrgetter
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..topology import Topology
@@ -87,6 +88,19 @@ class Segment:
         return self.stop - self.start
 
 
+_START, _STOP = attrgetter("start"), attrgetter("stop")
+
+
+def segment_tokens(segments: Iterable["Segment"]) -> int:
+    """Tokens of some segments, summed in C (plans of 16k documents sum ~100k segments a layout).
+
+    >>> segment_tokens([Segment(0, 2, 5), Segment(1, 0, 4)])
+    7
+    """
+    segments = segments if isinstance(segments, (tuple, list)) else list(segments)
+    return sum(map(_STOP, segments)) - sum(map(_START, segments))
+
+
 @dataclass(frozen=True)
 class DocPlan:
     """Where one document runs. ``bounds`` has 2G+1 chunk boundaries for a ring of G members
@@ -132,7 +146,7 @@ class Move:
 
     @property
     def tokens(self) -> int:
-        return sum(len(s) for s in self.segments)
+        return segment_tokens(self.segments)
 
 
 @dataclass(frozen=True)

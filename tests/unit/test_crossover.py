@@ -1,0 +1,47 @@
+"""cost_model.crossover_length (array-priced doubling and bisection) gives the length the scalar
+search gave, bisection path included (the predicate is not monotone near the crossover: the step
+compute is flat over each chunk size while the transfer grows)."""
+
+import pytest
+
+from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.planner.cost_model import CostModel
+from megatron_zeppelin.planner.testing import toy_context
+from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.topology import Topology
+
+
+def _scalar_crossover(cost, ring, link, share=1.0, limit=1 << 26):
+    """The search as it was: one scalar cost call per probed length."""
+    if ring <= 1:
+        return 0
+
+    def hides(L):
+        return cost.ring_step_compute_s(L, ring) >= cost.ring_step_transfer_s(L, ring, link, share)
+    lo, hi = 1, 2 * ring
+    while not hides(hi):
+        if hi >= limit:
+            return limit
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if hides(mid) else (mid, hi)
+    return hi
+
+
+def _costs():
+    yield toy_context(nodes=2, gpus=4).cost
+    for cluster in ("a800", "h200"):
+        prof = load_profile(cluster)
+        for name in ("llama-3b", "llama-13b"):
+            for tp in (1, 2):
+                yield CostModel(load_model(name), prof, Topology(4, 8, prof.nics_per_node, prof.gpu_to_nic), tp)
+
+
+@pytest.mark.parametrize("cost", list(_costs()), ids=lambda c: f"{c.profile.name}-{c.model.name}-tp{c.tp}")
+def test_crossover_equals_the_scalar_search(cost):
+    for ring in (1, 2, 3, 8):
+        for link in ("nvlink", "nic"):
+            for share in (1.0, 0.25):
+                assert cost.crossover_length(ring, link, share) == _scalar_crossover(cost, ring, link, share)
+    assert cost.crossover_length(2, "nic", limit=64) == _scalar_crossover(cost, 2, "nic", limit=64)

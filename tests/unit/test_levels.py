@@ -1,0 +1,79 @@
+"""levels.smallest_level gives the float a full bisection of the bracket ends at (the remap's time
+targets and memory caps, assemble.py), whatever the estimate it starts from."""
+
+import numpy as np
+import pytest
+
+from megatron_zeppelin.planner.assemble import memory_caps, node_time_targets
+from megatron_zeppelin.planner.levels import smallest_level
+
+
+def _bisect_targets(b, n_tok, rate, cap):
+    """node_time_targets' level as it was computed before levels.py: 64 halvings of the bracket."""
+    lo, hi = b.min(axis=1), b.max(axis=1) + rate * n_tok + rate
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        low = np.clip((mid[:, None] - b) / rate, 0.0, cap).sum(axis=1) < n_tok
+        lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
+    return hi
+
+
+def _bisect_caps(att, a, l, capacity, balance):
+    """memory_caps as it was computed before levels.py: 60 halvings of the bracket."""
+    mean = (a + l) * att.sum() / att.size
+    n_tok = att.sum(axis=1)
+
+    def caps(level):
+        return np.clip(np.floor((level[:, None] - a * att) / l), 0, capacity)
+    lo = np.full(len(att), balance * mean)
+    if (caps(lo).sum(axis=1) < n_tok).any():
+        hi = lo + a * att.max() + l * (n_tok + 1)
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            short = caps(mid).sum(axis=1) < n_tok
+            lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
+        lo = np.where(caps(lo).sum(axis=1) < n_tok, hi, lo)
+    return caps(lo).astype(np.int64).reshape(-1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_time_level_is_the_least_float_that_holds(seed):
+    """By definition (fill holds there, not one float below), from any estimate; and where the old
+    64 halvings converged they end at the same float (elsewhere above it, within their last width)."""
+    rng = np.random.default_rng(seed)
+    nodes, g = int(rng.integers(1, 9)), int(rng.choice([1, 2, 4, 8]))
+    b = rng.exponential(rng.choice([1e-3, 1.0, 30.0]), (nodes, g)) * (rng.random((nodes, g)) > 0.2)
+    n_tok = rng.integers(1, 200_000, nodes)
+    rate = float(rng.choice([1e-7, 3e-6, 1e-4]))
+    cap = np.full((nodes, g), float(rng.choice([1e9, 4096, 30_000])))
+    fill = lambda T: np.clip((T[:, None] - b) / rate, 0.0, cap).sum(axis=1)  # noqa: E731
+    lo, hi = b.min(axis=1), b.max(axis=1) + rate * n_tok + rate
+    old = _bisect_targets(b, n_tok, rate, cap)
+    for guess in (lo, hi, 0.5 * (lo + hi), old, np.nextafter(old, 0)):
+        got = smallest_level(fill, n_tok, lo, hi, guess)
+        holds = fill(got) >= n_tok
+        assert (holds | (got == hi)).all()
+        assert (fill(np.nextafter(got, -np.inf)) < n_tok)[holds].all()
+        converged = fill(np.nextafter(old, -np.inf)) < n_tok
+        assert (got == old)[converged].all()
+        assert ((old >= got) & (old - got <= (hi - lo) * 2.0 ** -63)).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_memory_caps_equal_the_full_bisection(seed):
+    rng = np.random.default_rng(100 + seed)
+    nodes, g = int(rng.integers(1, 9)), int(rng.choice([2, 4, 8]))
+    att = rng.integers(0, 70_000, (nodes, g)) * (rng.random((nodes, g)) > 0.3)
+    a, l = float(rng.uniform(1e3, 1e6)), float(rng.uniform(1e3, 1e6))
+    capacity = int(rng.choice([16_384, 65_536, 1 << 20]))
+    balance = float(rng.choice([1.0, 1.1, 1.5]))
+    want = _bisect_caps(att.astype(np.float64), a, l, capacity, balance)
+    got = memory_caps(att.reshape(-1).tolist(), g, a, l, capacity, balance)
+    assert got.tolist() == want.tolist()
+
+
+def test_time_targets_keep_node_totals():
+    rng = np.random.default_rng(7)
+    busy, tokens = rng.exponential(1.0, 64), rng.integers(0, 9000, 64)
+    out = np.array(node_time_targets(busy.tolist(), tokens.tolist(), 8, 1e-4, 1 << 20))
+    assert (out.reshape(8, 8).sum(axis=1) == tokens.reshape(8, 8).sum(axis=1)).all()
