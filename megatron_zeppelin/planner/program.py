@@ -309,16 +309,16 @@ class AttentionWork:
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
         self.members = {r.id: r.ranks for r in rings}
-        loc = [d for d in docs if d.cls == "local"]
-        L = np.array([d.length for d in loc], dtype=np.float64)
-        own = np.array([d.owner for d in loc], dtype=np.int64)
+        loc = [(d.length, d.owner) for d in docs if d.cls == "local"]
+        L = np.array([x[0] for x in loc], dtype=np.float64)
+        own = np.array([x[1] for x in loc], dtype=np.int64)
+        ranks = np.unique(own)
         self.local = {}
-        for bw in (False, True):
-            t = np.zeros(world)
-            np.add.at(t, own, cost.block_pass_s(L, L, True, bw))
-            t[np.unique(own)] += self.call[bw]  # the local documents: one call
+        for bw in (False, True):  # bincount adds in document order, as np.add.at did
+            t = np.bincount(own, cost.block_pass_s(L, L, True, bw), minlength=world) if len(own) else np.zeros(world)
+            t[ranks] += self.call[bw]  # the local documents: one call
             self.local[bw] = t
-        self.local_ranks = tuple(sorted(set(own.tolist())))
+        self.local_ranks = tuple(ranks.tolist())
         self.world = world
         self._seconds: Dict[Tuple[Compute, bool], np.ndarray] = {}
         self._by_step = None
@@ -337,7 +337,7 @@ class AttentionWork:
                 m = idx[np.isin(self.ring_id[idx], c.rings)]
             else:
                 m = np.isin(self.ring_id, c.rings) & np.isin(self.step, c.steps)
-            np.add.at(out, self.rank[m], self.sec[backward][m])
+            out += np.bincount(self.rank[m], self.sec[backward][m], minlength=self.world)
             out[np.unique(self.rank[m])] += self.call[backward]  # all its blocks in one call per rank
             if self.per_seq[backward]:  # each query chunk's blocks of the call: one sequence
                 out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.causal[m], self.world)

@@ -21,6 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
+from functools import cached_property
 from operator import attrgetter
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -144,7 +145,7 @@ class Move:
     dst: int
     segments: Tuple[Segment, ...]
 
-    @property
+    @cached_property  # read several times per move by every prediction (in __dict__, not a field)
     def tokens(self) -> int:
         return segment_tokens(self.segments)
 
