@@ -46,13 +46,6 @@ SEQLENS = (16, 32, 48, 64, 96, 128, 256, 512, 1024, 2048)
 CALL_LEN = 4  # a block this small measures fixed costs (per kernel call, per block)
 LAND_CHUNK = 64  # chunk of the engine's exchange probe with large messages (8 MB: landing them costs CPU)
 PROBE_DOCS = 64  # documents of the engine-path probe (2 blocks of CALL_LEN x CALL_LEN each)
-# Tokens of the local-document probe at each table length (up to PROBE_DOCS documents of it; the
-# full-block probe's ring member holds two chunks of as many documents): as many as a rank of the
-# validation batch holds (sim/validate.py tokens_per_rank). A call over fewer tokens runs faster per
-# FLOP (its working set stays in the core's cache): on one machine, three validation runs with 512-token
-# probes simulated static_cp 22-25% too fast and the worst plan up to 27%, with 2048-token probes
-# 21-23% and up to 23% (docs/simulator.md, "Validation status").
-PROBE_TOKENS = 2048
 P2P_ROUNDS = 21  # ring exchanges per message size (the median is kept)
 SHARE_CHUNK = 32  # chunk of the sharing probe (the validation's zigzag chunks are mostly 4-100 tokens)
 SHARE_ROUND_S = 0.2  # single-core seconds of one sharing round
@@ -94,7 +87,7 @@ def _compute(rank: int, repeat: int) -> Dict:
     # costs more (slicing the packed K/V message, strided copies: +10-20% for full blocks of 64-153
     # tokens; ring step 0 of 16-128-token chunks was 15-49% over a hot-loop causal table).
     for L in SEQLENS:
-        n = max(1, min(PROBE_DOCS, PROBE_TOKENS // L))  # documents of the probe
+        n = max(1, min(PROBE_DOCS, 512 // L))  # documents of the probe
         f, b, calls = _probe(rank, L, n)
         few = repeat if L <= 256 else min(repeat, 3)  # a 2048-token backward pair takes ~0.3 s
         out["full_fwd"][L] = _time_compute(f, few) / calls  # per block, its share of the one call included
