@@ -37,7 +37,8 @@ def add_parser(subparsers):
     p.add_argument("--csv", metavar="FILE", help="write every run as CSV")
     p.add_argument("--plots", metavar="DIR", help="write speedup bars and scaling lines (PNG) here")
     p.add_argument("--overlap-grad-reduce", action="store_true", help="overlap the DP all-reduce with the backward")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (default: a bar on a terminal, else a line per finished configuration)")
     g = p.add_argument_group("validation on this CPU (instead of the matrix)")
     g.add_argument("--validate-cpu", action="store_true",
                    help="calibrate this CPU (gloo) and compare the simulator with measured engine runs of every "
@@ -121,7 +122,7 @@ def run(args) -> int:
     if args.validate_cpu:
         return run_validation(args)
     from ..sim.iteration import SimOptions
-    from ..sim.matrix import load_matrix, resolve_matrix, run_matrix, summarize, summarize_by_study
+    from ..sim.matrix import Progress, load_matrix, resolve_matrix, run_matrix, summarize, summarize_by_study
 
     matrix_path = resolve_matrix(args.matrix)
     items, doc = load_matrix(matrix_path)
@@ -141,7 +142,7 @@ def run(args) -> int:
         print(f"shard {k}/{n}: {len(items)} of {total} configuration(s)")
     opts = SimOptions(overlap_grad_reduce=args.overlap_grad_reduce)
     t0 = time.perf_counter()
-    records = run_matrix(items, opts, progress=not args.no_progress and sys.stderr.isatty())
+    records = run_matrix(items, opts, progress=Progress.for_stream(args.no_progress))
     print(f"{len(items)} configuration(s), runs of {', '.join(sorted({str(it[0].batches) for it in items}))} "
           f"batch(es), simulated in {time.perf_counter() - t0:.0f} s")
     by_study = summarize_by_study(records)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from ..errors import ZeppelinError
 
@@ -28,7 +27,8 @@ def add_parser(subparsers):
     p.add_argument("--validation", metavar="FILE", help="validation JSON (`zeppelin bench --validate-cpu --json`) to include")
     p.add_argument("--out", default="docs/results.md", help="report path (default docs/results.md)")
     p.add_argument("--figures", default="docs/figures", help="figure folder (default docs/figures)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (default: a bar on a terminal, else a line per finished configuration)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     p.set_defaults(func=run)
     return p
@@ -107,7 +107,7 @@ def _is_project_matrix(path) -> bool:
 
 
 def run(args) -> int:
-    from ..sim.matrix import load_matrix, resolve_matrix, run_matrix
+    from ..sim.matrix import Progress, load_matrix, resolve_matrix, run_matrix
     from ..sim.plots import scaling_lines, speedup_bars
     from ..sim.report import render
 
@@ -132,7 +132,7 @@ def run(args) -> int:
         path = resolve_matrix(args.matrix)
         paper = _is_project_matrix(path)
         items, _ = load_matrix(path)
-        records = run_matrix(items, None, progress=not args.no_progress and sys.stderr.isatty())
+        records = run_matrix(items, None, progress=Progress.for_stream(args.no_progress))
         doc = _doc(path, records)
         commands = [me]
     os.makedirs(args.figures, exist_ok=True)

@@ -28,7 +28,10 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import sys
+import time
 from collections import defaultdict
+from enum import Enum
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
@@ -157,14 +160,36 @@ def memory_tokens(cluster: str, model: str, tp: int, nodes: int, fill: float = M
     return max(1, int(fill * cap)), cap
 
 
-def run_matrix(items, options: SimOptions = None, progress: bool = True) -> List[Dict]:
+class Progress(Enum):
+    """How run_matrix shows progress: a live bar (a terminal), a line per finished configuration (a
+    log: nohup, a background job, SLURM), or nothing."""
+    BAR = "bar"
+    LINES = "lines"
+    NONE = "none"
+
+    @classmethod
+    def for_stream(cls, quiet: bool, stream=None) -> "Progress":
+        """NONE when ``quiet`` (--no-progress), else BAR on a terminal and LINES elsewhere."""
+        stream = sys.stderr if stream is None else stream
+        return cls.NONE if quiet else (cls.BAR if stream.isatty() else cls.LINES)
+
+
+def run_matrix(items, options: SimOptions = None, progress: Progress = Progress.BAR, stream=None) -> List[Dict]:
+    """Simulate every configuration of ``items`` (expand's output); ``progress`` goes to ``stream``
+    (default stderr)."""
     records: List[Dict] = []
-    if not progress:
-        for spec, variants, cp_sizes in items:
+    if progress is not Progress.BAR:
+        out, t0 = (sys.stderr if stream is None else stream), time.perf_counter()
+        for k, (spec, variants, cp_sizes) in enumerate(items, 1):
+            t = time.perf_counter()
             records += run_config(spec, variants, options, cp_sizes)
+            if progress is Progress.LINES:
+                print(f"[{k}/{len(items)}] {spec.key()} done in {time.perf_counter() - t:.1f} s "
+                      f"({time.perf_counter() - t0:.0f} s so far)", file=out, flush=True)
         return records
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+    with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         task = bar.add_task("simulating", total=len(items))
         for spec, variants, cp_sizes in items:
             bar.update(task, description=f"{spec.key()[:60]:<60}")

@@ -137,3 +137,29 @@ def test_bench_shards_split_the_configurations_and_the_report_merges_them(tmp_pa
     assert "selects none of the 4 configuration(s)" in capsys.readouterr().err
     assert main(["bench", "--matrix", str(m), "--shard", "0/2", "--no-progress"]) == 2
     assert "--shard 0/2: want K/N" in capsys.readouterr().err
+
+
+def test_bench_reports_each_configuration_when_not_on_a_terminal(tmp_path):
+    """Off a terminal (nohup, a background job, SLURM) progress is a line per finished configuration;
+    --no-progress prints none."""
+    import io
+
+    from megatron_zeppelin.sim.matrix import Progress, load_matrix, run_matrix
+    m = tmp_path / "m.yaml"
+    m.write_text(MATRIX.replace("nodes: [1, 2]", "nodes: [1]").split("  ablation:")[0])
+    items, _ = load_matrix(str(m))
+    log = io.StringIO()
+    run_matrix(items, progress=Progress.LINES, stream=log)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == len(items) == 2
+    assert lines[-1].startswith(f"[{len(items)}/{len(items)}] ") and " done in " in lines[-1]
+    quiet = io.StringIO()
+    run_matrix(items, progress=Progress.NONE, stream=quiet)
+    assert quiet.getvalue() == ""
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    assert Progress.for_stream(False, Tty()) is Progress.BAR
+    assert Progress.for_stream(False, io.StringIO()) is Progress.LINES
+    assert Progress.for_stream(True, Tty()) is Progress.NONE
