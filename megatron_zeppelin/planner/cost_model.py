@@ -310,51 +310,47 @@ class CostModel:
         return self.latency(link) + nbytes * share / self.bandwidth(link)
 
     # --- ring crossovers --------------------------------------------------------------------
-    def ring_step_compute_s(self, length: int, ring: int) -> float:
+    def ring_step_compute_s(self, length, ring: int):
         """Forward compute of one zigzag ring step of one member (one layer): two full blocks of
-        L/(2G) x L/(2G), i.e. about attn(L) / G^2."""
-        c = max(1, length // (2 * ring))
-        return 2 * self.block_fwd_s(c, c, False)
+        L/(2G) x L/(2G), i.e. about attn(L) / G^2. A length or an array of lengths."""
+        c = np.maximum(1, np.asarray(length, dtype=np.int64) // (2 * ring))
+        out = 2 * self.block_pass_s(c, c, False)
+        return float(out) if out.ndim == 0 else out
 
-    def ring_step_transfer_s(self, length: int, ring: int, link: str, share: float = 1.0) -> float:
-        """Forward transfer of one ring step (one layer): L/G tokens of K/V."""
-        return self.transfer_s(self.kv_bytes_per_token * length / ring, link, share)
-
-    def ring_step_hides(self, lengths, ring: int, link: str, share: float = 1.0) -> np.ndarray:
-        """``ring_step_compute_s >= ring_step_transfer_s`` for an array of lengths (the same
-        arithmetic, element by element)."""
-        L = np.asarray(lengths, dtype=np.int64)
-        c = np.maximum(1, L // (2 * ring))
-        compute = 2 * self.block_pass_s(c, c, False)
-        nbytes = self.kv_bytes_per_token * L / ring
-        transfer = np.where(nbytes > 0, self.latency(link) + nbytes * share / self.bandwidth(link), 0.0)
-        return compute >= transfer
+    def ring_step_transfer_s(self, length, ring: int, link: str, share: float = 1.0):
+        """Forward transfer of one ring step (one layer): L/G tokens of K/V (``transfer_s``'s
+        arithmetic). A length or an array of lengths."""
+        nbytes = self.kv_bytes_per_token * np.asarray(length, dtype=np.int64) / ring
+        out = np.where(nbytes > 0, self.latency(link) + nbytes * share / self.bandwidth(link), 0.0)
+        return float(out) if out.ndim == 0 else out
 
     def crossover_length(self, ring: int, link: str, share: float = 1.0, limit: int = 1 << 26) -> int:
         """Smallest length whose ring step hides its transfer on ``link``: doubling from 2 x ring,
         then bisection (the step compute is flat over each chunk size, so near the crossover the
-        predicate is not monotone and the bisection's path fixes the answer). Both evaluate
-        ``ring_step_hides`` on arrays: every doubling at once, then the midpoints of the next
-        BISECT_LEVELS levels of the bisection at once (50 scalar cost calls were a tenth of the
-        time to plan 1k documents)."""
+        predicate is not monotone and the bisection's path fixes the answer). Both price lengths
+        on arrays: every doubling at once, then the midpoints of the next BISECT_LEVELS levels of
+        the bisection at once (50 scalar cost calls were a tenth of the time to plan 1k documents)."""
         if ring <= 1:
             return 0
+
+        def hides(lengths) -> np.ndarray:
+            return self.ring_step_compute_s(lengths, ring) >= self.ring_step_transfer_s(lengths, ring, link, share)
         his = [2 * ring]
         while his[-1] < limit:
             his.append(his[-1] * 2)
-        ok = self.ring_step_hides(his, ring, link, share)
+        ok = hides(his)
         if not ok.any():
             return limit
         k = int(np.argmax(ok))
         lo, hi = (his[k - 1] if k else 1), his[k]
         while hi - lo > 1:
             mids = _bisection_mids(lo, hi, BISECT_LEVELS)
-            hides = dict(zip(mids, self.ring_step_hides(mids, ring, link, share).tolist()))
+            held = dict(zip(mids, hides(mids).tolist()))
             for _ in range(BISECT_LEVELS):
                 if hi - lo <= 1:
                     break
                 mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if hides[mid] else (mid, hi)
+                lo, hi = (lo, mid) if held[mid] else (mid, hi)
         return hi
 
     # --- ring-member estimates (the partitioner's hot path) ---------------------------------

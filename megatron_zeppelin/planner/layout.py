@@ -54,7 +54,5 @@ def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
                 if b[g2 - i] > b[g2 - 1 - i]:
                     segs.append(fast_segment(d, b[g2 - 1 - i], b[g2 - i]))
     for d in sorted((d for d in docs if d.cls == "local"), key=attrgetter("doc")):
-        s = _new(Segment)  # fast_segment inlined: most segments are local documents'
-        _set(s, "__dict__", {"doc": d.doc, "start": 0, "stop": d.length})
-        out[d.owner].append(s)
+        out[d.owner].append(fast_segment(d.doc, 0, d.length))
     return tuple(tuple(r) for r in out)

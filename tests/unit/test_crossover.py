@@ -12,12 +12,12 @@ from megatron_zeppelin.topology import Topology
 
 
 def _scalar_crossover(cost, ring, link, share=1.0, limit=1 << 26):
-    """The search as it was: one scalar cost call per probed length."""
+    """The search as it was: one scalar cost call per probed length (transfer_s: the scalar form)."""
     if ring <= 1:
         return 0
 
     def hides(L):
-        return cost.ring_step_compute_s(L, ring) >= cost.ring_step_transfer_s(L, ring, link, share)
+        return cost.ring_step_compute_s(L, ring) >= cost.transfer_s(cost.kv_bytes_per_token * L / ring, link, share)
     lo, hi = 1, 2 * ring
     while not hides(hi):
         if hi >= limit:
@@ -45,3 +45,14 @@ def test_crossover_equals_the_scalar_search(cost):
             for share in (1.0, 0.25):
                 assert cost.crossover_length(ring, link, share) == _scalar_crossover(cost, ring, link, share)
     assert cost.crossover_length(2, "nic", limit=64) == _scalar_crossover(cost, 2, "nic", limit=64)
+
+
+def test_ring_step_costs_take_arrays():
+    """The array form prices each length as the scalar form does."""
+    import numpy as np
+    cost = toy_context(nodes=2, gpus=4).cost
+    L = [1, 7, 4096, 12_345, 1 << 20]
+    comp, xfer = cost.ring_step_compute_s(L, 4), cost.ring_step_transfer_s(L, 4, "nic", 0.5)
+    assert comp.tolist() == [cost.ring_step_compute_s(x, 4) for x in L]
+    assert xfer.tolist() == [cost.transfer_s(cost.kv_bytes_per_token * x / 4, "nic", 0.5) for x in L]
+    assert isinstance(cost.ring_step_compute_s(4096, 4), float) and np.all(comp > 0)
