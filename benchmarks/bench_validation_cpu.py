@@ -8,7 +8,8 @@ strategy and rank (medians over the timed passes): the pass's wall, the main thr
 whole process's (the difference is gloo's transport threads), each instruction kind's CPU / wall,
 the main thread's CPU outside any instruction (the engine's own setup: packing the own K/V,
 accumulators, autograd), and the model's single-core compute of that rank's Computes
-(program.AttentionWork with the profile calibrated in the same run) and its Posts' host CPU.
+(program.AttentionWork with the profile calibrated in the same run), its Posts' host CPU and its
+packing of own rows (AttentionWork.pack, each pass).
 
     .venv/bin/python benchmarks/bench_validation_cpu.py --world 2 --json out/validation_cpu.json
 
@@ -81,7 +82,8 @@ def model_terms(plan, profile, world: int):
     compute = [sum(float(work.seconds(x, bw)[r]) for bw, prog in enumerate(progs) for x in prog
                    if isinstance(x, Compute)) for r in range(world)]
     posts = sum(1 for prog in progs for x in prog if isinstance(x, Post))
-    return compute, posts * cost.post_s()
+    pack = [2.0 * float(work.pack[r]) for r in range(world)]  # each pass, forward and backward
+    return compute, posts * cost.post_s(), pack
 
 
 def main(argv=None) -> None:
@@ -99,15 +101,15 @@ def main(argv=None) -> None:
     world = args.world
     lengths = make_batch(0, 2048 * world, 2048)
     res = run_distributed(_rank, world, tuple(STRATEGIES), lengths, 5, args.repeat, timeout=900)
-    profile = HardwareProfile.from_dict(res[0][0])
+    planned, profile = (HardwareProfile.from_dict(d) for d in res[0][0])  # the plans' and the simulated
     topo = cpu_topology(world)
     print(f"world {world}: host_cores {profile.host_cores:.2f}, copies {profile.host_copy_GBps:.1f} GB/s, "
           f"{profile.host_post_us:.0f} us per Post (ms below: CPU/wall)")
     out = {"command": "benchmarks/bench_validation_cpu.py " + " ".join(argv or []), "world": world,
            "profile": profile.to_dict(), "strategies": {}}
     for j, s in enumerate(STRATEGIES):
-        plan = plan_batch(list(lengths), topo, profile, CPU_MODEL, cpu_config(topo, s), strategy=s)
-        compute, posts = model_terms(plan, profile, world)
+        plan = plan_batch(list(lengths), topo, planned, CPU_MODEL, cpu_config(topo, s), strategy=s)
+        compute, posts, pack = model_terms(plan, profile, world)
         measured = statistics.median(max(res[r][1][j][i][0] for r in range(world)) for i in range(args.repeat))
         rows = []
         print(f"{s}: measured {measured * 1e3:.1f} ms")
@@ -117,13 +119,14 @@ def main(argv=None) -> None:
                    + tuple(f"{k}_{x}" for k in KINDS for x in ("cpu", "wall"))}
             row["outside_cpu"] = row["main_cpu"] - sum(row[f"{k}_cpu"] for k in KINDS)
             row["transport_cpu"] = row["process_cpu"] - row["main_cpu"]
-            row["model_compute"], row["model_posts"] = compute[r], posts
+            row["model_compute"], row["model_posts"], row["model_pack"] = compute[r], posts, pack[r]
             rows.append(row)
             ms = {k: 1e3 * v for k, v in row.items()}
             print(f"  rank {r}: wall {ms['wall']:6.1f} | compute {ms['compute_cpu']:5.1f}/{ms['compute_wall']:5.1f} "
                   f"(model {ms['model_compute']:5.1f}) | post {ms['post_cpu']:4.1f}/{ms['post_wall']:4.1f} (model "
                   f"{ms['model_posts']:3.1f}; gloo posting {ms['p2p_start_cpu']:4.1f}/{ms['p2p_start_wall']:4.1f}) | "
-                  f"wait {ms['wait_cpu']:4.1f}/{ms['wait_wall']:4.1f} | outside {ms['outside_cpu']:4.1f} | "
+                  f"wait {ms['wait_cpu']:4.1f}/{ms['wait_wall']:4.1f} | outside {ms['outside_cpu']:4.1f} "
+                  f"(model's packing {ms['model_pack']:3.1f}) | "
                   f"transport {ms['transport_cpu']:4.1f}")
         out["strategies"][s] = {"measured_s": measured, "ranks": rows}
     if args.json:

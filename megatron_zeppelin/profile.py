@@ -88,6 +88,10 @@ class HardwareProfile:
     host_post_us: float = 0.0
     host_wait_us: float = 0.0
     host_land_GBps: float = 0.0
+    # On a shared host: the engine's CPU packing a rank's own rows of each of its rings into the K/V
+    # message it holds, at the start of every pass (attention/runner.py LayerRun: a row gather and a
+    # concatenation), at this many bytes per second. 0 = none (GPUs: it hides behind the kernels).
+    host_pack_GBps: float = 0.0
     # Throughput of *full* (non-causal) blocks by the same lengths, for the simulator's ring steps
     # (off-diagonal zigzag blocks); empty = the causal tables above (FLOPs count the same either way:
     # right where a kernel skips the masked tiles, as GPU flash kernels do). Torch's CPU flash kernel
@@ -127,9 +131,10 @@ class HardwareProfile:
             raise ProfileError(f"profile {self.name}: host_cores must be >= 0 (0: compute not shared)")
         if not self.host_copy_GBps >= 0:
             raise ProfileError(f"profile {self.name}: host_copy_GBps must be >= 0 (0: messages take no CPU)")
-        if not (self.host_post_us >= 0 and self.host_wait_us >= 0 and self.host_land_GBps >= 0):
-            raise ProfileError(f"profile {self.name}: host_post_us, host_wait_us and host_land_GBps must be "
-                               ">= 0 (0: none)")
+        if not (self.host_post_us >= 0 and self.host_wait_us >= 0 and self.host_land_GBps >= 0
+                and self.host_pack_GBps >= 0):
+            raise ProfileError(f"profile {self.name}: host_post_us, host_wait_us, host_land_GBps and "
+                               "host_pack_GBps must be >= 0 (0: none)")
 
     def _check_levels(self) -> None:
         names, below = {"nvlink", "nic"}, self.nic_nodes
@@ -197,9 +202,9 @@ class HardwareProfile:
             out["host_cores"] = self.host_cores
         if self.host_copy_GBps:
             out["host_copy_GBps"] = self.host_copy_GBps
-        if self.host_post_us or self.host_wait_us or self.host_land_GBps:
+        if self.host_post_us or self.host_wait_us or self.host_land_GBps or self.host_pack_GBps:
             out.update(host_post_us=self.host_post_us, host_wait_us=self.host_wait_us,
-                       host_land_GBps=self.host_land_GBps)
+                       host_land_GBps=self.host_land_GBps, host_pack_GBps=self.host_pack_GBps)
         return out
 
     @classmethod
@@ -226,7 +231,7 @@ class HardwareProfile:
                 attn_seq_bwd_us=float(att.get("seq_bwd_us", 0.0)),
                 host_cores=float(d.get("host_cores", 0.0)), host_copy_GBps=float(d.get("host_copy_GBps", 0.0)),
                 host_post_us=float(d.get("host_post_us", 0.0)), host_wait_us=float(d.get("host_wait_us", 0.0)),
-                host_land_GBps=float(d.get("host_land_GBps", 0.0)),
+                host_land_GBps=float(d.get("host_land_GBps", 0.0)), host_pack_GBps=float(d.get("host_pack_GBps", 0.0)),
                 attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
                 attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())),
                 nic_nodes=int(nic.get("nodes", 0)),

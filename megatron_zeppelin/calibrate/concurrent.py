@@ -2,7 +2,8 @@
 simulator's validation needs it (``zeppelin calibrate`` measures one process, on any device):
 attention rate by length (causal and full blocks), the fixed cost of a block call, GEMM rate, the
 point-to-point bandwidth and latency between ranks, the engine's own CPU per Post and per Wait of
-the layer program (``_exchanges``), and the host's cores.
+the layer program (``_exchanges``) and packing its own rows at the start of a pass (``_pack_probe``),
+and the host's cores.
 
 All ranks are processes of one host, and the simulator shares the host's cores among the ranks
 computing at once (sim/host.py). So compute is measured on one core: the ranks take turns, each
@@ -17,8 +18,12 @@ core back.
 All ranks are on one host, so "NVLink" and "NIC" are the same gloo transport; the profile's
 topology splits the ranks into virtual nodes only so that inter-node rings and routing get exercised.
 
-Compute timings are the minimum over repeats (other processes on the machine only ever add time);
-message timings the median round (the scheduling delay is part of the cost, not noise). The link
+Compute timings are the median call (the validation measures a median pass, and the minimum
+of a hot loop ran 3-18% under a typical call of the same blocks here), message timings the median
+round (the scheduling delay is part of the cost, not noise). Table probes spread their documents'
+lengths over a window of ALIGN tokens around each table length: the CPU kernel runs lengths that
+are multiples of 16 fastest (a causal block of 72 tokens took 184 us, one of 80 took 165 us), and
+a table measured only there priced real documents, of any length, 10-15% too fast. The link
 model latency + bytes / bandwidth goes through the smallest and the largest message (the middle
 sizes are reported, not fitted: least squares let one noisy point swing the latency by milliseconds).
 
@@ -50,6 +55,8 @@ P2P_ROUNDS = 21  # ring exchanges per message size (the median is kept)
 SHARE_CHUNK = 32  # chunk of the sharing probe (the validation's zigzag chunks are mostly 4-100 tokens)
 SHARE_ROUND_S = 0.2  # single-core seconds of one sharing round
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
+PACK_ROWS = 2048  # own rows of the pack probe (a validation rank's share)
+ALIGN = 16  # the kernel's fast lengths are multiples of this: table probes spread over one period
 
 
 def fit_link(nbytes: Sequence[float], seconds: Sequence[float]) -> Tuple[float, float]:
@@ -62,17 +69,35 @@ def fit_link(nbytes: Sequence[float], seconds: Sequence[float]) -> Tuple[float, 
 
 
 def _time_compute(fn, repeat: int, budget_s: float = 0.05) -> float:
-    """Fastest of at least ``repeat`` calls and ``budget_s`` seconds of them, after warming up as
+    """Median of at least ``repeat`` calls and ``budget_s`` seconds of them, after warming up as
     long: a 0.1 ms call timed 7 times after one warm-up still carried first-call costs (seen: the
     fixed cost per block call read 140-270 us across runs instead of a steady 127 us)."""
     for least in (1, max(repeat, 1)):  # warm-up, then timed
-        n, spent, best = 0, 0.0, float("inf")
+        n, spent, times = 0, 0.0, []
         while n < least or spent < budget_s:
             t = time.perf_counter()
             fn()
             dt = time.perf_counter() - t
-            n, spent, best = n + 1, spent + dt, min(best, dt)
-    return best
+            n, spent = n + 1, spent + dt
+            times.append(dt)
+    return statistics.median(times)
+
+
+def spread_lengths(length: int, n: int) -> list:
+    """``n`` lengths around ``length`` within one ALIGN period, their residues mod ALIGN taken in a
+    stride coprime to it (7): even a few documents mix odd and even lengths, early and late in the
+    period, as real documents do (the kernel's cost climbs through each period: 127 tokens took 28%
+    longer than 128); ``length`` itself where there is one document or it is at most ALIGN (a block
+    that small costs its fixed part).
+
+    >>> spread_lengths(64, 4), spread_lengths(64, 1), spread_lengths(16, 8)[:2]
+    ([59, 66, 57, 64], [64], [16, 16])
+    >>> sorted(x % 16 for x in spread_lengths(256, 16)) == list(range(16))
+    True
+    """
+    if n < 2 or length <= ALIGN:
+        return [length] * n
+    return [length - ALIGN // 2 + (3 + 7 * i) % ALIGN for i in range(n)]
 
 
 def _compute(rank: int, repeat: int) -> Dict:
@@ -87,33 +112,57 @@ def _compute(rank: int, repeat: int) -> Dict:
     # costs more (slicing the packed K/V message, strided copies: +10-20% for full blocks of 64-153
     # tokens; ring step 0 of 16-128-token chunks was 15-49% over a hot-loop causal table).
     for L in SEQLENS:
-        n = max(1, min(PROBE_DOCS, 512 // L))  # documents of the probe
-        f, b, calls = _probe(rank, L, n)
+        # documents: enough to spread (the 2048-token full probe is one: its backward takes ~0.3 s)
+        n = max(1, min(PROBE_DOCS, 512 // L), min(ALIGN // 2, 4096 // L) if L < 2048 else 1)
+        f, b, calls, flops = _probe(rank, L, n, spread=True)
         few = repeat if L <= 256 else min(repeat, 3)  # a 2048-token backward pair takes ~0.3 s
         out["full_fwd"][L] = _time_compute(f, few) / calls  # per block, its share of the one call included
         out["full_bwd"][L] = _time_compute(b, few) / calls
         out.setdefault("full_blocks", {})[L] = calls  # blocks in that one kernel call
-        # As many local documents of L tokens (one causal block, one sequence each, the local queue's
-        # path), which gives the causal table (profile_from).
-        f0, b0 = _local_probe(rank, L, n)
+        out.setdefault("full_flops", {})[L] = flops  # forward FLOPs per block (cost model's count)
+        # As many local documents of about L tokens (one causal block, one sequence each, the local
+        # queue's path), which gives the causal table (profile_from).
+        f0, b0, flops0 = _local_probe(rank, L, n)
         out.setdefault("local_fwd", {})[L] = _time_compute(f0, few)
         out.setdefault("local_bwd", {})[L] = _time_compute(b0, few)
         out.setdefault("local_docs", {})[L] = n
+        out.setdefault("local_flops", {})[L] = flops0  # forward FLOPs per document
     x = torch.randn(1024, m.hidden, generator=g)
     w = torch.randn(m.hidden, m.ffn, generator=g)
     out["gemm"] = _time_compute(lambda: x @ w, repeat)
     out["engine_call"], out["engine_seq"] = _engine_call(rank, repeat)
+    out["pack"] = _time_compute(_pack_probe(rank), repeat) / (PACK_ROWS * _kv_row_bytes())  # seconds per byte
     return out
 
 
-def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
-    """(forward, backward, blocks): the engine's own block path (attention/blocks.attend and
+def _kv_row_bytes() -> int:
+    return 2 * CPU_MODEL.kv_heads * CPU_MODEL.head_dim * CPU_MODEL.dtype_bytes
+
+
+def _pack_probe(rank: int):
+    """What starts each pass of the engine on a ring member (runner.LayerRun): its own rows (a
+    zigzag member's two chunks of every document, as view.own_rows lists them) gathered from K and
+    V into the message it holds (blocks.pack_kv), PACK_ROWS rows."""
+    import torch
+
+    from ..attention.blocks import pack_kv
+    m = CPU_MODEL
+    g = torch.Generator().manual_seed(rank)
+    k, v = (torch.randn(2 * PACK_ROWS, m.kv_heads, m.head_dim, generator=g) for _ in range(2))
+    chunk = PACK_ROWS // (2 * PROBE_DOCS)
+    rows = [a + i for d in range(PROBE_DOCS) for a in (4 * chunk * d, 4 * chunk * d + 3 * chunk) for i in range(chunk)]
+    return lambda: pack_kv(k[rows], v[rows])
+
+
+def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, spread: bool = False):
+    """(forward, backward, blocks, forward FLOPs per block): the engine's own block path (attention/blocks.attend and
     attend_backward: one kernel call) over one K/V block of a ring of 2 holding ``ndocs`` documents
     of 4 x ``chunk`` tokens, as member 1 at ring step 1 (member 0's block: chunks 0 and 3): both its
     chunks see chunk 0 fully and chunk 3 not at all, so 2 full ``chunk`` x ``chunk`` blocks per
     document, each its own sequence. (A member's later chunk against both chunks of a block, the
     other pattern, is one sequence of twice the keys, which the kernel runs faster per FLOP; a
-    step's slowest member, which sets the ring's pace, has the first.)"""
+    step's slowest member, which sets the ring's pace, has the first.) ``spread``: document i's
+    chunks are ``spread_lengths(chunk, ndocs)[i]`` tokens instead."""
     import torch
 
     from ..attention.blocks import _pairs, attend, attend_backward
@@ -121,9 +170,10 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
     from ..planner.layout import attention_layout, zigzag_bounds
     from ..planner.types import DocPlan, Ring
     m = CPU_MODEL
-    L, block = 4 * chunk, 0
+    block = 0
+    chunks = spread_lengths(chunk, ndocs) if spread else [chunk] * ndocs
     ring = Ring(0, (0, 1), "intra", tuple(range(ndocs)))
-    docs = tuple(DocPlan(i, L, "intra", 0, -1, zigzag_bounds(L, 2)) for i in range(ndocs))
+    docs = tuple(DocPlan(i, 4 * c, "intra", 0, -1, zigzag_bounds(4 * c, 2)) for i, c in enumerate(chunks))
     view = RankView.build(docs, (ring,), attention_layout(docs, (ring,), 2), 1)
     calls = sum(1 for _ in _pairs(view, ring, block))
     g = torch.Generator().manual_seed(rank)
@@ -134,28 +184,32 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS):
     attend(view, [(ring, block, kv)], q, out, lse, scale, "auto")  # a real output and LSE
     dkv, dq, dout = torch.zeros_like(kv), torch.zeros_like(q), torch.randn_like(q)
     return (lambda: attend(view, [(ring, block, kv)], q, out.clone(), lse.clone(), scale, "auto"),
-            lambda: attend_backward(view, [(ring, block, kv, dkv)], q, out, lse, dout, dq, scale, "auto"), calls)
+            lambda: attend_backward(view, [(ring, block, kv, dkv)], q, out, lse, dout, dq, scale, "auto"), calls,
+            sum(4.0 * c * c * m.heads * m.head_dim for c in chunks) * 2 / calls)
 
 
 def _local_probe(rank: int, length: int, ndocs: int):
-    """(forward, backward): the engine's local queue (attention/kernels attend_pairs and
-    attend_pairs_backward, as AttentionEngine._local_forward runs it: one kernel call) over
-    ``ndocs`` documents of ``length`` tokens, each one causal block."""
+    """(forward, backward, forward FLOPs per document): the engine's local queue (attention/kernels
+    attend_pairs and attend_pairs_backward, as AttentionEngine._local_forward runs it: one kernel
+    call) over ``ndocs`` documents of ``spread_lengths(length, ndocs)`` tokens, each one causal block."""
     import torch
 
     from ..attention.kernels import attend_pairs, attend_pairs_backward
     m = CPU_MODEL
     g = torch.Generator().manual_seed(rank)
-    t = length * ndocs
+    lengths = spread_lengths(length, ndocs)
+    t = sum(lengths)
     q = torch.randn(t, m.heads, m.head_dim, generator=g)
     k, v = (torch.randn(t, m.kv_heads, m.head_dim, generator=g) for _ in range(2))
-    pairs = [(slice(i * length, (i + 1) * length),) * 2 + (0,) for i in range(ndocs)]
+    starts = [sum(lengths[:i]) for i in range(ndocs)]
+    pairs = [(slice(a, a + n),) * 2 + (0,) for a, n in zip(starts, lengths)]
     out, lse = torch.zeros_like(q), torch.full((t, m.heads), float("-inf"))
     scale = m.head_dim ** -0.5
     attend_pairs(q, k, v, pairs, out, lse, scale, "auto")  # a real output and LSE
     dq, dk, dv, dout = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.randn_like(q)
     return (lambda: attend_pairs(q, k, v, pairs, out.clone(), lse.clone(), scale, "auto"),
-            lambda: attend_pairs_backward(dout, q, k, v, out, lse, pairs, dq, dk, dv, scale, "auto"))
+            lambda: attend_pairs_backward(dout, q, k, v, out, lse, pairs, dq, dk, dv, scale, "auto"),
+            sum(2.0 * n * (n + 1) * m.heads * m.head_dim for n in lengths) / ndocs)
 
 
 def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[float, float]]:
@@ -165,7 +219,7 @@ def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[flo
     sequences) and over PROBE_DOCS (2 x PROBE_DOCS). The difference gives what each sequence adds
     (pairing segments, masks, slicing the packed K/V message, one kernel launch), the rest of the
     small call the fixed cost of a call (cu_seqlens, merge)."""
-    one, many = _probe(rank, CALL_LEN, 1), _probe(rank, CALL_LEN)
+    one, many = _probe(rank, CALL_LEN, 1), _probe(rank, CALL_LEN)  # not spread: CALL_LEN <= ALIGN
     call, seq = [], []
     for i in (0, 1):
         t1, tn = _time_compute(one[i], repeat), _time_compute(many[i], repeat)
@@ -175,11 +229,13 @@ def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[flo
     return tuple(call), tuple(seq)
 
 
-def _exchanges(rank: int, world: int, repeat: int, chunk: int) -> Tuple[list, list]:
-    """(posts, waits): per repeat, this rank's mean CPU seconds (its own thread's: not the
-    transport's, not the time blocked) per Post and per Wait of the layer program, on the engine's
-    own path (attention/runner.py), every rank running at once: one zigzag ring over all ranks
-    holding PROBE_DOCS documents of ``chunk``-token chunks (every Wait lands one message of
+def _exchanges(rank: int, world: int, repeat: int, chunk: int) -> Tuple[list, list, list]:
+    """(posts, waits, copies): per repeat, this rank's mean CPU seconds (its own thread's: not the
+    transport's, not the time blocked) per Post and per Wait of the layer program, and the bytes
+    its messages moved (sent and received) per CPU second of the process's other threads (gloo's
+    transport, copying them while the ranks compute), on the engine's own path
+    (attention/runner.py), every rank running at once: one zigzag ring over all ranks holding
+    PROBE_DOCS documents of ``chunk``-token chunks (every Wait lands one message of
     ``exchange_bytes(chunk)``), forward and backward, ``repeat`` times after a warm-up. The mean,
     not the median: a pass pays the whole tail (page faults of fresh buffers, a busy moment)."""
     import torch
@@ -198,12 +254,13 @@ def _exchanges(rank: int, world: int, repeat: int, chunk: int) -> Tuple[list, li
     g = torch.Generator().manual_seed(rank)
     q = torch.randn(t, m.heads, m.head_dim, generator=g)
     k, v = (torch.randn(t, m.kv_heads, m.head_dim, generator=g) for _ in range(2))
-    posts, waits = [], []
+    posts, waits, copies = [], [], []
     for i in range(max(repeat, 3) + 1):  # the first is a warm-up
         out, lse = torch.zeros(q.shape), torch.full(q.shape[:2], float("-inf"))
         grads = (torch.randn(q.shape, generator=g), torch.zeros(q.shape), torch.zeros(k.shape), torch.zeros(v.shape))
         p, w = [], []
         dist.barrier()
+        sent, cpu0, own0 = eng.counters.total_bytes(), time.process_time(), time.thread_time()
         for bw in (False, True):
             run = LayerRun(eng.context(), q, k, v, out, lse, lambda: None, grads=grads if bw else None)
             for x in eng.program[bw]:
@@ -214,11 +271,15 @@ def _exchanges(rank: int, world: int, repeat: int, chunk: int) -> Tuple[list, li
                 (run.post if isinstance(x, Post) else run.wait)(x)
                 (p if isinstance(x, Post) else w).append(time.thread_time() - c)
         eng.tags.drain()
+        dist.barrier()  # every message of the pass is in: the transport's CPU for it is spent
+        others = (time.process_time() - cpu0) - (time.thread_time() - own0)
         if i:
             posts.append(statistics.mean(p))
             waits.append(statistics.mean(w))
+            # a ring: each rank receives as many bytes as it sends
+            copies.append(2.0 * (eng.counters.total_bytes() - sent) / others if others > 0 else 0.0)
     dist.barrier()
-    return posts, waits
+    return posts, waits, copies
 
 
 def exchange_bytes(chunk: int) -> int:
@@ -227,14 +288,15 @@ def exchange_bytes(chunk: int) -> int:
     return PROBE_DOCS * 2 * chunk * 2 * CPU_MODEL.kv_heads * CPU_MODEL.head_dim * 4
 
 
-def sharing_sample(rank: int, world: int, repeat: int) -> Tuple[float, list]:
-    """(alone, rounds): single-core seconds of one round's work, a block sequence (``_probe`` with
-    SHARE_CHUNK-token chunks, forward and backward) run until about SHARE_ROUND_S on this rank alone
-    (the ranks take turns), and the seconds of each round with every rank running it at once from a
-    barrier (host_cores turns them into the cores delivered). Rounds that long average the
-    scheduler's time slices out: short ones gave 1.1 to 2.0 cores for 4 ranks from run to run."""
+def sharing_sample(rank: int, world: int, repeat: int) -> Tuple[float, list, float]:
+    """(alone, rounds, call): single-core seconds of one round's work, a block sequence (``_probe``
+    with SHARE_CHUNK-token chunks, forward and backward) run until about SHARE_ROUND_S on this rank
+    alone (the ranks take turns), the seconds of each round with every rank running it at once from
+    a barrier (host_cores turns them into the cores delivered), and the single-core seconds of one
+    sequence (the machine's speed now: ``speed_drift``). Rounds that long average the scheduler's
+    time slices out: short ones gave 1.1 to 2.0 cores for 4 ranks from run to run."""
     import torch.distributed as dist
-    fwd, bwd, _ = _probe(rank, SHARE_CHUNK)
+    fwd, bwd = _probe(rank, SHARE_CHUNK)[:2]
 
     def seq():
         fwd()
@@ -256,13 +318,18 @@ def sharing_sample(rank: int, world: int, repeat: int) -> Tuple[float, list]:
         round_()
         rounds.append(time.perf_counter() - t)
     dist.barrier()
-    return n * alone, rounds[1:]
+    return n * alone, rounds[1:], alone
 
 
 def measure(rank: int, world: int, repeat: int) -> Dict:
-    """This rank's measurements (all ranks call it at once, inside torch.distributed)."""
+    """This rank's measurements (all ranks call it at once, inside torch.distributed). Freed host
+    memory stays in the process from here on (heap.py), for the probes and whatever the process
+    times after them."""
     import torch
     import torch.distributed as dist
+
+    from .heap import keep_heap
+    keep_heap()
 
     out: Dict = {"cores": len(os.sched_getaffinity(0))}  # the cores all ranks share (inherited affinity)
     # Single-core rates: one rank computes at a time while the others sleep in the barrier (the
@@ -280,42 +347,43 @@ def measure(rank: int, world: int, repeat: int) -> Dict:
     # ranks than cores a receiver blocked in wait() runs only when the scheduler gives it a core, so
     # the per-message cost is heavy-tailed (seen: 0.1 ms typical, 4 ms at times): the profile takes
     # the median round (per round the slowest rank), not the luckiest.
-    # The CPU a round takes (process time: the transport's threads included) gives the copy rate.
-    out["p2p"], out["p2p_cpu"] = {}, {}
+    out["p2p"] = {}
     if world > 1:
         nxt, prv = (rank + 1) % world, (rank - 1) % world
         for n in SIZES:
             a = torch.zeros(n // 4)
             b = torch.empty(n // 4)
-            times, cpu = [], []
+            times = []
             for i in range(P2P_ROUNDS + 1):  # the first is a warm-up
-                t, c = time.perf_counter(), time.process_time()
+                t = time.perf_counter()
                 reqs = [dist.isend(a, nxt), dist.irecv(b, prv)]
                 for r in reqs:
                     r.wait()
                 times.append(time.perf_counter() - t)
-                cpu.append(time.process_time() - c)
-            out["p2p"][n], out["p2p_cpu"][n] = times[1:], cpu[1:]
+            out["p2p"][n] = times[1:]
         # The engine's own CPU per Post and per Wait (outside kernel calls), all ranks at once, with
-        # tiny messages and with large ones (a Wait's CPU grows with the bytes it lands).
+        # tiny messages and with large ones (a Wait's CPU grows with the bytes it lands), and the
+        # transport's CPU per byte of its messages (the copy rate).
         out["engine_exchange"] = {c: _exchanges(rank, world, repeat, c) for c in (CALL_LEN, LAND_CHUNK)}
     dist.barrier()
     return out
 
 
 def copy_rate(res: Sequence[Dict]) -> float:
-    """Bytes per CPU second one end of a message spends on it: a round sends and receives ``n``
-    bytes on every rank, so its CPU grows by 2 n / rate (median over rounds and ranks; the smallest
-    and the largest message, as fit_link). 0 when not measured or lost in noise.
+    """Bytes per CPU second that one end of a message spends on it (the sender copying it out, the
+    receiver in): the CPU of the transport's threads (gloo's, not the ranks' own) over the bytes
+    each rank sent and received, on the engine's own path (``_exchanges`` with large messages, the
+    ranks computing meanwhile, as in the runs the simulator predicts); median over ranks and
+    repeats; 0 when not measured (one rank). Messages sent back to back with nothing else running
+    cost less CPU per byte (at world 4 here: 5.4-5.7 GB/s, against 3.6-3.7 on the engine's path).
 
-    >>> copy_rate([{"p2p_cpu": {1000: [1e-4, 1e-4], 3000: [1e-4 + 4000 / 1e9] * 2}}])  # 1 GB/s
-    1000000000.0
+    >>> copy_rate([{"engine_exchange": {LAND_CHUNK: ([], [], [2e9, 1e9, 3e9])}}])
+    2000000000.0
     """
-    sizes = sorted(res[0].get("p2p_cpu") or ())
-    if len(sizes) < 2:
+    got = [r.get("engine_exchange") for r in res]
+    if not all(got) or any(len(g[LAND_CHUNK]) < 3 for g in got):
         return 0.0
-    lo, hi = (statistics.median([x for r in res for x in r["p2p_cpu"][n]]) for n in (sizes[0], sizes[-1]))
-    return round(2.0 * (sizes[-1] - sizes[0]) / (hi - lo), 3) if hi > lo else 0.0
+    return statistics.median([x for g in got for x in g[LAND_CHUNK][2]])
 
 
 def p2p_round_s(res: Sequence[Dict], n: int) -> float:
@@ -355,6 +423,27 @@ def host_cores(res: Sequence[Dict]) -> float:
     return round(min(cores, statistics.median(got)), 6)
 
 
+def speed_drift(res: Sequence[Dict]) -> float:
+    """How much slower a core ran over the whole run than while the compute tables were measured:
+    per rank, the median single-core time of the sharing probe over its samples (the validation
+    takes them before, mid-way through and after its timed repeats) over the first sample's, taken
+    right after the tables; the median over ranks. 1 with one sample. On this project's 2-vCPU
+    machine the same probe moved by 7% from one sample to the next, and tables measured in one
+    fast moment priced a whole run's compute that much too fast.
+
+    >>> speed_drift([{"sharing": [(1.0, [2.0], 1e-3), (1.0, [2.0], 1.2e-3), (1.0, [2.0], 1.1e-3)]}] * 2)
+    1.1
+    >>> speed_drift([{"sharing": [(1.0, [2.0], 1e-3)]}]), speed_drift([{"sharing": None}])
+    (1.0, 1.0)
+    """
+    per = []
+    for r in res:
+        got = [x[2] for x in (r.get("sharing") or ()) if len(x) > 2]
+        if len(got) > 1:
+            per.append(statistics.median(got) / got[0])
+    return round(statistics.median(per), 9) if per else 1.0
+
+
 def engine_host(res: Sequence[Dict]) -> Tuple[float, float, float]:
     """(post seconds, wait seconds, landing bytes per second) of the engine's CPU per Post and per
     Wait (``_exchanges``; medians over ranks and repeats): a Post's from the tiny messages; a Wait's
@@ -386,7 +475,6 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
     once made a 16-token block look 10x faster than a 32-token one)."""
     from ..planner.cost_model import BWD_FLOPS
     m = CPU_MODEL
-    hd = m.heads * m.head_dim
 
     def med(f):
         return statistics.median([f(r) for r in res])
@@ -418,15 +506,18 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
             sec = (lambda r, L: full_block(r, d, b, L)) if key else (lambda r, L: causal(r, d, b, L))
             ys = []
             for L in SEQLENS:  # the rate of the FLOPs once the fixed costs are taken out
-                fl = 4.0 * L * L * hd if key else 2.0 * L * (L + 1) * hd  # as the cost model counts them
-                fl *= BWD_FLOPS if b else 1.0
+                # the probe's FLOPs per block (its documents' lengths spread around L), as the cost model counts them
+                fl = med(lambda r: r["full_flops" if key else "local_flops"][L]) * (BWD_FLOPS if b else 1.0)
                 whole = med(lambda r: r["full_" + d][L])  # a full block's time with its fixed share
                 ys.append(fl / max(med(lambda r: sec(r, L)), 0.05 * whole) / 1e12)
             out.append(tuple(ys))
         rates[key] = tuple(out)
-    call_f, call_b = med(lambda r: call(r, 0)), med(lambda r: call(r, 1))
-    seq_f, seq_b = med(lambda r: seq(r, 0)), med(lambda r: seq(r, 1))
-    gemm = 2.0 * 1024 * m.hidden * m.ffn / med(lambda r: r["gemm"]) / 1e12
+    # Single-core seconds measured in one moment, scaled to the run's median speed (speed_drift).
+    slow = speed_drift(res)
+    rates = {k: tuple(tuple(y / slow for y in ys) for ys in v) for k, v in rates.items()}
+    call_f, call_b = (slow * med(lambda r: call(r, b)) for b in (0, 1))
+    seq_f, seq_b = (slow * med(lambda r: seq(r, b)) for b in (0, 1))
+    gemm = 2.0 * 1024 * m.hidden * m.ffn / med(lambda r: r["gemm"]) / 1e12 / slow
     if world > 1:
         bw, lat = fit_link(SIZES, [p2p_round_s(res, n) for n in SIZES])
     else:  # nothing to measure: a figure that never matters (no messages with one rank)
@@ -443,11 +534,13 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
         attn_seq_fwd_us=seq_f * 1e6, attn_seq_bwd_us=seq_b * 1e6, host_cores=host_cores(res),
         host_copy_GBps=copy_rate(res) / 1e9 if world > 1 else 0.0,
         host_post_us=host[0] * 1e6, host_wait_us=host[1] * 1e6, host_land_GBps=host[2] / 1e9,
+        host_pack_GBps=1e-9 / med(lambda r: r["pack"]) / slow,
         assumed=("measured on this machine by `zeppelin bench --validate-cpu`: compute rates with one rank "
-                 f"computing at a time (single core); host_cores = what the {world} ranks got computing at "
+                 f"computing at a time (single core), scaled by {slow:.3f} to the run's median speed; host_cores = what the {world} ranks got computing at "
                  f"once, at most the {min(r['cores'] for r in res)} cores of the affinity mask; links and "
                  f"the copy rate and the engine's CPU per Post / Wait with {world} ranks exchanging at once "
-                 "(median round; per Post / Wait the mean over a pass, median over passes); nvlink and nic are the "
+                 "(median round; per Post / Wait the mean over a pass, median over passes); packing own rows on one "
+                 "core; nvlink and nic are the "
                  "same gloo transport",))
 
 

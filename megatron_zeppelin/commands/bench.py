@@ -203,7 +203,8 @@ def run_validation(args) -> int:
               f"GEMM {prof.gemm_tflops * 1e3:.1f} GFLOP/s, p2p {prof.nvlink_GBps:.2f} GB/s + "
               f"{prof.nvlink_latency_us:.0f} us; {prof.host_cores:.2f} host cores, copies "
               f"{prof.host_copy_GBps:.1f} GB/s; engine {prof.host_post_us:.0f} us per Post, "
-              f"{prof.host_wait_us:.0f} us per Wait + landing {prof.host_land_GBps:.1f} GB/s; wrote {path}")
+              f"{prof.host_wait_us:.0f} us per Wait + landing {prof.host_land_GBps:.1f} GB/s, packing "
+              f"{prof.host_pack_GBps:.1f} GB/s; wrote {path}")
         for r in vrows:
             rows.append(r)
             bg = statistics.median(r["background_cores"]) if r["background_cores"] else float("nan")

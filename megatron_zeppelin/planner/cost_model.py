@@ -134,12 +134,27 @@ class CostModel:
         land = np.asarray(landed_bytes, dtype=np.float64) / (p.host_land_GBps * 1e9) if p.host_land_GBps else 0.0
         return p.host_wait_us * 1e-6 + land
 
+    def pack_s(self, rows):
+        """Host CPU seconds with which a rank packs ``rows`` own rows of its rings into K/V messages
+        at the start of a pass (the profile's ``host_pack_GBps``; 0 on GPUs).
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> from dataclasses import replace
+        >>> c = toy_context().cost
+        >>> c = replace(c, profile=replace(c.profile, host_pack_GBps=2.0))
+        >>> round(float(c.pack_s(1000)) * 1e6, 6)   # 1000 rows of 128 bytes (K and V) at 2 GB/s
+        64.0
+        """
+        rate = self.profile.host_pack_GBps
+        rows = np.asarray(rows, dtype=np.float64)
+        return rows * self.kv_bytes_per_token / (rate * 1e9) if rate else np.zeros_like(rows)
+
     @property
     def charges_host(self) -> bool:
         """Whether the engine's Posts and Waits cost host CPU here (a CPU profile; never on GPUs):
         the prediction and the simulator skip that bookkeeping otherwise."""
         p = self.profile
-        return bool(p.host_post_us or p.host_wait_us or p.host_land_GBps)
+        return bool(p.host_post_us or p.host_wait_us or p.host_land_GBps or p.host_pack_GBps)
 
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:
         """Forward seconds of one block in one layer."""

@@ -178,6 +178,7 @@ class _Attention:
         """
         done: Dict[str, Dict[int, float]] = {}
         landing: Dict[str, np.ndarray] = {}  # per exchange in flight, the engine's CPU at its Wait, per rank
+        clock += self.work.pack  # the engine packs its own ring rows first (shared hosts; 0 on GPUs)
         for x in self.program[backward]:
             if isinstance(x, Compute):
                 t = self.work.seconds(x, backward)

@@ -297,7 +297,8 @@ class AttentionWork:
     """The compute of a plan's core attention priced once by the cost model: every ring block and
     every local document, forward and backward; ``seconds`` gives a Compute's seconds per rank
     (its blocks' FLOPs, a fixed cost per sequence (query chunk) and one kernel call on every rank
-    that has any: the engine packs them, runner.py; a local document is one sequence)."""
+    that has any: the engine packs them, runner.py; a local document is one sequence); ``pack`` the
+    host CPU per rank with which each pass starts (cost.pack_s of its own ring rows; 0 on GPUs)."""
 
     def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int):
         dmap = {d.doc: d for d in docs}
@@ -320,6 +321,15 @@ class AttentionWork:
             self.local[bw] = t
         self.local_ranks = tuple(ranks.tolist())
         self.world = world
+        # Each pass starts with every member packing its own rows of each ring (its chunks i and
+        # 2G-1-i of every document) into the K/V message it holds (runner.LayerRun), on the host.
+        own = np.zeros(world)
+        for r in rings:
+            if r.docs and r.size:
+                chunks = np.diff(np.array([dmap[d].bounds for d in r.docs], dtype=np.float64), axis=1).sum(0)
+                g = r.size
+                np.add.at(own, list(r.ranks), chunks[:g] + chunks[g:][::-1])
+        self.pack = cost.pack_s(own)  # seconds per rank, each pass
         self._seconds: Dict[Tuple[Compute, bool], np.ndarray] = {}
         self._by_step = None
 

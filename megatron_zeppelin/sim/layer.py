@@ -45,6 +45,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional
 
+import numpy as np
+
 from ..planner.program import AttentionWork, Compute, Post, attention_program
 from ..planner.types import Plan
 from .compute import LayerCosts
@@ -154,6 +156,9 @@ class LayerBuilder:
         cost = self.k.cost
         post_s, host = cost.post_s(), cost.charges_host  # the engine's CPU per Post / Wait (shared hosts)
         done: Dict[str, tuple] = {}
+        if host:  # the engine packs its own ring rows first (shared hosts)
+            for r in np.flatnonzero(work.pack):
+                self.compute(int(r), float(work.pack[r]), "engine")
         for x in attention_program(self.plan.rings, bool(work.local_ranks), backward):
             if isinstance(x, Compute):
                 t = work.seconds(x, backward)

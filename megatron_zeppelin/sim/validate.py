@@ -4,7 +4,7 @@ For each strategy one batch (a long document plus a long tail of short ones) is 
 topology (world 2: one node of 2; world 4: two virtual nodes of 2), and every rank runs the attention
 engine's forward and backward on its share (float32, CPU_MODEL's heads); the measured time of an
 iteration is the slowest rank's, from a common barrier, median over repeats (each repeat runs every
-strategy once, round robin, so a slow minute of a shared machine lands on all of them; with more ranks than
+strategy once, round robin in a shuffled order, so a slow minute of a shared machine lands on all of them; with more ranks than
 cores one iteration's time depends on where the scheduler puts the ranks: packed_dp at world 4 took
 153-209 ms within one run, and the minimum picks the luckiest placement). The simulator predicts
 the same quantity (iteration.simulate_attention: one layer's core attention, forward then backward)
@@ -69,7 +69,8 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
     mine = measure(rank, world, calib_repeat)
     every = [None] * world
     dist.all_gather_object(every, mine)
-    profile = profile_from(every, world)  # the same on every rank (the planner does not read host_cores)
+    profile = profile_from(every, world)  # the same on every rank: the plans are made from it
+    planned = profile
     topo = cpu_topology(world)
     m = CPU_MODEL
     runs = []
@@ -78,10 +79,15 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
         runs.append((plan.tokens(rank), AttentionEngine(plan, rank, None)))
     times = [[] for _ in strategies]
     # Round robin: repeat i runs every strategy once, so a slow minute of this shared machine lands
-    # on all of them alike; fresh inputs every time (the same values), so where the allocator puts
-    # them, which can set a kernel's speed for as long as they live, changes between repeats too.
+    # on all of them alike, in an order of its own (the same on every rank), so that no strategy
+    # always follows the same one (two strategies with the same plan, one always after a ring plan,
+    # were measured 5-15% apart); fresh inputs every time (the same values), so where the allocator
+    # puts them, which can set a kernel's speed for as long as they live, changes between repeats too.
     for i in range(repeat + 1):  # the first is a warm-up
-        for j, (t, eng) in enumerate(runs):
+        order = list(range(len(runs)))
+        random.Random(i).shuffle(order)
+        for j in order:
+            t, eng = runs[j]
             g = torch.Generator().manual_seed(rank)
             q = torch.randn(t, m.heads, m.head_dim, generator=g, requires_grad=True)
             k = torch.randn(t, m.kv_heads, m.head_dim, generator=g, requires_grad=True)
@@ -97,10 +103,10 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
                 times[j].append((dt, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
         if world > 1 and i in (repeat // 2, repeat):  # host_cores sampled mid-way and at the end too
             mine["sharing"].append(sharing_sample(rank, world, calib_repeat))
-    if world > 1:  # the profile simulated: host_cores from every sample (a slow minute is outvoted)
+    if world > 1:  # the profile simulated: host_cores and the speed from every sample (a slow minute is outvoted)
         dist.all_gather_object(every, mine)
         profile = profile_from(every, world)
-    return (profile.to_dict() if rank == 0 else None), times
+    return ((planned.to_dict(), profile.to_dict()) if rank == 0 else None), times
 
 
 def host_busy_s() -> float:
@@ -133,11 +139,11 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
     from ..planner import plan_batch
     lengths = make_batch(seed, tokens_per_rank * world, tokens_per_rank)
     res = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
-    profile = HardwareProfile.from_dict(res[0][0])
+    planned, profile = (HardwareProfile.from_dict(d) for d in res[0][0])
     topo = cpu_topology(world)
     rows = []
-    for j, s in enumerate(strategies):
-        plan = plan_batch(lengths, topo, profile, CPU_MODEL, cpu_config(topo, s), strategy=s)
+    for j, s in enumerate(strategies):  # the plans the ranks ran, simulated on the whole run's profile
+        plan = plan_batch(lengths, topo, planned, CPU_MODEL, cpu_config(topo, s), strategy=s)
         per_iter = [max(res[r][1][j][i][0] for r in range(world)) for i in range(repeat)]  # slowest rank
         bg = [background_cores([res[r][1][j][i] for r in range(world)]) for i in range(repeat)]
         clean = [t for t, b in zip(per_iter, bg) if not b > BACKGROUND_MAX]  # nan (no /proc): kept

@@ -24,13 +24,13 @@ FULL = replace(TOY_PROFILE, name="full", attn_full_fwd_tflops=(40.0, 200.0), att
 # As `calibrate --device cpu` and the CPU validation write one: slow single-core rates that barely
 # grow with length, full blocks faster than causal ones at short lengths (the CPU kernel does not
 # skip masked tiles), fixed costs per kernel call and per sequence, the engine's CPU per Post and
-# Wait, a gloo-like link.
+# Wait and packing its own rows, a gloo-like link.
 CPU_LIKE = replace(TOY_PROFILE, name="cpu", gemm_tflops=0.05, attn_seqlen=(16, 64, 256, 1024),
                    attn_fwd_tflops=(0.004, 0.012, 0.02, 0.025), attn_bwd_tflops=(0.003, 0.008, 0.015, 0.02),
                    attn_full_fwd_tflops=(0.008, 0.02, 0.025, 0.027),
                    attn_full_bwd_tflops=(0.006, 0.014, 0.018, 0.021),
                    attn_call_fwd_us=40.0, attn_call_bwd_us=90.0, attn_seq_fwd_us=8.0, attn_seq_bwd_us=15.0,
-                   host_post_us=120.0, host_wait_us=60.0, host_land_GBps=2.0,
+                   host_post_us=120.0, host_wait_us=60.0, host_land_GBps=2.0, host_pack_GBps=1.5,
                    nvlink_GBps=1.0, nvlink_latency_us=60.0,
                    nic_GBps=1.0, nic_latency_us=60.0)
 PROFILES = [TOY_PROFILE, FULL, CPU_LIKE]

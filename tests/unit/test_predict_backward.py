@@ -93,17 +93,19 @@ def test_latency_bound_rings_near_simulator(lengths, where):
     assert clock.max() == pytest.approx(_sim_attention(plan, cost, True), rel=0.10)
 
 
-def _with_host(cost, post_us=300.0, wait_us=150.0, land_GBps=2.0):
-    """The cost model on a profile whose engine pays host CPU per Post and Wait (a CPU host's)."""
+def _with_host(cost, post_us=300.0, wait_us=150.0, land_GBps=2.0, pack_GBps=1.0):
+    """The cost model on a profile whose engine pays host CPU per Post and Wait and for packing its
+    own rows at the start of a pass (a CPU host's)."""
     from dataclasses import replace
     return replace(cost, profile=replace(cost.profile, host_post_us=post_us, host_wait_us=wait_us,
-                                         host_land_GBps=land_GBps))
+                                         host_land_GBps=land_GBps, host_pack_GBps=pack_GBps))
 
 
 def test_engine_host_cpu_closed_form():
-    """A 2-member ring's forward on a host whose engine pays CPU per Post and Wait: the K/V leaves
-    after the Post's CPU, and the Wait lands the block (its bytes at the landing rate) before step 1:
-    post + max(c0, T) + wait_fixed + bytes / rate + c1."""
+    """A 2-member ring's forward on a host whose engine pays CPU per Post and Wait: each member packs
+    its own rows (both chunks: 32768 rows of K and V at 1 GB/s), the K/V leaves after the Post's CPU,
+    and the Wait lands the block (its bytes at the landing rate) before step 1:
+    pack + post + max(c0, T) + wait_fixed + bytes / rate + c1."""
     topo = Topology(1, 2)
     cost = _with_host(toy_context(1, 2).cost)
     plan = hand_plan([65536], topo, [(0, 1)])
@@ -113,7 +115,9 @@ def test_engine_host_cpu_closed_form():
     c = np.stack([att.work.seconds(Compute("intra", (0,), (s,)), False) for s in range(2)])
     nb = plan.schedule[0].nbytes
     T = cost.latency("nvlink") + nb / cost.bandwidth("nvlink")
-    want = 300e-6 + np.maximum(c[0], T) + 150e-6 + nb / 2e9 + c[1]
+    pack = 32768 * cost.kv_bytes_per_token / 1e9
+    assert np.allclose(att.work.pack, pack, rtol=1e-12)
+    want = pack + 300e-6 + np.maximum(c[0], T) + 150e-6 + nb / 2e9 + c[1]
     assert np.allclose(clock, want, rtol=1e-12)
     assert np.allclose(busy, c.sum(axis=0), rtol=1e-12)  # the engine's CPU is not attention compute
 

@@ -137,7 +137,7 @@ def test_full_block_rates():
 
 def test_profile_round_trip_and_gpu_presets_unchanged(tmp_path):
     p = replace(TOY_PROFILE, host_cores=2.0, attn_full_fwd_tflops=(30.0, 150.0), attn_full_bwd_tflops=(20.0, 90.0),
-                host_post_us=450.0, host_wait_us=170.0, host_land_GBps=3.5)
+                host_post_us=450.0, host_wait_us=170.0, host_land_GBps=3.5, host_pack_GBps=1.25)
     path = tmp_path / "p.yaml"
     p.save(str(path))
     assert load_profile(str(path)) == p
@@ -150,6 +150,8 @@ def test_profile_round_trip_and_gpu_presets_unchanged(tmp_path):
         replace(TOY_PROFILE, host_cores=-1.0)
     with pytest.raises(Exception, match="host_land_GBps"):
         replace(TOY_PROFILE, host_land_GBps=-1.0)
+    with pytest.raises(Exception, match="host_pack_GBps"):
+        replace(TOY_PROFILE, host_pack_GBps=-1.0)
     assert "host_post_us" not in d
 
 
@@ -160,10 +162,9 @@ def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, seq_f, seq_b, cores):
     the engine's path."""
     hd = CPU_MODEL.heads * CPU_MODEL.head_dim
     call_f, call_b = 4e-4, 6e-4
-    out = {"cores": cores, "full_fwd": {}, "full_bwd": {}, "full_blocks": {}, "local_fwd": {}, "local_bwd": {},
-           "local_docs": {}, "gemm": 2.0 * 1024 * CPU_MODEL.hidden * CPU_MODEL.ffn / 1e11,
-           "p2p": {n: [1e-4 + n / 1e9, 9.0, 1e-4 + n / 1e9] for n in SIZES},  # one round held up
-           "p2p_cpu": {n: [5e-5 + 2 * n / 4e9] * 3 for n in SIZES}}  # 4 GB/s copies at each end
+    out = {"cores": cores, "full_fwd": {}, "full_bwd": {}, "full_blocks": {}, "full_flops": {}, "local_fwd": {},
+           "local_bwd": {}, "local_docs": {}, "local_flops": {}, "gemm": 2.0 * 1024 * CPU_MODEL.hidden * CPU_MODEL.ffn / 1e11,
+           "p2p": {n: [1e-4 + n / 1e9, 9.0, 1e-4 + n / 1e9] for n in SIZES}}  # one round held up
     docs = 3
     for L in SEQLENS:
         c, f = 2.0 * L * (L + 1) * hd, 4.0 * L * L * hd
@@ -172,15 +173,17 @@ def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, seq_f, seq_b, cores):
         # ring step 1: per document 2 full blocks, each its own sequence, all in one call, timed per block
         out["full_fwd"][L] = (call_f + 2 * docs * (seq_f + full[0])) / (2 * docs)
         out["full_bwd"][L] = (call_b + 2 * docs * (seq_b + full[1])) / (2 * docs)
-        out["full_blocks"][L] = 2 * docs
+        out["full_blocks"][L], out["full_flops"][L] = 2 * docs, f
         # local documents of L tokens in one call: one causal block, one sequence each
-        out["local_docs"][L] = docs
+        out["local_docs"][L], out["local_flops"][L] = docs, c
         out["local_fwd"][L] = call_f + docs * (seq_f + causal[0])
         out["local_bwd"][L] = call_b + docs * (seq_b + causal[1])
     out["engine_seq"], out["engine_call"] = (seq_f, seq_b), (call_f, call_b)
+    out["pack"] = 1.0 / 1.5e9  # packing own rows at 1.5 GB/s
     # the engine's CPU per Post (500 us) and per Wait (200 us + the message at 3 GB/s), one
-    # repeat of each size held up by a busy moment (the median skips it)
-    out["engine_exchange"] = {c: ([5e-4, 5e-4, 0.1], [2e-4 + exchange_bytes(c) / 3e9] * 2 + [0.1])
+    # repeat of each size held up by a busy moment (the median skips it); the transport copies at
+    # 4 GB/s at each end (one repeat lost in noise)
+    out["engine_exchange"] = {c: ([5e-4, 5e-4, 0.1], [2e-4 + exchange_bytes(c) / 3e9] * 2 + [0.1], [4e9, 4e9, 0.0])
                               for c in (CALL_LEN, LAND_CHUNK)}
     return out
 
@@ -199,7 +202,7 @@ def test_calibration_recovers_known_costs():
     assert p.nvlink_GBps == pytest.approx(1.0) and p.nvlink_latency_us == pytest.approx(100.0)
     assert p.gemm_tflops == pytest.approx(0.1) and p.host_copy_GBps == pytest.approx(4.0)
     assert p.host_post_us == pytest.approx(500.0) and p.host_wait_us == pytest.approx(200.0)
-    assert p.host_land_GBps == pytest.approx(3.0)
+    assert p.host_land_GBps == pytest.approx(3.0) and p.host_pack_GBps == pytest.approx(1.5)
 
 
 def test_a_noisy_causal_probe_still_gives_a_valid_profile():
