@@ -324,7 +324,7 @@ class AttentionWork:
         # Each pass starts with every member packing its own rows of each ring (its chunks i and
         # 2G-1-i of every document) into the K/V message it holds (runner.LayerRun), on the host.
         own = np.zeros(world)
-        for r in rings:
+        for r in rings if cost.profile.host_pack_GBps else ():  # GPU profiles: no packing cost to sum
             if r.docs and r.size:
                 chunks = np.diff(np.array([dmap[d].bounds for d in r.docs], dtype=np.float64), axis=1).sum(0)
                 g = r.size
