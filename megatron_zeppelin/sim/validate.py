@@ -81,7 +81,7 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
     # Round robin: repeat i runs every strategy once, so a slow minute of this shared machine lands
     # on all of them alike, in an order of its own (the same on every rank), so that no strategy
     # always follows the same one (two strategies with the same plan, one always after a ring plan,
-    # were measured 5-15% apart); fresh inputs every time (the same values), so where the allocator
+    # were measured up to 16% apart); fresh inputs every time (the same values), so where the allocator
     # puts them, which can set a kernel's speed for as long as they live, changes between repeats too.
     for i in range(repeat + 1):  # the first is a warm-up
         order = list(range(len(runs)))
