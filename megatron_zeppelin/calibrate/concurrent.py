@@ -131,12 +131,8 @@ def _compute(rank: int, repeat: int) -> Dict:
     w = torch.randn(m.hidden, m.ffn, generator=g)
     out["gemm"] = _time_compute(lambda: x @ w, repeat)
     out["engine_call"], out["engine_seq"] = _engine_call(rank, repeat)
-    out["pack"] = _time_compute(_pack_probe(rank), repeat) / (PACK_ROWS * _kv_row_bytes())  # seconds per byte
+    out["pack"] = _time_compute(_pack_probe(rank), repeat) / (PACK_ROWS * m.kv_bytes_per_token())  # s per byte
     return out
-
-
-def _kv_row_bytes() -> int:
-    return 2 * CPU_MODEL.kv_heads * CPU_MODEL.head_dim * CPU_MODEL.dtype_bytes
 
 
 def _pack_probe(rank: int):
@@ -166,6 +162,7 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, spread: bool = False)
     import torch
 
     from ..attention.blocks import _pairs, attend, attend_backward
+    from ..planner.cost_model import attention_flops
     from ..attention.view import RankView
     from ..planner.layout import attention_layout, zigzag_bounds
     from ..planner.types import DocPlan, Ring
@@ -185,7 +182,7 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, spread: bool = False)
     dkv, dq, dout = torch.zeros_like(kv), torch.zeros_like(q), torch.randn_like(q)
     return (lambda: attend(view, [(ring, block, kv)], q, out.clone(), lse.clone(), scale, "auto"),
             lambda: attend_backward(view, [(ring, block, kv, dkv)], q, out, lse, dout, dq, scale, "auto"), calls,
-            sum(4.0 * c * c * m.heads * m.head_dim for c in chunks) * 2 / calls)
+            2 * sum(attention_flops(c, c, False, m.heads * m.head_dim) for c in chunks) / calls)
 
 
 def _local_probe(rank: int, length: int, ndocs: int):
@@ -195,6 +192,7 @@ def _local_probe(rank: int, length: int, ndocs: int):
     import torch
 
     from ..attention.kernels import attend_pairs, attend_pairs_backward
+    from ..planner.cost_model import attention_flops
     m = CPU_MODEL
     g = torch.Generator().manual_seed(rank)
     lengths = spread_lengths(length, ndocs)
@@ -209,7 +207,7 @@ def _local_probe(rank: int, length: int, ndocs: int):
     dq, dk, dv, dout = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.randn_like(q)
     return (lambda: attend_pairs(q, k, v, pairs, out.clone(), lse.clone(), scale, "auto"),
             lambda: attend_pairs_backward(dout, q, k, v, out, lse, pairs, dq, dk, dv, scale, "auto"),
-            sum(2.0 * n * (n + 1) * m.heads * m.head_dim for n in lengths) / ndocs)
+            sum(attention_flops(n, n, True, m.heads * m.head_dim) for n in lengths) / ndocs)
 
 
 def _engine_call(rank: int, repeat: int) -> Tuple[Tuple[float, float], Tuple[float, float]]:
@@ -285,7 +283,7 @@ def _exchanges(rank: int, world: int, repeat: int, chunk: int) -> Tuple[list, li
 def exchange_bytes(chunk: int) -> int:
     """Bytes of one message of ``_exchanges``'s ring: a member's K/V (or dK/dV) block, 2 chunks of
     each of PROBE_DOCS documents, float32."""
-    return PROBE_DOCS * 2 * chunk * 2 * CPU_MODEL.kv_heads * CPU_MODEL.head_dim * 4
+    return PROBE_DOCS * 2 * chunk * CPU_MODEL.kv_bytes_per_token()
 
 
 def sharing_sample(rank: int, world: int, repeat: int) -> Tuple[float, list, float]:
@@ -428,8 +426,8 @@ def speed_drift(res: Sequence[Dict]) -> float:
     per rank, the median single-core time of the sharing probe over its samples (the validation
     takes them before, mid-way through and after its timed repeats) over the first sample's, taken
     right after the tables; the median over ranks. 1 with one sample. On this project's 2-vCPU
-    machine the same probe moved by 7% from one sample to the next, and tables measured in one
-    fast moment priced a whole run's compute that much too fast.
+    machine the same probe moved by up to 10% between the samples of one run, and tables measured
+    in one fast moment priced the whole run's compute that much too fast.
 
     >>> speed_drift([{"sharing": [(1.0, [2.0], 1e-3), (1.0, [2.0], 1.2e-3), (1.0, [2.0], 1.1e-3)]}] * 2)
     1.1

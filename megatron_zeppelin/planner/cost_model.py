@@ -43,6 +43,19 @@ BWD_FLOPS = 2.5  # backward attention FLOPs / forward FLOPs (FlashAttention conv
 LINEAR_PASSES = 3.0  # forward + backward (input and weight gradients) of a GEMM
 
 
+def attention_flops(q, kv, causal, head_width: int):
+    """Forward FLOPs of attention blocks (arrays or scalars) over ``head_width`` = heads x head_dim:
+    a causal (diagonal) block, q == kv, counts its lower triangle with the diagonal; a full block
+    q x kv (CostModel.block_flops; the CPU calibration counts its probes' FLOPs with it too).
+
+    >>> attention_flops(2, 2, True, 1), attention_flops(2, 3, False, 1)
+    (12.0, 24.0)
+    """
+    q = np.asarray(q, dtype=np.float64)
+    out = np.where(causal, 2.0 * q * (q + 1) * head_width, 4.0 * q * np.asarray(kv, dtype=np.float64) * head_width)
+    return float(out) if out.ndim == 0 else out
+
+
 @dataclass(frozen=True)
 class CostModel:
     model: ModelSpec
@@ -62,10 +75,7 @@ class CostModel:
     def block_flops(self, q, kv, causal):
         """Forward FLOPs of attention blocks in one layer (arrays or scalars): a causal (diagonal)
         block, q == kv, counts its lower triangle with the diagonal; a full block q x kv."""
-        hd = self._heads * self.model.head_dim
-        q = np.asarray(q, dtype=np.float64)
-        out = np.where(causal, 2.0 * q * (q + 1) * hd, 4.0 * q * np.asarray(kv, dtype=np.float64) * hd)
-        return float(out) if out.ndim == 0 else out
+        return attention_flops(q, kv, causal, self._heads * self.model.head_dim)
 
     def attn_rate(self, q, causal=True, backward: bool = False):
         """FLOP/s of attention blocks with ``q`` query rows: the profile's causal table, or its
