@@ -89,7 +89,7 @@ def _rank(rank: int, world: int, strategies, repeat: int):
     mine = measure(rank, world, 5)
     every = [None] * world
     dist.all_gather_object(every, mine)
-    profile = profile_from(every, world)
+    profile = profile_from([every], world)
     topo = cpu_topology(world)
     lengths = make_batch(0, 2048 * world, 2048)
     runs = {}

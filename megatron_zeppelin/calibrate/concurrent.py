@@ -286,13 +286,12 @@ def exchange_bytes(chunk: int) -> int:
     return PROBE_DOCS * 2 * chunk * CPU_MODEL.kv_bytes_per_token()
 
 
-def sharing_sample(rank: int, world: int, repeat: int) -> Tuple[float, list, float]:
-    """(alone, rounds, call): single-core seconds of one round's work, a block sequence (``_probe``
-    with SHARE_CHUNK-token chunks, forward and backward) run until about SHARE_ROUND_S on this rank
-    alone (the ranks take turns), the seconds of each round with every rank running it at once from
-    a barrier (host_cores turns them into the cores delivered), and the single-core seconds of one
-    sequence (the machine's speed now: ``speed_drift``). Rounds that long average the scheduler's
-    time slices out: short ones gave 1.1 to 2.0 cores for 4 ranks from run to run."""
+def sharing_sample(rank: int, world: int, repeat: int) -> Tuple[float, list]:
+    """(alone, rounds): single-core seconds of one round's work, a block sequence (``_probe`` with
+    SHARE_CHUNK-token chunks, forward and backward) run until about SHARE_ROUND_S on this rank alone
+    (the ranks take turns), and the seconds of each round with every rank running it at once from a
+    barrier (host_cores turns them into the cores delivered). Rounds that long average the
+    scheduler's time slices out: short ones gave 1.1 to 2.0 cores for 4 ranks from run to run."""
     import torch.distributed as dist
     fwd, bwd = _probe(rank, SHARE_CHUNK)[:2]
 
@@ -316,7 +315,7 @@ def sharing_sample(rank: int, world: int, repeat: int) -> Tuple[float, list, flo
         round_()
         rounds.append(time.perf_counter() - t)
     dist.barrier()
-    return n * alone, rounds[1:], alone
+    return n * alone, rounds[1:]
 
 
 def measure(rank: int, world: int, repeat: int) -> Dict:
@@ -339,7 +338,7 @@ def measure(rank: int, world: int, repeat: int) -> Dict:
     dist.barrier()
     # What the ranks get computing at once: below the core count when they outnumber the cores, and
     # also when they do not but slow each other down (measured, not assumed: sim/host.py).
-    out["sharing"] = [sharing_sample(rank, world, repeat)] if world > 1 else None  # samples (the validation adds more)
+    out["sharing"] = sharing_sample(rank, world, repeat) if world > 1 else None
     # Point-to-point under the load the run will have: every rank sends to its ring successor and
     # receives from its predecessor at once (a ring step over all ranks), back to back. With more
     # ranks than cores a receiver blocked in wait() runs only when the scheduler gives it a core, so
@@ -367,94 +366,77 @@ def measure(rank: int, world: int, repeat: int) -> Dict:
     return out
 
 
-def copy_rate(res: Sequence[Dict]) -> float:
+def _ranks(samples: Sequence[Sequence[Dict]]) -> list:
+    """Every rank's measurements of every sample, one list (for medians over ranks and samples)."""
+    return [r for sample in samples for r in sample]
+
+
+def copy_rate(samples: Sequence[Sequence[Dict]]) -> float:
     """Bytes per CPU second that one end of a message spends on it (the sender copying it out, the
     receiver in): the CPU of the transport's threads (gloo's, not the ranks' own) over the bytes
     each rank sent and received, on the engine's own path (``_exchanges`` with large messages, the
-    ranks computing meanwhile, as in the runs the simulator predicts); median over ranks and
-    repeats; 0 when not measured (one rank). Messages sent back to back with nothing else running
+    ranks computing meanwhile, as in the runs the simulator predicts); median over ranks, samples
+    and repeats; 0 when not measured (one rank). Messages sent back to back with nothing else running
     cost less CPU per byte (at world 4 here: 5.4-5.7 GB/s, against 3.6-3.7 on the engine's path).
 
-    >>> copy_rate([{"engine_exchange": {LAND_CHUNK: ([], [], [2e9, 1e9, 3e9])}}])
+    >>> copy_rate([[{"engine_exchange": {LAND_CHUNK: ([], [], [2e9, 1e9, 3e9])}}]])
     2000000000.0
     """
-    got = [r.get("engine_exchange") for r in res]
+    got = [r.get("engine_exchange") for r in _ranks(samples)]
     if not all(got) or any(len(g[LAND_CHUNK]) < 3 for g in got):
         return 0.0
     return statistics.median([x for g in got for x in g[LAND_CHUNK][2]])
 
 
-def p2p_round_s(res: Sequence[Dict], n: int) -> float:
-    """Median over rounds of the slowest rank's time to exchange ``n`` bytes (calibrate: ``measure``).
+def p2p_round_s(samples: Sequence[Sequence[Dict]], n: int) -> float:
+    """Median over rounds (of every sample) of the slowest rank's time to exchange ``n`` bytes
+    (calibrate: ``measure``).
 
-    >>> p2p_round_s([{"p2p": {8: [1.0, 5.0, 2.0]}}, {"p2p": {8: [3.0, 1.0, 1.0]}}], 8)
+    >>> p2p_round_s([[{"p2p": {8: [1.0, 5.0, 2.0]}}, {"p2p": {8: [3.0, 1.0, 1.0]}}]], 8)
     3.0
     """
-    per_round = [max(r["p2p"][n][i] for r in res) for i in range(len(res[0]["p2p"][n]))]
-    return statistics.median(per_round)
+    return statistics.median([max(r["p2p"][n][i] for r in res) for res in samples
+                              for i in range(len(res[0]["p2p"][n]))])
 
 
-def host_cores(res: Sequence[Dict]) -> float:
+def host_cores(samples: Sequence[Sequence[Dict]]) -> float:
     """The cores the ranks share: the affinity mask's, or the compute the host delivered to them all
     at once if less. Per round of ``sharing_sample``: their single-core seconds over the time until
-    the last is done; the median over every round of every sample (``sharing``: a list of
-    ``sharing_sample`` results, all ranks taking the same samples; the validation takes them before,
-    during and after its timed runs, so that one slow minute of the machine is outvoted). Below the
-    core count when ranks that outnumber the cores thrash each other's caches at every switch, or
-    when ranks on their own cores contend for caches and memory.
+    the last is done; the median over every round of every sample (the validation takes samples
+    before, during and after its timed runs, so that one slow minute of the machine is outvoted).
+    Below the core count when ranks that outnumber the cores thrash each other's caches at every
+    switch, or when ranks on their own cores contend for caches and memory.
 
-    >>> host_cores([{"cores": 2, "sharing": [(1.0, [2.2, 2.0, 9.0])]}] * 4)  # 4 s of work in 2.2 s
+    >>> host_cores([[{"cores": 2, "sharing": (1.0, [2.2, 2.0, 9.0])}] * 4])  # 4 s of work in 2.2 s
     1.818182
-    >>> host_cores([{"cores": 2, "sharing": [(1.0, [9.0, 9.0]), (1.0, [2.0, 2.2]), (1.0, [2.2, 2.0])]}] * 4)
+    >>> host_cores([[{"cores": 2, "sharing": (1.0, r)}] * 4 for r in ([9.0, 9.0], [2.0, 2.2], [2.2, 2.0])])
     1.818182
-    >>> host_cores([{"cores": 2, "sharing": None}] * 2)
+    >>> host_cores([[{"cores": 2, "sharing": None}] * 2])
     2.0
     """
-    cores = float(min(r["cores"] for r in res))
-    shared = [r.get("sharing") for r in res]
-    if any(not x for x in shared):
+    cores = float(min(r["cores"] for r in _ranks(samples)))
+    if any(not r.get("sharing") for r in _ranks(samples)):
         return cores
     got = []
-    for k in range(len(shared[0])):  # sample k: the same rounds on every rank
-        work = sum(x[k][0] for x in shared)
-        got += [work / max(x[k][1][i] for x in shared) for i in range(len(shared[0][k][1]))]
+    for res in samples:  # one sample: the same rounds on every rank
+        work = sum(r["sharing"][0] for r in res)
+        got += [work / max(r["sharing"][1][i] for r in res) for i in range(len(res[0]["sharing"][1]))]
     return round(min(cores, statistics.median(got)), 6)
 
 
-def speed_drift(res: Sequence[Dict]) -> float:
-    """How much slower a core ran over the whole run than while the compute tables were measured:
-    per rank, the median single-core time of the sharing probe over its samples (the validation
-    takes them before, mid-way through and after its timed repeats) over the first sample's, taken
-    right after the tables; the median over ranks. 1 with one sample. On this project's 2-vCPU
-    machine the same probe moved by up to 10% between the samples of one run, and tables measured
-    in one fast moment priced the whole run's compute that much too fast.
-
-    >>> speed_drift([{"sharing": [(1.0, [2.0], 1e-3), (1.0, [2.0], 1.2e-3), (1.0, [2.0], 1.1e-3)]}] * 2)
-    1.1
-    >>> speed_drift([{"sharing": [(1.0, [2.0], 1e-3)]}]), speed_drift([{"sharing": None}])
-    (1.0, 1.0)
-    """
-    per = []
-    for r in res:
-        got = [x[2] for x in (r.get("sharing") or ()) if len(x) > 2]
-        if len(got) > 1:
-            per.append(statistics.median(got) / got[0])
-    return round(statistics.median(per), 9) if per else 1.0
-
-
-def engine_host(res: Sequence[Dict]) -> Tuple[float, float, float]:
+def engine_host(samples: Sequence[Sequence[Dict]]) -> Tuple[float, float, float]:
     """(post seconds, wait seconds, landing bytes per second) of the engine's CPU per Post and per
-    Wait (``_exchanges``; medians over ranks and repeats): a Post's from the tiny messages; a Wait's
-    fixed part and landing rate through its time with tiny and with large messages (as fit_link).
-    Zeros when not measured (one rank: no exchanges).
+    Wait (``_exchanges``; medians over ranks, samples and repeats): a Post's from the tiny messages;
+    a Wait's fixed part and landing rate through its time with tiny and with large messages (as
+    fit_link). Zeros when not measured (one rank: no exchanges).
 
     >>> small, big = exchange_bytes(CALL_LEN), exchange_bytes(LAND_CHUNK)
     >>> r = {"engine_exchange": {CALL_LEN: ([4e-4], [2e-4 + small / 1e9]), LAND_CHUNK: ([5e-4], [2e-4 + big / 1e9])}}
-    >>> post, wait, rate = engine_host([r, r])
+    >>> post, wait, rate = engine_host([[r, r]])
     >>> round(post * 1e6, 6), round(wait * 1e6, 6), round(rate / 1e9, 6)
     (400.0, 200.0, 1.0)
     """
-    got = [r.get("engine_exchange") for r in res]
+    got = [r.get("engine_exchange") for r in _ranks(samples)]
     if not all(got):
         return 0.0, 0.0, 0.0
 
@@ -465,17 +447,23 @@ def engine_host(res: Sequence[Dict]) -> Tuple[float, float, float]:
     return med(CALL_LEN, 0), fixed, rate
 
 
-def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: str = "") -> HardwareProfile:
-    """The profile from every rank's ``measure``: single-core rates, the links measured with every
-    rank running, and the host's cores that the ranks share. The ranks measured compute one at a
-    time, so theirs are repeats of one measurement: the median over ranks is kept, of each rank's
-    own difference where a fixed cost is taken out (the maxima of two noisy figures, differenced,
-    once made a 16-token block look 10x faster than a 32-token one)."""
+def profile_from(samples: Sequence[Sequence[Dict]], world: int, gpus_per_node: int = 0,
+                 name: str = "") -> HardwareProfile:
+    """The profile from every rank's ``measure`` (``samples[k][r]``: rank r's of sample k; the
+    validation takes one before, one mid-way through and one after its timed runs): single-core
+    rates, the links measured with every rank running, and the host's cores that the ranks share.
+    The ranks measured compute one at a time, so theirs are repeats of one measurement: the median
+    over ranks and samples is kept, of each one's own difference where a fixed cost is taken out
+    (the maxima of two noisy figures, differenced, once made a 16-token block look 10x faster than
+    a 32-token one). One sample is a moment of this shared machine: within one run the same table
+    point measured 1.4-1.9 ms on the 4 ranks in turn, and the sample's median moved the simulated
+    time of a ring plan by up to 12% from sample to sample."""
     from ..planner.cost_model import BWD_FLOPS
     m = CPU_MODEL
+    every = _ranks(samples)
 
     def med(f):
-        return statistics.median([f(r) for r in res])
+        return statistics.median([f(r) for r in every])
 
     def seq(r, b):  # the engine path's fixed cost per sequence (a query chunk with its key blocks)
         return r["engine_seq"][b]
@@ -510,18 +498,15 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
                 ys.append(fl / max(med(lambda r: sec(r, L)), 0.05 * whole) / 1e12)
             out.append(tuple(ys))
         rates[key] = tuple(out)
-    # Single-core seconds measured in one moment, scaled to the run's median speed (speed_drift).
-    slow = speed_drift(res)
-    rates = {k: tuple(tuple(y / slow for y in ys) for ys in v) for k, v in rates.items()}
-    call_f, call_b = (slow * med(lambda r: call(r, b)) for b in (0, 1))
-    seq_f, seq_b = (slow * med(lambda r: seq(r, b)) for b in (0, 1))
-    gemm = 2.0 * 1024 * m.hidden * m.ffn / med(lambda r: r["gemm"]) / 1e12 / slow
+    call_f, call_b = (med(lambda r: call(r, b)) for b in (0, 1))
+    seq_f, seq_b = (med(lambda r: seq(r, b)) for b in (0, 1))
+    gemm = 2.0 * 1024 * m.hidden * m.ffn / med(lambda r: r["gemm"]) / 1e12
     if world > 1:
-        bw, lat = fit_link(SIZES, [p2p_round_s(res, n) for n in SIZES])
+        bw, lat = fit_link(SIZES, [p2p_round_s(samples, n) for n in SIZES])
     else:  # nothing to measure: a figure that never matters (no messages with one rank)
         bw, lat = 1e9, 0.0
     gpn = gpus_per_node or (world // 2 if world >= 4 else world)  # world 4: 2 virtual nodes of 2
-    host = engine_host(res)
+    host = engine_host(samples)
     return HardwareProfile(
         name=name or f"cpu-w{world}", gpu="cpu (gloo, 1 thread per rank)", gemm_tflops=gemm,
         attn_seqlen=SEQLENS, attn_fwd_tflops=rates[""][0], attn_bwd_tflops=rates[""][1],
@@ -529,13 +514,13 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
         nvlink_GBps=bw / 1e9, nvlink_latency_us=lat * 1e6, nic_GBps=bw / 1e9, nic_latency_us=lat * 1e6,
         gpus_per_node=gpn, nics_per_node=gpn, memory_GB=0.0,
         attn_call_fwd_us=call_f * 1e6, attn_call_bwd_us=call_b * 1e6,
-        attn_seq_fwd_us=seq_f * 1e6, attn_seq_bwd_us=seq_b * 1e6, host_cores=host_cores(res),
-        host_copy_GBps=copy_rate(res) / 1e9 if world > 1 else 0.0,
+        attn_seq_fwd_us=seq_f * 1e6, attn_seq_bwd_us=seq_b * 1e6, host_cores=host_cores(samples),
+        host_copy_GBps=copy_rate(samples) / 1e9 if world > 1 else 0.0,
         host_post_us=host[0] * 1e6, host_wait_us=host[1] * 1e6, host_land_GBps=host[2] / 1e9,
-        host_pack_GBps=1e-9 / med(lambda r: r["pack"]) / slow,
+        host_pack_GBps=1e-9 / med(lambda r: r["pack"]),
         assumed=("measured on this machine by `zeppelin bench --validate-cpu`: compute rates with one rank "
-                 f"computing at a time (single core), scaled by {slow:.3f} to the run's median speed; host_cores = what the {world} ranks got computing at "
-                 f"once, at most the {min(r['cores'] for r in res)} cores of the affinity mask; links and "
+                 f"computing at a time (single core), median over ranks and {len(samples)} sample(s); host_cores = what the {world} ranks got computing at "
+                 f"once, at most the {min(r['cores'] for r in every)} cores of the affinity mask; links and "
                  f"the copy rate and the engine's CPU per Post / Wait with {world} ranks exchanging at once "
                  "(median round; per Post / Wait the mean over a pass, median over passes); packing own rows on one "
                  "core; nvlink and nic are the "
@@ -544,4 +529,4 @@ def profile_from(res: Sequence[Dict], world: int, gpus_per_node: int = 0, name: 
 
 def calibrate(world: int, repeat: int = 5, gpus_per_node: int = 0, name: str = "") -> HardwareProfile:
     from ..distributed.launch import run_distributed
-    return profile_from(run_distributed(measure, world, repeat, timeout=600), world, gpus_per_node, name)
+    return profile_from([run_distributed(measure, world, repeat, timeout=600)], world, gpus_per_node, name)

@@ -9,10 +9,12 @@ cores one iteration's time depends on where the scheduler puts the ranks: packed
 153-209 ms within one run, and the minimum picks the luckiest placement). The simulator predicts
 the same quantity (iteration.simulate_attention: one layer's core attention, forward then backward)
 from a profile calibrated in the same spawned run (calibrate/concurrent.py: single-core compute
-rates and the host's cores, which the simulator shares among the ranks computing at once; the
-host's cores are sampled before, mid-way through and after the timed repeats, and the median round
-of all samples kept: one sample alone once gave 1.29 cores where the other runs gave 1.77-1.84, and
-every plan of that run was simulated 15-54% too slow).
+rates and the host's cores, which the simulator shares among the ranks computing at once). The
+whole calibration is sampled before, mid-way through and after the timed repeats, and every figure
+is the median over ranks and samples: one sample of the host's cores alone once gave 1.29 where the
+other runs gave 1.77-1.84 (every plan of that run simulated 15-54% too slow), and one sample's
+compute tables moved a ring plan's simulated time by up to 12%. The plans are made from the first
+sample, before anything runs, and those same plans are simulated.
 
 This machine is shared: other processes' CPU time during each timed repeat is measured (the host's
 busy time from /proc/stat minus the ranks' own) and repeats where others kept more than
@@ -65,17 +67,19 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
 
     from ..attention.engine import AttentionEngine
     from ..planner import plan_batch
-    from ..calibrate.concurrent import measure, profile_from, sharing_sample
-    mine = measure(rank, world, calib_repeat)
-    every = [None] * world
-    dist.all_gather_object(every, mine)
-    profile = profile_from(every, world)  # the same on every rank: the plans are made from it
-    planned = profile
+    from ..calibrate.concurrent import measure, profile_from
+
+    def sample():  # every rank's measurements, the same list on every rank
+        every = [None] * world
+        dist.all_gather_object(every, measure(rank, world, calib_repeat))
+        return every
+    samples = [sample()]
+    planned = profile_from(samples, world)  # the same on every rank: the plans are made from it
     topo = cpu_topology(world)
     m = CPU_MODEL
     runs = []
     for s in strategies:
-        plan = plan_batch(list(lengths), topo, profile, m, cpu_config(topo, s), strategy=s)
+        plan = plan_batch(list(lengths), topo, planned, m, cpu_config(topo, s), strategy=s)
         runs.append((plan.tokens(rank), AttentionEngine(plan, rank, None)))
     times = [[] for _ in strategies]
     # Round robin: repeat i runs every strategy once, so a slow minute of this shared machine lands
@@ -101,11 +105,11 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
             dist.barrier()  # the load window closes when every rank is done
             if i:
                 times[j].append((dt, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
-        if world > 1 and i in (repeat // 2, repeat):  # host_cores sampled mid-way and at the end too
-            mine["sharing"].append(sharing_sample(rank, world, calib_repeat))
-    if world > 1:  # the profile simulated: host_cores and the speed from every sample (a slow minute is outvoted)
-        dist.all_gather_object(every, mine)
-        profile = profile_from(every, world)
+        if i in (repeat // 2, repeat):  # the whole calibration again mid-way and at the end
+            samples.append(sample())
+    # The profile simulated: every figure the median over the three samples (a slow minute of the
+    # machine is outvoted; one sample's tables moved a ring plan's simulated time by up to 12%).
+    profile = profile_from(samples, world)
     return ((planned.to_dict(), profile.to_dict()) if rank == 0 else None), times
 
 

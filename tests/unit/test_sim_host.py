@@ -190,7 +190,7 @@ def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, seq_f, seq_b, cores):
 
 def test_calibration_recovers_known_costs():
     res = [_synthetic(0.012, 0.018, 0.04, 0.05, 1.5e-4, 1.0e-4, 2)] * 2
-    p = profile_from(res, 2)
+    p = profile_from([res], 2)
     assert isinstance(p, HardwareProfile) and p.host_cores == 2.0
     assert p.attn_seq_fwd_us == pytest.approx(150.0) and p.attn_seq_bwd_us == pytest.approx(100.0)
     assert p.attn_call_fwd_us == pytest.approx(400.0) and p.attn_call_bwd_us == pytest.approx(600.0)
@@ -205,6 +205,21 @@ def test_calibration_recovers_known_costs():
     assert p.host_land_GBps == pytest.approx(3.0) and p.host_pack_GBps == pytest.approx(1.5)
 
 
+def test_a_slow_sample_is_outvoted():
+    """Three samples of the whole calibration (the validation's: before, mid-way, after its timed
+    runs); in one, a slow minute of the machine makes every compute figure twice as slow and the
+    host delivers half its cores. The median over ranks and samples is the other two's profile."""
+    fast = [_synthetic(0.012, 0.018, 0.04, 0.05, 1.5e-4, 1.0e-4, 2)] * 2
+    slow = [_synthetic(0.006, 0.009, 0.02, 0.025, 3.0e-4, 2.0e-4, 2)] * 2
+    for res, rounds in ((fast, [1.0, 1.0]), (slow, [2.0, 2.0])):
+        for r in res:
+            r["sharing"] = (1.0, rounds)  # 2 s of work: in 1 s two cores, in 2 s one
+    got = profile_from([fast, slow, fast], 2)
+    assert replace(got, assumed=()) == replace(profile_from([fast, fast], 2), assumed=()) and got.host_cores == 2.0
+    assert profile_from([fast, slow, slow], 2).attn_seq_fwd_us == pytest.approx(300.0)
+    assert profile_from([slow, fast, slow], 2).host_cores == 1.0
+
+
 def test_a_noisy_causal_probe_still_gives_a_valid_profile():
     """Local documents timed faster than their fixed costs allow (one noisy repeat): the causal block
     they imply would take no time; it is held to half a full block, and the profile stays valid."""
@@ -212,7 +227,7 @@ def test_a_noisy_causal_probe_still_gives_a_valid_profile():
     for r in res:
         for L in SEQLENS[-3:]:
             r["local_fwd"][L] = r["engine_call"][0] + r["local_docs"][L] * 0.1 * r["full_fwd"][L]
-    p = profile_from(res, 2)
+    p = profile_from([res], 2)
     assert min(p.attn_fwd_tflops) > 0 and min(p.attn_bwd_tflops) > 0
     assert p.attn_bwd_tflops[2:] == pytest.approx([0.018] * (len(SEQLENS) - 2))  # the clean ones as before
 
