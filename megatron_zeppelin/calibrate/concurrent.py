@@ -457,7 +457,8 @@ def profile_from(samples: Sequence[Sequence[Dict]], world: int, gpus_per_node: i
     (the maxima of two noisy figures, differenced, once made a 16-token block look 10x faster than
     a 32-token one). One sample is a moment of this shared machine: within one run the same table
     point measured 1.4-1.9 ms on the 4 ranks in turn, and the sample's median moved the simulated
-    time of a ring plan by up to 12% from sample to sample."""
+    time of a ring plan by up to 12% from sample to sample; one sample of the host's cores alone once
+    gave 1.29 where the other runs gave 1.77-1.84 (every plan of that run simulated 15-54% too slow)."""
     from ..planner.cost_model import BWD_FLOPS
     m = CPU_MODEL
     every = _ranks(samples)

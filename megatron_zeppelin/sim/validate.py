@@ -11,10 +11,9 @@ the same quantity (iteration.simulate_attention: one layer's core attention, for
 from a profile calibrated in the same spawned run (calibrate/concurrent.py: single-core compute
 rates and the host's cores, which the simulator shares among the ranks computing at once). The
 whole calibration is sampled before, mid-way through and after the timed repeats, and every figure
-is the median over ranks and samples: one sample of the host's cores alone once gave 1.29 where the
-other runs gave 1.77-1.84 (every plan of that run simulated 15-54% too slow), and one sample's
-compute tables moved a ring plan's simulated time by up to 12%. The plans are made from the first
-sample, before anything runs, and those same plans are simulated.
+is the median over ranks and samples (calibrate/concurrent.py ``profile_from`` says what one sample
+alone moved). The plans are made from the first sample, before anything runs, and those same plans
+are simulated.
 
 This machine is shared: other processes' CPU time during each timed repeat is measured (the host's
 busy time from /proc/stat minus the ranks' own) and repeats where others kept more than
@@ -107,9 +106,7 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
                 times[j].append((dt, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
         if i in (repeat // 2, repeat):  # the whole calibration again mid-way and at the end
             samples.append(sample())
-    # The profile simulated: every figure the median over the three samples (a slow minute of the
-    # machine is outvoted; one sample's tables moved a ring plan's simulated time by up to 12%).
-    profile = profile_from(samples, world)
+    profile = profile_from(samples, world)  # the profile simulated: medians over the three samples
     return ((planned.to_dict(), profile.to_dict()) if rank == 0 else None), times
 
 
