@@ -210,7 +210,8 @@ def run_validation(args) -> int:
             rows.append(r)
             bg = statistics.median(r["background_cores"]) if r["background_cores"] else float("nan")
             print(f"  {r['strategy']:<13} measured {r['measured_s'] * 1e3:8.1f} ms   simulated "
-                  f"{r['predicted_s'] * 1e3:8.1f} ms   error {100 * r['error']:+6.1f}%   {r['classes']}   "
+                  f"{r['predicted_s'] * 1e3:8.1f} ms   error {100 * r['error']:+6.1f}% (CPU {100 * r['cpu_error']:+5.1f}%)   "
+                  f"{r['classes']}   "
                   f"others {bg:.2f} cores" + ("" if r["clean"] else " (no clean repeat: machine busy)"))
     errs = [abs(r["error"]) for r in rows]
     print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, max {100 * max(errs):.1f}% over {len(rows)} runs")

@@ -188,13 +188,19 @@ def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L
                      nic=nics, link_bytes=dict(kinds), timeline=timeline)
 
 
-def simulate_attention(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1) -> float:
-    """Seconds of one layer's core attention, forward then backward, every rank starting together
-    (what one engine call plus its backward takes): the term validated against measured runs."""
+def attention_graph(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1):
+    """(task graph, links) of one layer's core attention, forward then backward, every rank starting
+    together (what one engine call plus its backward takes)."""
     cost = CostModel(model, profile, plan.topology, tp)
     links = LinkTable.of_cost(cost, profile.host_cores, profile.host_copy_GBps * 1e9)
     g = TaskGraph()
     b = LayerBuilder(plan, LayerCosts(cost), links, g, False)
     b.attention(False)
     b.attention(True)
+    return g, links
+
+
+def simulate_attention(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1) -> float:
+    """Seconds of ``attention_graph``: the term validated against measured runs."""
+    g, links = attention_graph(plan, profile, model, tp=tp)
     return g.run(links.capacity).makespan

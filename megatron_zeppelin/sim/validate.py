@@ -7,7 +7,7 @@ iteration is the slowest rank's, from a common barrier, median over repeats (eac
 strategy once, round robin in a shuffled order, so a slow minute of a shared machine lands on all of them; with more ranks than
 cores one iteration's time depends on where the scheduler puts the ranks: packed_dp at world 4 took
 153-209 ms within one run, and the minimum picks the luckiest placement). The simulator predicts
-the same quantity (iteration.simulate_attention: one layer's core attention, forward then backward)
+the same quantity (iteration.attention_graph: one layer's core attention, forward then backward)
 from a profile calibrated in the same spawned run (calibrate/concurrent.py: single-core compute
 rates and the host's cores, which the simulator shares among the ranks computing at once). The
 whole calibration is sampled before, mid-way through and after the timed repeats, and every figure
@@ -18,6 +18,12 @@ are simulated.
 This machine is shared: other processes' CPU time during each timed repeat is measured (the host's
 busy time from /proc/stat minus the ranks' own) and repeats where others kept more than
 BACKGROUND_MAX cores busy are not used; a row with no clean repeat is marked ``clean: false``.
+
+Each row also holds all ranks' CPU seconds of a pass (``measured_cpu_s``, gloo's transport threads
+included) next to the CPU time the simulated pass charges on this machine's cores
+(``simulated_cpu_s``, events.TaskGraph.cpu_occupancy; ``simulated_work_s``: its work at one core's
+speed): a time error with the same CPU error is work the model leaves out; a time error alone is
+waiting (idle cores) it gets wrong.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from ..config import STRATEGIES, ZeppelinConfig
 from ..profile import HardwareProfile
 from ..topology import Topology
 from ..calibrate.concurrent import CPU_MODEL
-from .iteration import simulate_attention
+from .iteration import attention_graph
 
 
 BACKGROUND_MAX = 0.25  # cores of other processes above which a timed repeat is not used
@@ -142,17 +148,28 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
     res = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
     planned, profile = (HardwareProfile.from_dict(d) for d in res[0][0])
     topo = cpu_topology(world)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rows = []
     for j, s in enumerate(strategies):  # the plans the ranks ran, simulated on the whole run's profile
         plan = plan_batch(lengths, topo, planned, CPU_MODEL, cpu_config(topo, s), strategy=s)
         per_iter = [max(res[r][1][j][i][0] for r in range(world)) for i in range(repeat)]  # slowest rank
+        cpu = [sum(res[r][1][j][i][1] for r in range(world)) for i in range(repeat)]  # all ranks' CPU
         bg = [background_cores([res[r][1][j][i] for r in range(world)]) for i in range(repeat)]
-        clean = [t for t, b in zip(per_iter, bg) if not b > BACKGROUND_MAX]  # nan (no /proc): kept
-        measured = statistics.median(clean or per_iter)
-        predicted = simulate_attention(plan, profile, CPU_MODEL)
-        rows.append({"world": world, "strategy": s, "measured_s": measured, "measured_min_s": min(clean or per_iter),
-                     "predicted_s": predicted,
-                     "error": predicted / measured - 1.0, "repeats": per_iter, "background_cores": bg,
+        keep = [i for i, b in enumerate(bg) if not b > BACKGROUND_MAX] or list(range(repeat))  # nan: kept
+        clean = [i for i, b in enumerate(bg) if not b > BACKGROUND_MAX]
+        measured = statistics.median(per_iter[i] for i in keep)
+        g, links = attention_graph(plan, profile, CPU_MODEL)
+        sim = g.run(links.capacity)
+        predicted = sim.makespan
+        # Where a miss lies: the CPU time the ranks took (with their transport threads, barrier to
+        # barrier) against the CPU time the simulated pass charges; the rest of a pass is waiting.
+        measured_cpu, simulated_cpu = statistics.median(cpu[i] for i in keep), g.cpu_occupancy(sim, cores)
+        rows.append({"world": world, "strategy": s, "measured_s": measured,
+                     "measured_min_s": min(per_iter[i] for i in keep), "predicted_s": predicted,
+                     "error": predicted / measured - 1.0, "measured_cpu_s": measured_cpu,
+                     "simulated_cpu_s": simulated_cpu, "simulated_work_s": g.cpu_seconds(),
+                     "cpu_error": simulated_cpu / measured_cpu - 1.0,
+                     "repeats": per_iter, "background_cores": bg,
                      "clean": bool(clean), "classes": plan.class_counts(),
                      "documents": len(lengths), "tokens": sum(lengths), "ops": len(plan.schedule)})
     return profile, rows
