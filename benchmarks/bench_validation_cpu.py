@@ -32,7 +32,7 @@ def _rank(rank, world, strategies, lengths, calib_repeat, repeat):
     from megatron_zeppelin.attention import runner as R
     from megatron_zeppelin.distributed import p2p as P
     from megatron_zeppelin.sim import validate as V
-    cur = {"acc": collections.defaultdict(float)}  # the pass being timed (calibration passes: thrown away)
+    cur = {"acc": None}  # the pass being timed; None between passes (the calibration's own calls)
     stats = collections.defaultdict(lambda: collections.defaultdict(list))
 
     def timed(fn, name):
@@ -40,8 +40,9 @@ def _rank(rank, world, strategies, lengths, calib_repeat, repeat):
             c0, w0 = time.thread_time(), time.perf_counter()
             out = fn(*a)
             acc = cur["acc"]
-            acc[name + "_cpu"] += time.thread_time() - c0
-            acc[name + "_wall"] += time.perf_counter() - w0
+            if acc is not None:
+                acc[name + "_cpu"] += time.thread_time() - c0
+                acc[name + "_wall"] += time.perf_counter() - w0
             return out
         return run
     for k in KINDS:
@@ -61,6 +62,7 @@ def _rank(rank, world, strategies, lengths, calib_repeat, repeat):
         acc["process_cpu"] = time.process_time() - t0[2]
         for key, val in acc.items():
             stats[ctx.engine.plan.strategy][key].append(val)
+        cur["acc"] = None
         return out
     E.AttentionEngine.__call__ = engine_call
     E._EngineFunction.backward = staticmethod(engine_backward)
