@@ -66,6 +66,21 @@ def test_kernels_of_one_rank_stay_sequential_and_reshare_as_others_finish():
     assert res.end[a2] == pytest.approx(2.5)
 
 
+def test_cpu_occupancy_is_what_the_ranks_are_charged():
+    """Four 1 s ranks on 2 cores that deliver 1.6: 2.5 s, both cores busy throughout (5 core-seconds
+    charged for 4 of work); then one rank that runs 1 s more alone adds 1 core-second."""
+    g = TaskGraph()
+    w = [g.work(1.0, (r, 4)) for r in range(4)]
+    res = g.run(np.array([1.0, 1.0, 1.0, 1.0, 1.6]))
+    assert res.makespan == pytest.approx(2.5)
+    assert g.cpu_seconds() == pytest.approx(4.0)
+    assert g.cpu_occupancy(res, cores=2) == pytest.approx(5.0)
+    g.work(1.0, (0, 4), deps=[w[0]])
+    res = g.run(np.array([1.0, 1.0, 1.0, 1.0, 1.6]))
+    assert res.makespan == pytest.approx(3.5)
+    assert g.cpu_occupancy(res, cores=2) == pytest.approx(6.0)
+
+
 def test_link_table_cpu_resources():
     topo = Topology(1, 4)
     t = LinkTable(topo, 1e9, 1e9, host_cores=2)
