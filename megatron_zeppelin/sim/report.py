@@ -158,7 +158,15 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
     if validation:
         L += ["", "## Validation: simulator vs measured engine runs on this CPU", ""]
         L += [validation.get("note", "")]
+        vrows = validation.get("rows", [])
+        cpu = bool(vrows) and all("measured_cpu_s" in r for r in vrows)  # rows since 2026-12-02 have them
         rows = [[str(r["world"]), r["strategy"], f"{r['measured_s'] * 1e3:.1f}", f"{r['predicted_s'] * 1e3:.1f}",
-                 f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f}%"] for r in validation.get("rows", [])]
-        L += [""] + _table(["world", "strategy", "measured ms", "simulated ms", "error"], rows)
+                 f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f}%"]
+                + ([f"{r['measured_cpu_s'] * 1e3:.1f}", f"{r['simulated_cpu_s'] * 1e3:.1f}",
+                    f"{100 * (r['simulated_cpu_s'] / r['measured_cpu_s'] - 1):+.1f}%"] if cpu else [])
+                for r in vrows]
+        head = ["world", "strategy", "measured ms", "simulated ms", "error"]
+        if cpu:  # all ranks' CPU time of a pass against the simulated pass's (sim/validate.py)
+            head += ["measured CPU ms", "simulated CPU ms", "CPU error"]
+        L += [""] + _table(head, rows)
     return "\n".join(L) + "\n"

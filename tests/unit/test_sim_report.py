@@ -27,6 +27,13 @@ def test_report_from_results(tmp_path, capsys):
     assert not (figs / "gantt_zeppelin.png").exists() and "Timeline" not in text and "Two batch regimes" not in text
     assert "oracle" in text and "deployed" in text
     assert "figs/speedup_main.png" in text
+    assert "CPU error" not in text  # rows without CPU times: the old table
+    val.write_text(json.dumps({"note": "n", "rows": [
+        {"world": 2, "strategy": "zeppelin", "measured_s": 0.2, "predicted_s": 0.22,
+         "measured_cpu_s": 0.4, "simulated_cpu_s": 0.38}]}))
+    assert main(["report", "--results", str(res), "--validation", str(val), "--out", str(out),
+                 "--figures", str(figs)]) == 0
+    assert "| 2 | zeppelin | 200.0 | 220.0 | +10.0% | 400.0 | 380.0 | -5.0% |" in out.read_text()
 
 
 def test_report_rejects_missing_results(tmp_path, capsys):
