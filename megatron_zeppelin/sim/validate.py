@@ -155,8 +155,8 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
         per_iter = [max(res[r][1][j][i][0] for r in range(world)) for i in range(repeat)]  # slowest rank
         cpu = [sum(res[r][1][j][i][1] for r in range(world)) for i in range(repeat)]  # all ranks' CPU
         bg = [background_cores([res[r][1][j][i] for r in range(world)]) for i in range(repeat)]
-        keep = [i for i, b in enumerate(bg) if not b > BACKGROUND_MAX] or list(range(repeat))  # nan: kept
-        clean = [i for i, b in enumerate(bg) if not b > BACKGROUND_MAX]
+        clean = [i for i, b in enumerate(bg) if not b > BACKGROUND_MAX]  # nan (no /proc): kept
+        keep = clean or list(range(repeat))
         measured = statistics.median(per_iter[i] for i in keep)
         g, links = attention_graph(plan, profile, CPU_MODEL)
         sim = g.run(links.capacity)

@@ -18,7 +18,7 @@ def test_calibrate_and_validate_world_2(tmp_path):
     assert [r["strategy"] for r in rows] == ["zeppelin", "static_cp"]
     for r in rows:
         assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["tokens"] >= 512
-        # the CPU the ranks took against the CPU work the model charged (host_cores > 0: compute is WORK)
+        # the CPU the ranks took against the CPU the simulated pass charges (host_cores > 0: compute is WORK)
         assert r["measured_cpu_s"] > 0 and r["simulated_cpu_s"] > 0
 
 
