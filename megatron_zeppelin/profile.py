@@ -23,6 +23,8 @@ from typing import Tuple
 
 import yaml
 
+from .words import Link
+
 CLUSTERS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "clusters")
 ALIASES = {"a": "a800", "b": "h800", "c": "h200"}
 
@@ -137,7 +139,7 @@ class HardwareProfile:
                                "host_pack_GBps must be >= 0 (0: none)")
 
     def _check_levels(self) -> None:
-        names, below = {"nvlink", "nic"}, self.nic_nodes
+        names, below = {Link.NVLINK, Link.NIC}, self.nic_nodes
         for lv in self.levels:
             if lv.name in names or not lv.name.isidentifier():
                 raise ProfileError(f"profile {self.name}: level '{lv.name}' must have a new identifier for a name")
@@ -154,7 +156,7 @@ class HardwareProfile:
     @property
     def links(self):
         """Per link class, innermost first (nvlink, nic, then ``levels``): (GB/s per direction, latency in us)."""
-        out = {"nvlink": (self.nvlink_GBps, self.nvlink_latency_us), "nic": (self.nic_GBps, self.nic_latency_us)}
+        out = {Link.NVLINK: (self.nvlink_GBps, self.nvlink_latency_us), Link.NIC: (self.nic_GBps, self.nic_latency_us)}
         out.update((lv.name, (lv.GBps, lv.latency_us)) for lv in self.levels)
         return out
 
@@ -184,6 +186,7 @@ class HardwareProfile:
         out["gemm_tflops"] = self.gemm_tflops
         out["attention"] = {"seqlen": list(self.attn_seqlen), "fwd_tflops": list(self.attn_fwd_tflops),
                             "bwd_tflops": list(self.attn_bwd_tflops)}
+        # The YAML keeps the plain words (yaml.safe_dump writes no enum members).
         out["nvlink"] = {"GBps": self.nvlink_GBps, "latency_us": self.nvlink_latency_us}
         out["nic"] = {"GBps": self.nic_GBps, "latency_us": self.nic_latency_us}
         if self.nic_nodes:

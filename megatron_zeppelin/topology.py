@@ -35,6 +35,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence, Tuple
 
+from .words import Link
+
 
 class TopologyError(ZeppelinError):
     """A topology that cannot exist; the message names the flag to change."""
@@ -169,8 +171,8 @@ def link_ports(link: str, src: int, dst: int, nic: int, topo: Topology) -> Tuple
     them): NVLink, the GPUs' out- and in-ports; a network hop leaves on NIC ``nic`` (the sender's
     if < 0) and arrives on the NIC wired to ``dst``; above the NIC level it also loads that level's
     port of both NICs (their share of the level's links, the profile's per-NIC bandwidth)."""
-    if link == "nvlink":
+    if link == Link.NVLINK:
         return ("nv_out", src), ("nv_in", dst)
     out, into = nic if nic >= 0 else topo.nic_of(src), topo.nic_of(dst)
     ports = (("nic_out", out), ("nic_in", into))
-    return ports if link == "nic" else ports + ((f"{link}_out", out), (f"{link}_in", into))
+    return ports if link == Link.NIC else ports + ((f"{link}_out", out), (f"{link}_in", into))

@@ -27,6 +27,7 @@ from ..planner.types import CommOp, Plan, PlanError, Ring
 from .kernels import attend_pairs, attend_pairs_backward
 from .runner import LayerRun
 from .view import RankView
+from ..words import DocClass
 
 
 
@@ -75,7 +76,7 @@ class AttentionEngine:
             self._ops.setdefault((o.queue, o.step), ())
             self._ops[(o.queue, o.step)] += (o,)
         self.scale = 1.0
-        has_local = any(d.cls == "local" for d in plan.docs)  # the plan's, not this rank's: one program
+        has_local = any(d.cls == DocClass.LOCAL for d in plan.docs)  # the plan's, not this rank's: one program
         self.program = {bw: attention_program(plan.rings, has_local, bw, plan.schedule) for bw in (False, True)}
 
     def context(self) -> RingContext:
@@ -106,11 +107,11 @@ class AttentionEngine:
 
     # --- forward / backward -------------------------------------------------------------------
     def _local_forward(self, q, k, v, out, lse):
-        with self.counters.timer("local"):  # all local documents in one causal varlen call
+        with self.counters.timer(DocClass.LOCAL):  # all local documents in one causal varlen call
             attend_pairs(q, k, v, self._local_pairs(), out, lse, self.scale, self.backend)
 
     def _local_backward(self, q, k, v, out, lse, dout, dq, dk, dv):
-        with self.counters.timer("local"):
+        with self.counters.timer(DocClass.LOCAL):
             attend_pairs_backward(dout, q, k, v, out, lse, self._local_pairs(), dq, dk, dv, self.scale, self.backend)
 
     def _local_pairs(self):

@@ -29,6 +29,7 @@ import torch
 from ..distributed.executor import StepExchange
 from ..planner.program import Compute, Post, Wait
 from .blocks import attend, attend_backward, pack_kv
+from ..words import Comm, DocClass
 
 TAGS = {"kv": 0, "dkv": 1, "gather": 2, "scatter": 3}  # exchanges a rank may keep in flight together
 
@@ -78,7 +79,7 @@ class LayerRun:
 
     # --- instructions ------------------------------------------------------------------------
     def compute(self, x: Compute) -> None:
-        if x.queue == "local":
+        if x.queue == DocClass.LOCAL:
             self.local()
             return
         with self.ctx.counters.timer(x.queue):
@@ -91,7 +92,7 @@ class LayerRun:
                     if s >= r.size:
                         continue
                     b = self._blk(rid, s)
-                    if r.comm == "p2p":
+                    if r.comm == Comm.P2P:
                         work.append((rid, b, self.held[rid]))
                     elif b == i or self.ctx.view.block_rows(r, b):
                         work.append((rid, b, self.held[rid] if b == i else self.gathered[(rid, b, r.ranks[b])]))
@@ -104,7 +105,7 @@ class LayerRun:
             attend_backward(c.view, [(self.ring_of[rid], b, kv, g) for (rid, b, kv), g in zip(work, grads)],
                             self.q, self.out, self.lse, self.dout, self.dq, c.scale, c.backend)
             for (rid, b, _), g in zip(work, grads):
-                if self.ring_of[rid].comm == "p2p":
+                if self.ring_of[rid].comm == Comm.P2P:
                     self.fresh[rid] = g
                     if self.ring_of[rid].size == 1:  # a one-member ring: nothing travels
                         self._home(rid, g)

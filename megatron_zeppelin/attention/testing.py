@@ -24,18 +24,19 @@ from ..planner.layout import zigzag_bounds
 from ..planner.testing import toy_context
 from ..planner.types import DocPlan, Plan, Ring, Thresholds
 from ..topology import Topology
+from ..words import Comm, DocClass, Link, Stage
 
 
 def hand_plan(lengths: Sequence[int], topo: Topology, where: Sequence[Union[int, tuple]],
-              comm: str = "p2p", routing: bool = False, strategy: str = "packed_dp") -> Plan:
+              comm: str = Comm.P2P, routing: bool = False, strategy: str = "packed_dp") -> Plan:
     rings, docs, ring_of = [], [], {}
     for i, (L, w) in enumerate(zip(lengths, where)):
         if isinstance(w, int):
-            docs.append(DocPlan(i, int(L), "local", -1, w, (0, int(L))))
+            docs.append(DocPlan(i, int(L), DocClass.LOCAL, -1, w, (0, int(L))))
             continue
         w = tuple(w)
         if w not in ring_of:
-            cls = "intra" if len({topo.node_of(r) for r in w}) == 1 else "inter"
+            cls = DocClass.INTRA if len({topo.node_of(r) for r in w}) == 1 else DocClass.INTER
             ring_of[w] = len(rings)
             rings.append(Ring(len(rings), w, cls, (), comm))
         rid = ring_of[w]
@@ -53,7 +54,7 @@ def toy_route(plan: Plan) -> Plan:
     topo, ops = plan.topology, []
     for o in plan.schedule:
         n = o.stop - o.start
-        if o.link != "nic" or n < 2 or topo.gpus_per_node < 2:
+        if o.link != Link.NIC or n < 2 or topo.gpus_per_node < 2:
             ops.append(o)
             continue
         mid = o.start + n // 2
@@ -61,13 +62,13 @@ def toy_route(plan: Plan) -> Plan:
         ps = topo.node_of(o.src) * g + (topo.local_of(o.src) + 1) % g
         pd = topo.node_of(o.dst) * g + (topo.local_of(o.dst) + 1) % g
         per = o.nbytes // max(1, n)
-        ops.append(replace(o, src=o.src, dst=ps, stop=mid, nbytes=per * (mid - o.start), link="nvlink", nic=-1,
-                           stage="dispatch"))
+        ops.append(replace(o, src=o.src, dst=ps, stop=mid, nbytes=per * (mid - o.start), link=Link.NVLINK, nic=-1,
+                           stage=Stage.DISPATCH))
         ops.append(replace(o, src=ps, dst=pd, stop=mid, nbytes=per * (mid - o.start), nic=topo.nic_of(ps),
-                           stage="transfer"))
-        ops.append(replace(o, src=pd, dst=o.dst, stop=mid, nbytes=per * (mid - o.start), link="nvlink", nic=-1,
-                           stage="combine"))
-        ops.append(replace(o, start=mid, nbytes=per * (o.stop - mid), stage="transfer"))
+                           stage=Stage.TRANSFER))
+        ops.append(replace(o, src=pd, dst=o.dst, stop=mid, nbytes=per * (mid - o.start), link=Link.NVLINK, nic=-1,
+                           stage=Stage.COMBINE))
+        ops.append(replace(o, start=mid, nbytes=per * (o.stop - mid), stage=Stage.TRANSFER))
     return replace(plan, schedule=tuple(ops))
 
 
@@ -128,7 +129,7 @@ def expected_step_bytes(plan: Plan, rank: int, row_bytes: int, phase: str) -> di
     for o in plan.schedule:
         rows = o.stop - o.start
         key = (phase, o.queue, o.step)
-        if comm[o.ring] == "allgather":
+        if comm[o.ring] == Comm.ALLGATHER:
             n = rows * row_bytes * ((o.src == rank) + (phase == "bwd" and o.dst == rank))
         elif phase == "fwd":
             n = rows * row_bytes if (o.src == rank and o.step < size[o.ring] - 1) else 0

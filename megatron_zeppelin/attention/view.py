@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Dict, Sequence, Tuple
 
 from ..planner.types import DocPlan, PlanError, Ring, Segment
+from ..words import DocClass
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class RankView:
             row += len(s)
         dmap = {d.doc: d for d in docs}
         member = {r.id: r.ranks.index(rank) for r in rings if rank in r.ranks}
-        local = tuple(s for s in layout[rank] if dmap[s.doc].cls == "local")
+        is_local = DocClass.LOCAL  # bound once (words.py)
+        local = tuple(s for s in layout[rank] if dmap[s.doc].cls == is_local)
         return cls(rank, row, offset, member, dmap, local)
 
     def block(self, ring: Ring, b: int) -> Tuple[Tuple[Segment, int], ...]:

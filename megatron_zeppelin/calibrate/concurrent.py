@@ -41,6 +41,7 @@ from typing import Dict, Sequence, Tuple
 
 from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
+from ..words import DocClass
 
 # The model the CPU validation runs (float32, head_dim 32, GQA 8/4).
 CPU_MODEL = ModelSpec(name="cpu-validation", layers=1, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=256,
@@ -169,8 +170,8 @@ def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, spread: bool = False)
     m = CPU_MODEL
     block = 0
     chunks = spread_lengths(chunk, ndocs) if spread else [chunk] * ndocs
-    ring = Ring(0, (0, 1), "intra", tuple(range(ndocs)))
-    docs = tuple(DocPlan(i, 4 * c, "intra", 0, -1, zigzag_bounds(4 * c, 2)) for i, c in enumerate(chunks))
+    ring = Ring(0, (0, 1), DocClass.INTRA, tuple(range(ndocs)))
+    docs = tuple(DocPlan(i, 4 * c, DocClass.INTRA, 0, -1, zigzag_bounds(4 * c, 2)) for i, c in enumerate(chunks))
     view = RankView.build(docs, (ring,), attention_layout(docs, (ring,), 2), 1)
     calls = sum(1 for _ in _pairs(view, ring, block))
     g = torch.Generator().manual_seed(rank)

@@ -10,6 +10,7 @@ import sys
 import time
 
 from ..errors import ZeppelinError
+from ..words import DocClass
 
 CSV_FIELDS = ("study", "regime", "cluster", "model", "tp", "dataset", "context", "nodes", "ranks", "tokens_per_gpu",
               "capacity", "recompute", "batches", "variant", "run_setting_name", "run_setting", "cp_size", "documents",
@@ -87,7 +88,7 @@ def parse_shard(text: str):
 
 def write_csv(records, path: str) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + ("local", "intra", "inter"), extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + (DocClass.LOCAL, DocClass.INTRA, DocClass.INTER), extrasaction="ignore")
         w.writeheader()
         for r in records:
             w.writerow({**r, **r.get("classes", {})})

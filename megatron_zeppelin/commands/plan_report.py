@@ -15,7 +15,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..planner.types import CLASSES, Plan
+from ..planner.types import Plan
+from ..words import CLASSES, DocClass, Link
 
 
 def _console(out) -> Console:
@@ -102,8 +103,8 @@ def print_plan(out, plan: Plan, max_ranks: int = 16) -> None:
           f"ratio to lower bound {plan.predicted_iteration_s / lb:.3f}", file=out)
     print(f"  both without the DP gradient all-reduce after the backward ({plan.allreduce_s:.4g} s, the same for "
           f"every strategy): {plan.predicted_with_allreduce_s:.4g} s with it", file=out)
-    nic = sum(o.nbytes for o in plan.schedule if o.link == "nic")
-    nvl = sum(o.nbytes for o in plan.schedule if o.link == "nvlink")
+    nic = sum(o.nbytes for o in plan.schedule if o.link == Link.NIC)
+    nvl = sum(o.nbytes for o in plan.schedule if o.link == Link.NVLINK)
     print(f"remap moves {remap_tokens(plan)} tokens; ring schedule: {len(plan.schedule)} ops, "
           f"{nvl / 1e6:.1f} MB over NVLink and {nic / 1e6:.1f} MB over NICs per layer forward", file=out)
 
@@ -229,8 +230,8 @@ def print_explain(out, plan: Plan, lengths, topo, profile, model, config) -> Non
 def _inter_message(plan: Plan):
     """(bytes, tokens) of the largest inter-node message of the plan's first inter step, or None."""
     msgs = defaultdict(lambda: [0, 0])
-    for o in plan.ops("inter", 0):
-        if o.link == "nic":
+    for o in plan.ops(DocClass.INTER, 0):
+        if o.link == Link.NIC:
             m = msgs[(o.ring, o.block, o.msg_src, o.msg_dst)]
             m[0] += o.nbytes
             m[1] += o.stop - o.start
@@ -269,8 +270,8 @@ def strategy_record(p: Plan, zeppelin) -> dict:
                           "reason": p.thresholds.reason},
            "classes": class_summary(p), "rings": len(p.rings), "remap_tokens": remap_tokens(p),
            "schedule_ops": len(p.schedule),
-           "nic_bytes_per_layer_fwd": sum(o.nbytes for o in p.schedule if o.link == "nic"),
-           "nvlink_bytes_per_layer_fwd": sum(o.nbytes for o in p.schedule if o.link == "nvlink"),
+           "nic_bytes_per_layer_fwd": sum(o.nbytes for o in p.schedule if o.link == Link.NIC),
+           "nvlink_bytes_per_layer_fwd": sum(o.nbytes for o in p.schedule if o.link == Link.NVLINK),
            "per_rank": {"attention_s": [x.attention_s for x in c], "linear_s": [x.linear_s for x in c],
                         "comm_exposed_s": [x.comm_exposed_s for x in c], "remap_s": [x.remap_s for x in c],
                         "total_s": [x.total_s for x in c],

@@ -19,6 +19,8 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Tuple
 
+from ..words import DocClass, Link
+
 
 class CommCounters:
     """Thread-safe: routed exchanges progress on background threads (distributed/executor.py) and
@@ -36,12 +38,12 @@ class CommCounters:
         self._lock = threading.Lock()
 
     def reset(self) -> None:
-        self.bytes_by_link: Dict[str, int] = {"nvlink": 0, "nic": 0}
+        self.bytes_by_link: Dict[str, int] = {Link.NVLINK: 0, Link.NIC: 0}
         self.bytes_by_nic: Dict[int, int] = {}
         self.bytes_by_step: Dict[Tuple[str, str, int], int] = {}
         self.rows_by_step: Dict[Tuple[str, str, int], int] = {}
-        self.compute_s: Dict[str, float] = {"inter": 0.0, "intra": 0.0, "local": 0.0}
-        self.compute_cpu_s: Dict[str, float] = {"inter": 0.0, "intra": 0.0, "local": 0.0}
+        self.compute_s: Dict[str, float] = {DocClass.INTER: 0.0, DocClass.INTRA: 0.0, DocClass.LOCAL: 0.0}
+        self.compute_cpu_s: Dict[str, float] = {DocClass.INTER: 0.0, DocClass.INTRA: 0.0, DocClass.LOCAL: 0.0}
         self.messages = 0
 
     def add_bytes(self, link: str, nic: int, nbytes: int, step_key: Tuple[str, str, int], rows: int = 0) -> None:
@@ -50,7 +52,7 @@ class CommCounters:
 
     def _add_bytes(self, link, nic, nbytes, step_key, rows) -> None:
         self.bytes_by_link[link] = self.bytes_by_link.get(link, 0) + nbytes
-        if link != "nvlink" and nic >= 0:  # every network level's hop leaves on a NIC
+        if link != Link.NVLINK and nic >= 0:  # every network level's hop leaves on a NIC
             self.bytes_by_nic[nic] = self.bytes_by_nic.get(nic, 0) + nbytes
         self.bytes_by_step[step_key] = self.bytes_by_step.get(step_key, 0) + nbytes
         self.rows_by_step[step_key] = self.rows_by_step.get(step_key, 0) + rows

@@ -26,6 +26,7 @@ from ..model_spec import load_model
 from ..planner import plan_batch
 from ..profile import load_profile
 from ..topology import Topology
+from ..words import Link
 
 
 @dataclass
@@ -61,11 +62,11 @@ def _bar(frac: float, width: int = 20) -> str:
 def remap_bytes(plan, rank: int, hidden: int, dtype_bytes: int, layers: int) -> Dict[str, int]:
     """Bytes this rank sends for the remap in one iteration: per layer to-linear, to-attention
     (not after the last layer), and the mirror of both in the backward."""
-    out = {"nvlink": 0, "nic": 0}
+    out = {Link.NVLINK: 0, Link.NIC: 0}
     per = (2 * layers - 1) * 2
     for m in plan.remap:
         if m.src == rank:
-            link = "nvlink" if plan.topology.same_node(m.src, m.dst) else "nic"
+            link = Link.NVLINK if plan.topology.same_node(m.src, m.dst) else Link.NIC
             out[link] += m.tokens * hidden * dtype_bytes * per
     return out
 
@@ -131,8 +132,8 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
                        tp_rank=rt.tp_rank, clip_grad=o.clip_grad, scheduler=sched, ep_group=rt.ep_group)
         cpu_s, wall_s = time.process_time() - c0, time.perf_counter() - t0
         rb = remap_bytes(plan, rt.domain_rank, m.hidden, 4, m.layers)
-        mine = torch.tensor([cpu_s, wall_s, counters.bytes_by_link.get("nvlink", 0) + rb["nvlink"],
-                             counters.bytes_by_link.get("nic", 0) + rb["nic"]], dtype=torch.float64, device=rt.device)
+        mine = torch.tensor([cpu_s, wall_s, counters.bytes_by_link.get(Link.NVLINK, 0) + rb[Link.NVLINK],
+                             counters.bytes_by_link.get(Link.NIC, 0) + rb[Link.NIC]], dtype=torch.float64, device=rt.device)
         allr = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(allr, mine)
         allr = torch.stack(allr).cpu()  # [world, 4]

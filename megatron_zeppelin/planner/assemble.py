@@ -21,9 +21,9 @@ from .layout import attention_layout
 from .levels import linear_level, smallest_level
 from .predict import lower_bound, predict, ring_costs
 from .remap import plan_remap
-from .types import PlanError
 from .schedule import ring_ops
-from .types import CLASSES, Plan, PlanMeta, segment_tokens
+from .types import Plan, PlanError, PlanMeta, segment_tokens
+from ..words import CLASSES
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from .context import Placement, PlanContext
 from .types import PlanError
+from ..words import Comm, DocClass
 
 
 SMALL_BATCH = 4  # documents per rank up to which hybrid_dp's and dynamic_cp's shapes are candidates too
@@ -54,7 +55,7 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext):
         # smaller, so no faster): the busiest group's whole attention / cp bounds the plan.
         per_group = np.bincount(cp_assignment(lengths, world // cp), weights=whole, minlength=world // cp)
         out.append((f"cp{cp}", BOUND_SLACK * float(per_group.max()) / cp,
-                    (lambda cp=cp: cp_placement(lengths, ctx, cp, "p2p"))))
+                    (lambda cp=cp: cp_placement(lengths, ctx, cp, Comm.P2P))))
     small = len(lengths) <= SMALL_BATCH * world
     if small or len(lengths) <= HYBRID_DOCS:
         out.append(("hybrid_dp", None, lambda: plan_hybrid_dp(lengths, ctx)))
@@ -68,7 +69,7 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext):
 
 
 def spans_nodes(placement: Placement, ctx: PlanContext) -> bool:
-    return any(r.cls == "inter" for r in placement.rings)
+    return any(r.cls == DocClass.INTER for r in placement.rings)
 
 
 def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float = float("inf")):
@@ -101,9 +102,9 @@ def attention_bound(placement: Placement, ctx: PlanContext) -> float:
     linear work: a candidate whose bound is above the best plan so far need not be assembled."""
     cost = ctx.cost
     att = [0.0] * ctx.topology.world_size
-    memo, length = {}, {d.doc: d.length for d in placement.docs}
+    memo, length, local = {}, {d.doc: d.length for d in placement.docs}, DocClass.LOCAL
     for d in placement.docs:
-        if d.cls == "local":
+        if d.cls == local:
             att[d.owner] += cost.doc_attention_s(d.length)
     for r in placement.rings:
         for i in r.docs:

@@ -40,7 +40,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .layout import attention_layout, zigzag_bounds
 from .schedule import ring_messages
-from .types import CLASSES, COMMS, LINKS, RING_QUEUES, STAGES, Plan, PlanError, Segment
+from .types import Plan, PlanError, Segment
+from ..words import CLASSES, COMMS, LINKS, RING_QUEUES, STAGES, DocClass, Link, Stage
 
 
 def check_plan(plan: Plan, capacity: Optional[int] = None) -> None:
@@ -63,9 +64,9 @@ def check_docs_and_rings(plan: Plan) -> None:
         if ring.cls not in RING_QUEUES or ring.comm not in COMMS:
             raise PlanError(f"rings: ring {i} has class {ring.cls!r} / comm {ring.comm!r}")
         nodes = {topo.node_of(r) for r in ring.ranks}
-        if ring.cls == "intra" and len(nodes) != 1:
+        if ring.cls == DocClass.INTRA and len(nodes) != 1:
             raise PlanError(f"rings: intra ring {i} spans nodes {sorted(nodes)}")
-        if ring.cls == "inter" and len(nodes) < 2:
+        if ring.cls == DocClass.INTER and len(nodes) < 2:
             raise PlanError(f"rings: inter ring {i} stays inside node {sorted(nodes)}")
         if len(set(ring.docs)) != len(ring.docs):
             raise PlanError(f"rings: ring {i} lists a document twice")
@@ -80,7 +81,7 @@ def check_docs_and_rings(plan: Plan) -> None:
             raise PlanError(f"docs: document {d.doc} has unknown class {d.cls!r}")
         if d.length != lengths[d.doc]:
             raise PlanError(f"docs: document {d.doc} has length {d.length} != {lengths[d.doc]}")
-        if d.cls == "local":
+        if d.cls == DocClass.LOCAL:
             if d.ring != -1 or not 0 <= d.owner < W or tuple(d.bounds) != (0, d.length):
                 raise PlanError(f"docs: local document {d.doc} must have one owner rank and bounds (0, L)")
             continue
@@ -202,11 +203,11 @@ def check_schedule(plan: Plan) -> None:
             raise PlanError(f"schedule: op {o} has bad ranks")
         if not (0 <= o.start < o.stop) or o.nbytes != (o.stop - o.start) * kvb:
             raise PlanError(f"schedule: op {o} bytes do not match its token rows")
-        if (o.link != "nvlink") == topo.same_node(o.src, o.dst):
+        if (o.link != Link.NVLINK) == topo.same_node(o.src, o.dst):
             raise PlanError(f"schedule: op {o} link {o.link} does not match the ranks' nodes")
-        if o.link != "nvlink" and o.nic != topo.nic_of(o.src):
+        if o.link != Link.NVLINK and o.nic != topo.nic_of(o.src):
             raise PlanError(f"schedule: op {o} leaves on NIC {o.nic}, not on the NIC of rank {o.src}")
-        if o.link == "nvlink" and o.nic != -1:
+        if o.link == Link.NVLINK and o.nic != -1:
             raise PlanError(f"schedule: NVLink op {o} names NIC {o.nic}")
         by_msg[(o.queue, o.step, o.ring, o.block, o.msg_src, o.msg_dst)].append(o)
     for key in by_msg:
@@ -223,7 +224,7 @@ def _check_message(key, rows: int, ops) -> None:
     msg_src, msg_dst = key[4], key[5]
     held: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
     held[msg_src].append((0, rows))
-    direct = [o for o in ops if o.stage == "direct"]
+    direct = [o for o in ops if o.stage == Stage.DIRECT]
     if direct and len(direct) != len(ops):
         raise PlanError(f"schedule: message {key} mixes direct and routed stages")
     for stage in STAGES:
@@ -231,7 +232,7 @@ def _check_message(key, rows: int, ops) -> None:
             if o.stop > rows or not _contained(held[o.src], o.start, o.stop):
                 raise PlanError(f"schedule: message {key}: {stage} op {o.src}->{o.dst} rows "
                                 f"[{o.start}, {o.stop}) are not held by rank {o.src} at that stage")
-            if stage == "dispatch" and o.src != msg_src or stage == "combine" and o.dst != msg_dst:
+            if stage == Stage.DISPATCH and o.src != msg_src or stage == Stage.COMBINE and o.dst != msg_dst:
                 raise PlanError(f"schedule: message {key}: {stage} op {o.src}->{o.dst} has the wrong end")
             held[o.dst].append((o.start, o.stop))
     got = sorted(held[msg_dst])

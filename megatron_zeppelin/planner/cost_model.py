@@ -37,7 +37,7 @@ from ..model_spec import ModelSpec
 from ..profile import HardwareProfile
 from ..recompute import Recompute
 from ..topology import Topology
-from .types import LINKS, Link
+from ..words import LINKS, Link
 
 BWD_FLOPS = 2.5  # backward attention FLOPs / forward FLOPs (FlashAttention convention)
 LINEAR_PASSES = 3.0  # forward + backward (input and weight gradients) of a GEMM
@@ -276,8 +276,8 @@ class CostModel:
         """
         tp = self.tp
         t = np.asarray(tokens, dtype=np.float64)
-        lat = self.latency("nvlink") if latency else 0.0
-        out = 2 * (tp - 1) * (lat + t * self.hidden_bytes_per_token / tp / self.bandwidth("nvlink")) * (t > 0)
+        lat = self.latency(Link.NVLINK) if latency else 0.0
+        out = 2 * (tp - 1) * (lat + t * self.hidden_bytes_per_token / tp / self.bandwidth(Link.NVLINK)) * (t > 0)
         return float(out) if out.ndim == 0 else out
 
     # --- sequence parallelism (Megatron's --sequence-parallel) -------------------------------
@@ -325,8 +325,8 @@ class CostModel:
         (the same for every strategy: it depends on the model and the domain, not on the plan),
         gradients in fp32 as Megatron reduces them by default for bf16 training."""
         nbytes = self.model.params() / self.tp * grad_bytes_per_param
-        return ring_allreduce_s(nbytes, self.topology, self.bandwidth("nvlink"), self.bandwidth("nic"),
-                                self.latency("nvlink"), self.latency("nic"))
+        return ring_allreduce_s(nbytes, self.topology, self.bandwidth(Link.NVLINK), self.bandwidth(Link.NIC),
+                                self.latency(Link.NVLINK), self.latency(Link.NIC))
 
     def transfer_s(self, nbytes: float, link: str, share: float = 1.0) -> float:
         """One message over ``link`` whose bandwidth is shared ``share`` ways."""

@@ -22,6 +22,7 @@ from operator import attrgetter
 from typing import Dict, List, Sequence, Tuple
 
 from .types import DocPlan, Ring, Segment
+from ..words import DocClass
 
 _new, _set = object.__new__, object.__setattr__
 
@@ -53,6 +54,7 @@ def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
                     segs.append(fast_segment(d, b[i], b[i + 1]))
                 if b[g2 - i] > b[g2 - 1 - i]:
                     segs.append(fast_segment(d, b[g2 - 1 - i], b[g2 - i]))
-    for d in sorted((d for d in docs if d.cls == "local"), key=attrgetter("doc")):
+    local = DocClass.LOCAL  # bound once per call (words.py)
+    for d in sorted((d for d in docs if d.cls == local), key=attrgetter("doc")):
         out[d.owner].append(fast_segment(d.doc, 0, d.length))
     return tuple(tuple(r) for r in out)

@@ -33,6 +33,8 @@ import math
 
 import numpy as np
 
+from ..words import Link
+
 LINEAR_PASSES = 3.0  # as cost_model: forward + input and weight gradients of a GEMM
 
 
@@ -98,7 +100,7 @@ def all_to_all_s(cost, copies, ranks) -> float:
     same = np.array([(node == node[i]).sum() - 1 for i in range(n)], dtype=np.float64)
     nvl = nbytes * same / n
     nic = nbytes * (n - 1 - same) / n
-    nic_bw = cost.bandwidth("nic") * topo.nics_per_node / topo.gpus_per_node
-    t = np.where(nvl > 0, cost.latency("nvlink") + nvl / cost.bandwidth("nvlink"), 0.0) \
-        + np.where(nic > 0, cost.latency("nic") + nic / nic_bw, 0.0)
+    nic_bw = cost.bandwidth(Link.NIC) * topo.nics_per_node / topo.gpus_per_node
+    t = np.where(nvl > 0, cost.latency(Link.NVLINK) + nvl / cost.bandwidth(Link.NVLINK), 0.0) \
+        + np.where(nic > 0, cost.latency(Link.NIC) + nic / nic_bw, 0.0)
     return float(t.max())

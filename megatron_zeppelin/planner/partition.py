@@ -56,8 +56,10 @@ from .layout import zigzag_bounds
 from .strategies import Candidate, Search, pick, strategy
 from .thresholds import inter_share, zeppelin_thresholds
 from .types import DocPlan, PlanError, Ring
+from ..words import DocClass, Link
 
 _INF = float("inf")
+_LOCAL = DocClass.LOCAL  # bound once: _local_doc runs per document (words.py)
 
 
 def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
@@ -77,8 +79,8 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     member_att = 2 * ((fwd[n:] + bwd[n:]) * cost.model.layers) + (2 * G - 1) * full + calls  # block_s_np(c, c, True)
     need = 2 * -(-length // (2 * sizes))  # tokens of a member's two chunks, at most
     nbytes = cost.kv_bytes_per_token * length / G
-    x_nv = cost.latency("nvlink") + nbytes / cost.bandwidth("nvlink")
-    x_nic = cost.latency("nic") + nbytes * inter_share(ctx) / cost.bandwidth("nic")
+    x_nv = cost.latency(Link.NVLINK) + nbytes / cost.bandwidth(Link.NVLINK)
+    x_nic = cost.latency(Link.NIC) + nbytes * inter_share(ctx) / cost.bandwidth(Link.NIC)
     hide_nv, hide_nic = step_c >= x_nv, step_c >= x_nic
     # What a member waits for the ring's transfers, all layers: per step, the forward K/V transfer
     # beyond the forward compute and the backward K/V + dK/dV beyond the backward compute.
@@ -395,12 +397,12 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
             ranks.add(loc[1], ui, Li, rate)
             continue
         best = (loc_res, 1, (loc[1],) if loc else ())
-        cls = "local"
+        cls = DocClass.LOCAL
         forced = loc is None  # does not fit one rank whole: split whether or not steps hide
         if g >= 2:
-            if ("intra", Li) not in tables:  # the same for every pass
-                tables[("intra", Li)] = _ring_table(ctx, Li, intra_sizes, rate)
-            member, need, hide_nv, _, wait, _, _ = tables[("intra", Li)]
+            if (DocClass.INTRA, Li) not in tables:  # the same for every pass
+                tables[(DocClass.INTRA, Li)] = _ring_table(ctx, Li, intra_sizes, rate)
+            member, need, hide_nv, _, wait, _, _ = tables[(DocClass.INTRA, Li)]
             if aligned:  # the coarse variant also charges a ring's unhidden transfers
                 member = member + wait
             ok = hide_nv | forced
@@ -410,11 +412,11 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
             if cand[0] == _INF:  # free rings, or no aligned block fits
                 cand = _intra(ranks, g, intra_sizes, member, need, ok, budget)
             if cand[0] < best[0]:
-                best, cls = cand, "intra"
+                best, cls = cand, DocClass.INTRA
         if (best[0] > budget or best[0] == _INF) and len(inter_sizes) and ((Li > th.intra_max and not forced_only) or best[0] == _INF):
-            if ("inter", Li) not in tables:
-                tables[("inter", Li)] = _ring_table(ctx, Li, inter_sizes, rate)
-            member, need, _, hide_nic, _, wait, _ = tables[("inter", Li)]
+            if (DocClass.INTER, Li) not in tables:
+                tables[(DocClass.INTER, Li)] = _ring_table(ctx, Li, inter_sizes, rate)
+            member, need, _, hide_nic, _, wait, _ = tables[(DocClass.INTER, Li)]
             if aligned:
                 member = member + wait
             ok = hide_nic | (best[0] == _INF)
@@ -423,11 +425,11 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
                 cand = _inter(ranks, g, inter_sizes, member, need, ok, budget)
             if cand[0] < best[0]:
                 spanned_by_hiding |= best[0] != _INF  # a forced_only pass keeps the intra/local form
-                best, cls = cand, "inter"
+                best, cls = cand, DocClass.INTER
         if best[0] == _INF:
             raise PlanError(f"document {i} ({Li} tokens) fits no ranks with room (raise "
                             f"--zeppelin-capacity-tokens, now {ctx.capacity}, or add ranks)")
-        if cls == "local":
+        if cls == DocClass.LOCAL:
             owner[i] = best[2][0]
             ranks.add(best[2][0], ui, Li, rate)
             continue
@@ -436,7 +438,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
         b = zigzag_bounds(Li, G)
         m_att = float(tables[(cls, Li)][6][G - 2])  # == cost.ring_member_attention_s(Li, G)
         if aligned:  # its load counts the ring's waiting too, as its choice did
-            m_att += float(tables[(cls, Li)][4 if cls == "intra" else 5][G - 2])
+            m_att += float(tables[(cls, Li)][4 if cls == DocClass.INTRA else 5][G - 2])
         for k, r in enumerate(members):
             t = (b[k + 1] - b[k]) + (b[2 * G - k] - b[2 * G - 1 - k])
             ranks.add(r, m_att + rate * t, t, rate)
@@ -448,7 +450,7 @@ def _local_doc(i: int, length: int, owner: int) -> DocPlan:
     """``DocPlan(i, length, "local", -1, owner, (0, length))`` without the frozen dataclass's
     per-field ``__setattr__`` (most documents are local; this is half their planning time)."""
     d = object.__new__(DocPlan)
-    object.__setattr__(d, "__dict__", {"doc": i, "length": length, "cls": "local", "ring": -1, "owner": owner,
+    object.__setattr__(d, "__dict__", {"doc": i, "length": length, "cls": _LOCAL, "ring": -1, "owner": owner,
                                        "bounds": (0, length)})
     return d
 

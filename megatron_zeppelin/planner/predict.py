@@ -27,7 +27,8 @@ from .cost_model import LINEAR_PASSES, CostModel
 from .moe_cost import moe_pass_s
 from .program import AttentionWork, Compute, Post, attention_program, exchange_phases
 from .remap import linear_tokens
-from .types import MIRROR, CommOp, DocPlan, Move, RankCost, Ring, Segment
+from .types import CommOp, DocPlan, Move, RankCost, Ring, Segment
+from ..words import MIRROR, DocClass, Link, Stage
 
 
 def _link_keys(op: CommOp, cost: CostModel):
@@ -62,7 +63,7 @@ def _op_hops(ops, cost, reverse=False):
     if not reverse:
         return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost, (o.src == o.msg_src, o.dst == o.msg_dst),
                      ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)) for o in ops]
-    return [_hop(MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link != "nvlink" else -1, cost,
+    return [_hop(MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link != Link.NVLINK else -1, cost,
                  (o.dst == o.msg_dst, o.src == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop))
             for o in ops]
 
@@ -150,7 +151,8 @@ class _Attention:
         self.ops: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
         for o in schedule:
             self.ops[(o.queue, o.step)].append(o)
-        has_local = any(d.cls == "local" for d in docs)
+        local = DocClass.LOCAL  # bound once per call (words.py)
+        has_local = any(d.cls == local for d in docs)
         self.program = {bw: attention_program(rings, has_local, bw) for bw in (False, True)}
         self._hops: Dict[Tuple[bool, str], list] = {}
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
@@ -251,9 +253,9 @@ def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequenc
 
 def _attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int) -> np.ndarray:
     tok = np.zeros(world)
-    dmap = {d.doc: d for d in docs}
+    dmap, local = {d.doc: d for d in docs}, DocClass.LOCAL
     for d in docs:
-        if d.cls == "local":
+        if d.cls == local:
             tok[d.owner] += d.length
     for r in rings:
         g2 = 2 * r.size
@@ -302,10 +304,10 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
             moved[mv.src] = moved[mv.dst] = 1.0
     sp_att, sp_lin = cost.sp_allgather_s(r_att) * moved, cost.sp_allgather_s(r_lin) * moved
 
-    remap_f = [_hop("direct", mv.src, mv.dst, mv.tokens * cost.hidden_bytes_per_token,
+    remap_f = [_hop(Stage.DIRECT, mv.src, mv.dst, mv.tokens * cost.hidden_bytes_per_token,
                     cost.link_of(mv.src, mv.dst), cost.topology.nic_of(mv.src), cost) for mv in moves if mv.tokens]
     topo = cost.topology
-    remap_b = [_hop("direct", x[2], x[1], x[3], x[5], topo.nic_of(x[2]) if x[5] != "nvlink" else -1, cost) for x in remap_f]
+    remap_b = [_hop(Stage.DIRECT, x[2], x[1], x[3], x[5], topo.nic_of(x[2]) if x[5] != Link.NVLINK else -1, cost) for x in remap_f]
     attn_busy, lin_busy, remap_t = np.zeros(world), np.zeros(world), np.zeros(world)
 
     def lin(clock, t):

@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .types import RING_QUEUES, STAGES, CommOp, DocPlan, Ring, Stage
+from .types import CommOp, DocPlan, Ring
+from ..words import RING_QUEUES, STAGES, Comm, DocClass, Stage
 
 
 def ring_step_blocks(ring: Ring, docs: Dict[int, DocPlan], member: int, step: int) -> List[Tuple[int, int, bool]]:
@@ -182,7 +183,7 @@ class Post:
     phases: Tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        routed = [p for p in self.phases if p != "direct"]
+        routed = [p for p in self.phases if p != Stage.DIRECT]
         return (f"post {self.name}: ops of ({self.queue}, step {self.step}) of rings {list(self.rings)}"
                 + (" reversed" if self.reverse else "") + (f", sharing links with {', '.join(self.shares)}" if self.shares else "")
                 + (f", in {' -> '.join(self.phases)}" if routed else ""))
@@ -246,14 +247,14 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
         if isinstance(p, str):
             prog.append(Wait(p))
         elif p and has_local:
-            prog.append(Compute("local"))
+            prog.append(Compute(DocClass.LOCAL))
         pending[0] = None
 
     for queue in RING_QUEUES:
         qr = [r for r in rings if r.cls == queue]
-        ag = tuple(r.id for r in qr if r.comm == "allgather")
+        ag = tuple(r.id for r in qr if r.comm == Comm.ALLGATHER)
         if ag:
-            size = max(r.size for r in qr if r.comm == "allgather")
+            size = max(r.size for r in qr if r.comm == Comm.ALLGATHER)
             gather = f"gather {queue}"
             prog.append(post(gather, queue, 0, ag))
             if not backward:
@@ -266,7 +267,7 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
                 prog.append(Compute(queue, ag, tuple(range(1, size))))
                 prog += [post(f"scatter {queue}", queue, 0, ag, reverse=True), Compute(queue, ag, (0,))]
                 pending[0] = f"scatter {queue}"
-        p2p = [r for r in qr if r.comm == "p2p"]
+        p2p = [r for r in qr if r.comm == Comm.P2P]
         if not p2p:
             continue
         steps = max(r.size for r in p2p)
@@ -310,7 +311,8 @@ class AttentionWork:
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
         self.members = {r.id: r.ranks for r in rings}
-        loc = [(d.length, d.owner) for d in docs if d.cls == "local"]
+        local = DocClass.LOCAL  # bound once per call (words.py)
+        loc = [(d.length, d.owner) for d in docs if d.cls == local]
         L = np.array([x[0] for x in loc], dtype=np.float64)
         own = np.array([x[1] for x in loc], dtype=np.int64)
         ranks = np.unique(own)
@@ -336,7 +338,7 @@ class AttentionWork:
     def seconds(self, c: Compute, backward: bool) -> np.ndarray:
         """Per rank seconds of ``c`` (one layer); a layer runs the same program every time, so
         each Compute is priced once (callers must not modify the array returned)."""
-        if c.queue == "local":
+        if c.queue == DocClass.LOCAL:
             return self.local[backward]
         key = (c, backward)
         out = self._seconds.get(key)
@@ -367,6 +369,6 @@ class AttentionWork:
 
     def ranks(self, c: Compute) -> Tuple[int, ...]:
         """The ranks ``c`` runs kernels on (ring members, or owners of local documents)."""
-        if c.queue == "local":
+        if c.queue == DocClass.LOCAL:
             return self.local_ranks
         return tuple(sorted({x for rid in c.rings for x in self.members[rid]}))

@@ -59,6 +59,7 @@ import numpy as np
 from ..errors import ZeppelinError
 from ..topology import Topology
 from .types import Move, Segment, segment_tokens
+from ..words import Link
 
 DEFAULT_LINK_COSTS = (1.0, 8.0)  # (intra, inter) per token when no CostModel is given: NVLink ~8x a NIC
 
@@ -73,8 +74,8 @@ def link_costs(cost=None) -> Tuple[float, float]:
     if cost is None:
         return DEFAULT_LINK_COSTS
     per_tok = float(cost.hidden_bytes_per_token)
-    a = per_tok / cost.bandwidth("nvlink")
-    b = per_tok / cost.bandwidth("nic")
+    a = per_tok / cost.bandwidth(Link.NVLINK)
+    b = per_tok / cost.bandwidth(Link.NIC)
     return a, max(a, b)
 
 
@@ -270,5 +271,5 @@ def remap_exchange_s(moves: Sequence[Move], cost) -> List[float]:
     for r in range(w):
         nv = max(nv_out[r], nv_in[r])
         nic = max(nic_out[topo.nic_of(r)], nic_in[topo.nic_of(r)]) if on_nic[r] else 0.0
-        out.append(max(cost.transfer_s(nv, "nvlink"), cost.transfer_s(nic, "nic")))
+        out.append(max(cost.transfer_s(nv, Link.NVLINK), cost.transfer_s(nic, Link.NIC)))
     return out

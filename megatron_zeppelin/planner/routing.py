@@ -43,7 +43,8 @@ from dataclasses import replace
 from typing import Dict, List, Sequence, Tuple
 
 from ..topology import Topology
-from .types import RING_QUEUES, STAGES, CommOp
+from .types import CommOp
+from ..words import RING_QUEUES, STAGES, DocClass, Link, Stage
 
 NEVER = 1 << 62  # threshold when routing can never pay (NVLink not twice a NIC's bandwidth)
 
@@ -59,10 +60,10 @@ def route_threshold_bytes(cost, config=None) -> int:
         return int(config.min_route_bytes)
     if cost is None:
         raise ValueError("route_threshold_bytes needs a cost model or config.min_route_bytes > 0")
-    gain_per_byte = 1.0 / cost.bandwidth("nic") - 2.0 / cost.bandwidth("nvlink")
+    gain_per_byte = 1.0 / cost.bandwidth(Link.NIC) - 2.0 / cost.bandwidth(Link.NVLINK)
     if gain_per_byte <= 0:
         return NEVER
-    return int(math.ceil(round(4.0 * cost.latency("nvlink") / gain_per_byte, 6)))
+    return int(math.ceil(round(4.0 * cost.latency(Link.NVLINK) / gain_per_byte, 6)))
 
 
 def _water_fill(loads: Sequence[float], n: float) -> List[float]:
@@ -144,11 +145,11 @@ class _StepRouter:
             common = dict(start=start, stop=stop, nbytes=nb)
             if proxy != op.msg_src:
                 self.nv_in[proxy] += nb
-                out.append(replace(op, src=op.msg_src, dst=proxy, link="nvlink", nic=-1, stage="dispatch", **common))
-            out.append(replace(op, src=proxy, dst=land, link=op.link, nic=self.nic(a, j), stage="transfer", **common))
+                out.append(replace(op, src=op.msg_src, dst=proxy, link=Link.NVLINK, nic=-1, stage=Stage.DISPATCH, **common))
+            out.append(replace(op, src=proxy, dst=land, link=op.link, nic=self.nic(a, j), stage=Stage.TRANSFER, **common))
             if land != op.msg_dst:
                 self.nv_out[land] += nb
-                out.append(replace(op, src=land, dst=op.msg_dst, link="nvlink", nic=-1, stage="combine", **common))
+                out.append(replace(op, src=land, dst=op.msg_dst, link=Link.NVLINK, nic=-1, stage=Stage.COMBINE, **common))
             start = stop
         return out
 
@@ -181,13 +182,14 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
     for o in ops:
         groups[(o.queue, o.step)].append(o)
     out: List[CommOp] = []
+    nvlink, direct = Link.NVLINK, Stage.DIRECT  # bound once (words.py): compared per op
     for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
         step_ops = groups[k]
         router = _StepRouter(topo, threshold)
         routed: List[CommOp] = []
         big: List[CommOp] = []
         for o in step_ops:
-            if o.link == "nvlink" or o.stage != "direct":  # any network level's hop is routed
+            if o.link == nvlink or o.stage != direct:  # any network level's hop is routed
                 routed.append(o)
             elif o.nbytes >= threshold and o.stop - o.start >= 2 and topo.nics_per_node > 1:
                 big.append(o)
@@ -211,7 +213,7 @@ def nic_bytes(ops: Sequence[CommOp], topo: Topology, direction: str = "out") -> 
     """
     out: Dict[int, int] = defaultdict(int)
     for o in ops:
-        if o.link != "nvlink":  # a NIC carries every network level's hop
+        if o.link != Link.NVLINK:  # a NIC carries every network level's hop
             out[o.nic if direction == "out" else topo.nic_of(o.dst)] += o.nbytes
     return dict(sorted(out.items()))
 
@@ -240,14 +242,14 @@ def explain_step(cost, topo: Topology, nbytes: int, config=None) -> dict:
     kvb = max(1, int(cost.kv_bytes_per_token))
     rows = max(1, -(-int(nbytes) // kvb))
     src, dst = t2.gpus_per_node - 1, t2.gpus_per_node
-    op = CommOp("inter", 0, 0, 0, src, dst, src, dst, 0, rows, rows * kvb, "nic", t2.nic_of(src), "direct")
+    op = CommOp(DocClass.INTER, 0, 0, 0, src, dst, src, dst, 0, rows, rows * kvb, Link.NIC, t2.nic_of(src), Stage.DIRECT)
     routed = route_schedule([op], t2, cost2, config)
     key = (0, 0, src, dst)
     direct_s = step_message_times([op], cost2)[key]
     routed_s = step_message_times(routed, cost2)[key]
     stages = {st: step_message_times([o for o in routed if o.stage == st], cost2).get(key, 0.0)
               for st in STAGES if any(o.stage == st for o in routed)}
-    transfers = [o for o in routed if o.link == "nic"]
+    transfers = [o for o in routed if o.link == Link.NIC]
     pieces = [{"nic": o.nic, "proxy": o.src, "landing": o.dst, "rows": o.stop - o.start, "bytes": o.nbytes}
               for o in transfers]
     threshold = route_threshold_bytes(cost2, config)

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..topology import Topology
-from .types import RING_QUEUES, Comm, CommOp, DocPlan, Link, Ring, Stage
+from .types import CommOp, DocPlan, Ring
+from ..words import RING_QUEUES, Comm, Link, Stage
 
 
 def block_tokens(ring: Ring, docs: Dict[int, DocPlan]) -> List[int]:

@@ -8,6 +8,7 @@ from ..profile import HardwareProfile
 from ..topology import Topology
 from .context import PlanContext
 from .cost_model import CostModel
+from ..words import DocClass
 
 TOY_MODEL = ModelSpec(name="toy", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
 TOY_PROFILE = HardwareProfile(
@@ -29,7 +30,7 @@ def rank_signature(plan):
     from collections import Counter
     out = []
     for r in range(plan.world_size):
-        items = [("local", (), d.length) for d in plan.local_docs(r)]
+        items = [(DocClass.LOCAL, (), d.length) for d in plan.local_docs(r)]
         for ring in plan.rings_of(r):
             items += [(ring.cls, ring.ranks, plan.docs[d].length) for d in ring.docs]
         out.append(Counter(items))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from .context import PlanContext
 from .types import Thresholds
+from ..words import Link
 
 
 def inter_share(ctx: PlanContext) -> float:
@@ -47,7 +48,7 @@ def zeppelin_thresholds(ctx: PlanContext) -> Thresholds:
     limit = max(1, cap * topo.world_size)
     lines = []
     if g >= 2:
-        x_nv = cost.crossover_length(2, "nvlink")
+        x_nv = cost.crossover_length(2, Link.NVLINK)
         local_max = max(0, x_nv - 1)
         lines.append(f"local <= {local_max} tokens: a 2-rank NVLink ring step hides its K/V transfer "
                      f"only from {x_nv} tokens; longer documents split over an intra-node ring when "
@@ -59,7 +60,7 @@ def zeppelin_thresholds(ctx: PlanContext) -> Thresholds:
             return Thresholds(limit, limit, "one rank: every document is local")
     else:
         share = inter_share(ctx)
-        x_nic = cost.crossover_length(2, "nic", share)
+        x_nic = cost.crossover_length(2, Link.NIC, share)
         fits_node = g * cap
         inter_from = min(fits_node + 1, x_nic)
         th_intra = inter_from - 1

@@ -26,52 +26,8 @@ from operator import attrgetter
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..topology import Topology
+from ..words import CLASSES, LINKS, Comm, DocClass, Link, Stage
 from .meta import PlanMeta
-
-
-# The Plan's words: closed sets as string enums, so a Plan's JSON (and its digest) keeps the plain
-# words while code compares and iterates typed members.
-class _Word(StrEnum):
-    def __repr__(self) -> str:  # shown as the word it is in a plan: 'nvlink', not <Link.NVLINK: 'nvlink'>
-        return repr(self.value)
-
-
-class DocClass(_Word):
-    """Where a document runs; also the name of the engine's queue that runs it."""
-    INTER = "inter"  # a ring spanning nodes
-    INTRA = "intra"  # a ring inside one node
-    LOCAL = "local"  # whole on one rank
-
-
-class Stage(_Word):
-    """A hop of a message: a direct send, or dispatch -> transfer -> combine when routed."""
-    DIRECT = "direct"
-    DISPATCH = "dispatch"
-    TRANSFER = "transfer"
-    COMBINE = "combine"
-
-
-class Link(_Word):
-    """The two link classes every cluster has; a profile may add levels above the NIC's (a spine:
-    profile.py ``levels``), whose names are plain strings in a CommOp's ``link``."""
-    NVLINK = "nvlink"  # inside a node
-    NIC = "nic"  # across nodes (within the NIC level's group of nodes)
-
-
-class Comm(_Word):
-    """How a ring moves K/V: zigzag point-to-point steps, or one all-gather (Llama-3)."""
-    P2P = "p2p"
-    ALLGATHER = "allgather"
-
-
-CLASSES = tuple(DocClass)  # (inter, intra, local): also the one queue order of the attention layer
-RING_QUEUES = (DocClass.INTER, DocClass.INTRA)  # the queues that run rings, in that order
-STAGES = tuple(Stage)  # routing stages run in this order per step
-LINKS = tuple(Link)
-COMMS = tuple(Comm)
-# A reversed exchange (dK/dV home, a remap's backward) runs each hop the other way round.
-MIRROR = {Stage.DIRECT: Stage.DIRECT, Stage.DISPATCH: Stage.COMBINE, Stage.TRANSFER: Stage.TRANSFER,
-          Stage.COMBINE: Stage.DISPATCH}
 
 
 class PlanError(ZeppelinError):
@@ -108,7 +64,7 @@ class DocPlan:
     (chunk j = tokens [bounds[j], bounds[j+1]); member i holds chunks i and 2G-1-i), or (0, L) local."""
     doc: int
     length: int
-    cls: str  # "local" | "intra" | "inter"
+    cls: DocClass
     ring: int  # index into Plan.rings, -1 for local
     owner: int  # rank for local documents, -1 otherwise
     bounds: Tuple[int, ...]
@@ -128,9 +84,9 @@ class Ring:
     (zigzag ring: K/V blocks travel around the ring) or ``allgather`` (Llama-3-style)."""
     id: int
     ranks: Tuple[int, ...]
-    cls: str
+    cls: DocClass
     docs: Tuple[int, ...]
-    comm: str = "p2p"
+    comm: Comm = Comm.P2P
 
     @property
     def size(self) -> int:
@@ -160,7 +116,7 @@ class CommOp:
     NIC hop, else -1). Stages of a step run in STAGES order: direct sends, or dispatch -> transfer ->
     combine for a routed message. Ring steps 0..G-2 carry K/V in the forward; the backward also
     uses step G-1 (dK/dV return to their owner)."""
-    queue: str  # "inter" | "intra"
+    queue: DocClass  # inter or intra
     step: int
     ring: int
     block: int  # ring member index whose K/V this is
@@ -171,9 +127,9 @@ class CommOp:
     start: int
     stop: int
     nbytes: int
-    link: str
+    link: str  # a Link, or the name of a profile level above the NIC's
     nic: int
-    stage: str
+    stage: Stage
 
 
 @dataclass(frozen=True)
@@ -245,7 +201,8 @@ class Plan:
         return tuple(r for r in self.rings if rank in r.ranks and (cls is None or r.cls == cls))
 
     def local_docs(self, rank: int) -> Tuple[DocPlan, ...]:
-        return tuple(d for d in self.docs if d.cls == "local" and d.owner == rank)
+        local = DocClass.LOCAL  # bound once (words.py)
+        return tuple(d for d in self.docs if d.cls == local and d.owner == rank)
 
     def ops(self, queue: Optional[str] = None, step: Optional[int] = None) -> Tuple[CommOp, ...]:
         return tuple(o for o in self.schedule
@@ -289,20 +246,20 @@ class Plan:
             return Plan(
                 strategy=d["strategy"], topology=Topology.from_dict(d["topology"]),
                 lengths=tuple(d["lengths"]),
-                docs=tuple(DocPlan(**{**x, "bounds": tuple(x["bounds"])}) for x in d["docs"]),
-                rings=tuple(Ring(**{**x, "ranks": tuple(x["ranks"]), "docs": tuple(x["docs"])})
-                            for x in d["rings"]),
+                docs=tuple(DocPlan(**{**x, "cls": DocClass(x["cls"]), "bounds": tuple(x["bounds"])}) for x in d["docs"]),
+                rings=tuple(Ring(**{**x, "cls": DocClass(x["cls"]), "comm": Comm(x.get("comm", Comm.P2P)),
+                                    "ranks": tuple(x["ranks"]), "docs": tuple(x["docs"])}) for x in d["rings"]),
                 attention_layout=tuple(tuple(Segment(*s) for s in r) for r in d["attention_layout"]),
                 linear_layout=tuple(tuple(Segment(*s) for s in r) for r in d["linear_layout"]),
                 remap=tuple(Move(m["src"], m["dst"], tuple(Segment(*s) for s in m["segments"]))
                             for m in d["remap"]),
-                schedule=tuple(CommOp(*o) for o in d["schedule"]),
+                schedule=tuple(_op(o) for o in d["schedule"]),
                 cost=tuple(RankCost(*c) for c in d["cost"]),
                 lower_bound_s=float(d["lower_bound_s"]), thresholds=Thresholds(**d["thresholds"]),
                 kv_bytes_per_token=int(d.get("kv_bytes_per_token", 0)),
                 meta=PlanMeta.from_pairs(d.get("meta", [])),
                 allreduce_s=float(d.get("allreduce_s", 0.0)))
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError) as e:  # ValueError: a word outside its set
             raise PlanError(f"malformed plan JSON: {e}") from None
 
     @classmethod
@@ -315,6 +272,12 @@ class Plan:
     def first_difference(self, other: "Plan") -> Optional[str]:
         """Path of the first field where two plans differ (None if equal), for mismatch errors."""
         return _first_diff(self.to_dict(), other.to_dict(), "plan")
+
+
+def _op(o) -> CommOp:
+    """A CommOp from its JSON list, its words as members (a level above the NIC's keeps its name)."""
+    link = o[11]
+    return CommOp(DocClass(o[0]), *o[1:11], Link(link) if link in LINKS else link, o[12], Stage(o[13]))
 
 
 # Compact encodings: segments and ops are lists (they are many); other dataclasses are dicts.

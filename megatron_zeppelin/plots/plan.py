@@ -7,9 +7,11 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..words import DocClass
+
 PARTS = (("attention_s", "attention", "#4C72B0"), ("linear_s", "linear", "#55A868"),
          ("comm_exposed_s", "exposed comm", "#C44E52"), ("remap_s", "remap", "#8172B2"))
-CLASS_COLOR = {"local": "#DDEEFF", "intra": "#FFF2CC", "inter": "#F8D7DA"}
+CLASS_COLOR = {DocClass.LOCAL: "#DDEEFF", DocClass.INTRA: "#FFF2CC", DocClass.INTER: "#F8D7DA"}
 
 
 def _matplotlib():
@@ -42,7 +44,7 @@ def _histogram(ax, x: np.ndarray, plan) -> None:
     th = plan.thresholds
     # Shade the span of lengths each class actually holds in this plan (a class with no document gets
     # no shade): the thresholds are crossovers where splitting may pay, not the classes' boundaries.
-    for c in ("local", "intra", "inter"):
+    for c in (DocClass.LOCAL, DocClass.INTRA, DocClass.INTER):
         ls = [d.length for d in plan.docs if d.cls == c]
         if ls:
             ax.axvspan(min(ls) * 0.97, max(ls) * 1.03, color=CLASS_COLOR[c], alpha=0.6, lw=0,

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ..distributed.all_to_all import all_to_all_v
 from .index import RemapIndex, RemapLayoutError, build_index
+from ..words import Link
 
 def remap_index(plan, rank: int, direction: str) -> RemapIndex:
     """The row bookkeeping of ``rank`` for ``plan``, built once and kept with the plan."""
@@ -65,7 +66,7 @@ def _counter(counters, plan, rank: int, direction: str):
         for peer, n in enumerate(rows):
             if n and peer != rank:
                 nic = -1 if topo.same_node(rank, peer) else topo.nic_of(rank)
-                counters.add_bytes("nvlink" if nic < 0 else "nic", nic, n * row_bytes,
+                counters.add_bytes(Link.NVLINK if nic < 0 else Link.NIC, nic, n * row_bytes,
                                    ("remap", phase, int(direction == "to_attention")), rows=n)
     return on_send
 

@@ -51,10 +51,10 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..planner.program import exchange_phases
-from ..planner.types import MIRROR
 from ..topology import Topology
 from .events import TaskGraph
 from .network import LinkTable
+from ..words import MIRROR, Link
 
 @dataclass(frozen=True)
 class Hop:
@@ -86,7 +86,7 @@ class Hop:
 
 def reverse_hops(hops: Sequence[Hop], topo: Topology) -> List[Hop]:
     return [replace(h, stage=MIRROR[h.stage], src=h.dst, dst=h.src,
-                    nic=topo.nic_of(h.dst) if h.link != "nvlink" else -1,
+                    nic=topo.nic_of(h.dst) if h.link != Link.NVLINK else -1,
                     msg_src=h.msg_dst, msg_dst=h.msg_src) for h in hops]
 
 

@@ -53,6 +53,7 @@ from .compute import LayerCosts
 from .events import TaskGraph
 from .executor import Hop, reverse_hops, run_step
 from .network import LinkTable
+from ..words import Stage
 
 REMAP_POINTS = ("attention_output", "core_attention")
 
@@ -111,7 +112,7 @@ class LayerBuilder:
     def _remap(self, reverse: bool, what: str = "hidden"):
         """Attention layout -> linear layout (``reverse``: back), ``what`` bytes per token moved."""
         nb = self.remap_bytes[what]
-        hops = [Hop("direct", m.src, m.dst, m.tokens * nb, self.k.cost.link_of(m.src, m.dst),
+        hops = [Hop(Stage.DIRECT, m.src, m.dst, m.tokens * nb, self.k.cost.link_of(m.src, m.dst),
                     self.topo.nic_of(m.src) if not self.topo.same_node(m.src, m.dst) else -1, "remap")
                 for m in self.plan.remap if m.tokens]
         if not hops:

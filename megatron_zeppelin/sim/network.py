@@ -31,6 +31,7 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 import numpy as np
 
 from ..topology import Topology, link_ports
+from ..words import Link
 
 LinkKey = Tuple[str, int]
 
@@ -73,12 +74,12 @@ class LinkTable:
     @classmethod
     def of_cost(cls, cost, host_cores: float = 0.0, copy_Bps: float = 0.0) -> "LinkTable":
         """The links of ``cost``'s topology at its profile's bandwidth, every cluster level included."""
-        return cls(cost.topology, cost.bandwidth("nvlink"), cost.bandwidth("nic"), host_cores, copy_Bps,
+        return cls(cost.topology, cost.bandwidth(Link.NVLINK), cost.bandwidth(Link.NIC), host_cores, copy_Bps,
                    {k: cost.bandwidth(k) for k in cost.link_classes[2:]})
 
     def link_class(self, kind: str) -> str:
         """The link class a port kind belongs to (``nv_out`` -> nvlink, ``spine_in`` -> spine)."""
-        return "nvlink" if kind.startswith("nv_") else kind.rsplit("_", 1)[0]
+        return Link.NVLINK if kind.startswith("nv_") else kind.rsplit("_", 1)[0]
 
     def of(self, link: str, src: int, dst: int, nic: int) -> Tuple[int, ...]:
         return tuple(self.index[k] for k in link_ports(link, src, dst, nic, self.topo))

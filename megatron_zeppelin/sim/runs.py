@@ -40,6 +40,7 @@ from ..model_spec import load_model
 from ..profile import HardwareProfile, load_profile
 from ..topology import Topology
 from .iteration import SimOptions, simulate
+from ..words import Link
 
 ABLATIONS = ("static_cp+routing", "zeppelin-noremap")
 VARIANTS = STRATEGIES + ABLATIONS
@@ -170,7 +171,7 @@ class _Rounds:
         self.backward_s = sum(r.backward_s for r in results)
         self.head_s = sum(r.head_s for r in results)
         self.max_nic_util = max(r.max_nic_util for r in results)
-        self.link_bytes = {k: sum(r.link_bytes.get(k, 0.0) for r in results) for k in ("nic", "nvlink")}
+        self.link_bytes = {k: sum(r.link_bytes.get(k, 0.0) for r in results) for k in (Link.NIC, Link.NVLINK)}
         self.recompute_s = sum(r.recompute_s for r in results)
 
 
@@ -238,8 +239,8 @@ def _batch_record(plan, res, spec, model, profile, plan_s, sim_s) -> Dict:
                 predicted_s=predicted + res.allreduce_exposed_s,
                 lower_bound_s=plan.lower_bound_s + res.allreduce_exposed_s, allreduce_s=res.allreduce_exposed_s,
                 forward_s=res.forward_s, backward_s=res.backward_s, head_s=res.head_s,
-                max_nic_util=res.max_nic_util, nic_bytes=res.link_bytes.get("nic", 0.0),
-                nvlink_bytes=res.link_bytes.get("nvlink", 0.0), plan_s=plan_s, sim_s=sim_s,
+                max_nic_util=res.max_nic_util, nic_bytes=res.link_bytes.get(Link.NIC, 0.0),
+                nvlink_bytes=res.link_bytes.get(Link.NVLINK, 0.0), plan_s=plan_s, sim_s=sim_s,
                 time_imbalance=max(t) / (sum(t) / len(t)) if sum(t) > 0 else 1.0,
                 memory_imbalance=mem["imbalance"], memory_imbalance_attention=mem["imbalance_attention"],
                 memory_imbalance_linear=mem["imbalance_linear"], peak_activation_GB=mem["max_bytes"] / 1e9,

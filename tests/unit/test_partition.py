@@ -13,7 +13,7 @@ from megatron_zeppelin.model_spec import load_model
 from megatron_zeppelin.planner import Plan, PlanError, plan_batch
 from megatron_zeppelin.planner.checks import check_plan
 from megatron_zeppelin.planner.partition import plan_zeppelin
-from megatron_zeppelin.planner.types import CLASSES
+from megatron_zeppelin.words import CLASSES
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE, toy_context
 from megatron_zeppelin.planner.thresholds import inter_share, zeppelin_thresholds
 from megatron_zeppelin.profile import load_profile

@@ -56,3 +56,22 @@ def test_same_plan_for_any_order(strategy, lengths, topo, seed):
     for a, b in zip(base.cost, other.cost):
         assert a.total_s == pytest.approx(b.total_s, rel=1e-9, abs=1e-15)
     assert base.thresholds == other.thresholds
+
+
+def test_json_words_come_back_as_members():
+    """A plan's JSON keeps the plain words; from_json gives back members (words.py), and a word
+    outside its set is a malformed plan, not a plan that compares unequal everywhere."""
+    import json
+
+    from megatron_zeppelin.planner.types import PlanError
+    from megatron_zeppelin.words import Comm, DocClass, Link, Stage
+    plan = _plan([9000, 7000, 300, 200], 2, 2, "static_cp", cp_size=4)
+    d = plan.to_dict()
+    assert {x["cls"] for x in d["docs"]} <= {"inter", "intra", "local"} and type(d["docs"][0]["cls"]) is str
+    back = Plan.from_json(plan.to_json())
+    assert all(type(x.cls) is DocClass for x in back.docs) and all(type(r.comm) is Comm for r in back.rings)
+    assert back.schedule and all(type(o.stage) is Stage and type(o.queue) is DocClass for o in back.schedule)
+    assert all(type(o.link) is Link for o in back.schedule)
+    d["docs"][0]["cls"] = "remote"
+    with pytest.raises(PlanError, match="malformed plan JSON"):
+        Plan.from_json(json.dumps(d))

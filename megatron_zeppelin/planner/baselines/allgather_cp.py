@@ -22,8 +22,9 @@ from typing import Iterable, Sequence
 from ..context import PlanContext
 from ..strategies import Candidate, strategy
 from .static_cp import cp_candidates
+from ...words import Comm
 
 
 @strategy("allgather_cp", order=3, searches=True)
 def plan_allgather_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
-    return cp_candidates(lengths, ctx, "allgather")
+    return cp_candidates(lengths, ctx, Comm.ALLGATHER)

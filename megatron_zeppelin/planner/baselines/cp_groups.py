@@ -28,6 +28,7 @@ from ..context import Placement, PlanContext
 from ..layout import zigzag_bounds
 from ..strategies import Candidate
 from ..types import DocPlan, PlanError, Ring, Thresholds
+from ...words import DocClass
 
 
 def aligned_blocks(size: int, world: int) -> List[Tuple[int, ...]]:
@@ -51,7 +52,7 @@ def cp_sizes(world: int) -> List[int]:
 
 
 def ring_class(ranks: Sequence[int], topo) -> str:
-    return "intra" if len({topo.node_of(r) for r in ranks}) == 1 else "inter"
+    return DocClass.INTRA if len({topo.node_of(r) for r in ranks}) == 1 else DocClass.INTER
 
 
 def member_tokens(length: int, g: int) -> List[int]:
@@ -74,7 +75,7 @@ def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int
     for i, L in enumerate(lengths):
         g = tuple(groups[i])
         if len(g) == 1:
-            docs.append(DocPlan(i, int(L), "local", -1, g[0], (0, int(L))))
+            docs.append(DocPlan(i, int(L), DocClass.LOCAL, -1, g[0], (0, int(L))))
         else:
             members[g].append(i)
             docs.append(DocPlan(i, int(L), ring_class(g, topo), ring_id[g], -1, zigzag_bounds(int(L), len(g))))
@@ -84,8 +85,9 @@ def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int
 
 def describe_thresholds(docs: Sequence[DocPlan], why: str) -> Thresholds:
     """The classes a baseline actually produced: longest local document, longest non-inter one."""
-    local = max((d.length for d in docs if d.cls == "local"), default=0)
-    intra = max((d.length for d in docs if d.cls != "inter"), default=0)
+    is_local, inter = DocClass.LOCAL, DocClass.INTER  # bound once per call (words.py)
+    local = max((d.length for d in docs if d.cls == is_local), default=0)
+    intra = max((d.length for d in docs if d.cls != inter), default=0)
     return Thresholds(local, max(local, intra), why)
 
 

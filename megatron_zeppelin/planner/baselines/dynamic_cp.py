@@ -47,6 +47,7 @@ from ..context import Placement, PlanContext
 from ..strategies import Candidate, strategy
 from ..types import PlanError
 from .cp_groups import aligned_blocks, member_tokens, placement_from_groups, setting_candidates
+from ...words import Comm
 
 DELTA = 0.05  # Megatron's next_hdp_group default: close the group when loads are within 5%
 BUCKET_SLACK = 1.1  # Megatron's dcp_make_buckets_equal: a bucket may exceed its target by 10%
@@ -248,7 +249,7 @@ def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -
     between them): the strategy's plan, what the engine executes for ``--zeppelin-strategy dynamic_cp``."""
     rounds = dynamic_cp_rounds(lengths, ctx, mslpr)
     groups = {i: b for rnd in rounds for i, b in rnd.items()}
-    return placement_from_groups(lengths, groups, ctx, "p2p", _why(mslpr, len(rounds)),
+    return placement_from_groups(lengths, groups, ctx, Comm.P2P, _why(mslpr, len(rounds)),
                                  {"hdp_rounds": str(len(rounds)), "max_seqlen_per_dp_cp_rank": str(mslpr)})
 
 
@@ -262,7 +263,7 @@ def round_placements(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> Li
         docs = sorted(rnd)
         sub = [int(lengths[i]) for i in docs]
         groups = {n: rnd[i] for n, i in enumerate(docs)}
-        out.append((docs, placement_from_groups(sub, groups, ctx, "p2p", _why(mslpr, len(rounds)),
+        out.append((docs, placement_from_groups(sub, groups, ctx, Comm.P2P, _why(mslpr, len(rounds)),
                                                 {"hdp_round": str(k), "hdp_rounds": str(len(rounds)),
                                                  "max_seqlen_per_dp_cp_rank": str(mslpr)})))
     return out

@@ -39,6 +39,7 @@ from ..strategies import strategy
 from ..cost_model import BWD_FLOPS, LINEAR_PASSES, CostModel
 from ..types import PlanError
 from .cp_groups import aligned_blocks, member_tokens, placement_from_groups, cp_sizes
+from ...words import Comm
 
 
 def doc_flops(length: int, cost: CostModel) -> float:
@@ -78,7 +79,7 @@ def plan_hybrid_dp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
             tok[r] += t
     why = ("ByteScale-style HDP: each document on the smallest power-of-two group that fits the capacity "
            f"and the balanced FLOPs share ({share:.3g} FLOPs/rank); groups aligned inside nodes first")
-    return placement_from_groups(lengths, groups, ctx, "p2p", why, {"flops_share": f"{share:.6g}"})
+    return placement_from_groups(lengths, groups, ctx, Comm.P2P, why, {"flops_share": f"{share:.6g}"})
 
 
 def _balanced_block(L: int, f: float, sizes, world: int, load, tok, cap, share: float):

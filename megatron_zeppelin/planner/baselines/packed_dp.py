@@ -18,6 +18,7 @@ from typing import Sequence
 from ..context import Placement, PlanContext
 from ..strategies import strategy
 from ..types import DocPlan, Thresholds
+from ...words import DocClass
 
 
 @strategy("packed_dp", order=1)
@@ -29,6 +30,7 @@ def plan_packed_dp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
         tok, r = heapq.heappop(heap)
         owner[i] = r
         heapq.heappush(heap, (tok + lengths[i], r))
-    docs = [DocPlan(i, int(L), "local", -1, owner[i], (0, int(L))) for i, L in enumerate(lengths)]
+    local = DocClass.LOCAL
+    docs = [DocPlan(i, int(L), local, -1, owner[i], (0, int(L))) for i, L in enumerate(lengths)]
     big = max(lengths)
     return Placement(docs=docs, rings=[], thresholds=Thresholds(big, big, "packed_dp keeps every document local"))

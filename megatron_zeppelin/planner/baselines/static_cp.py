@@ -29,6 +29,7 @@ from ..context import Placement, PlanContext
 from ..strategies import Candidate, strategy
 from ..types import PlanError
 from .cp_groups import aligned_blocks, cp_sizes, placement_from_groups, rank_tokens, setting_candidates
+from ...words import Comm
 
 
 def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -> Placement:
@@ -76,4 +77,4 @@ def cp_candidates(lengths: Sequence[int], ctx: PlanContext, comm: str) -> Iterab
 
 @strategy("static_cp", order=2, searches=True)
 def plan_static_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
-    return cp_candidates(lengths, ctx, "p2p")
+    return cp_candidates(lengths, ctx, Comm.P2P)
