@@ -43,6 +43,9 @@ def gantt(result, path: str, title: str = "", max_ranks: int = 32) -> None:
     plt.close(fig)
 
 
+BARS_PER_ROW = 24  # configurations per panel of speedup_bars
+
+
 def speedup_bars(records: Sequence[Dict], path: str, study: str = "main") -> None:
     """Zeppelin's speedup over each baseline, per configuration (cluster/model/dataset)."""
     plt = _plt()
@@ -56,20 +59,25 @@ def speedup_bars(records: Sequence[Dict], path: str, study: str = "main") -> Non
     if not keys:
         return
     bases = sorted({v for k in keys for v in by_key[k] if v != "zeppelin"})
-    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(keys) * len(bases) / 3), 4.5))
+    rows = [keys[i:i + BARS_PER_ROW] for i in range(0, len(keys), BARS_PER_ROW)]  # wide studies: stacked panels
+    width = max(8, 0.45 * len(rows[0]) * len(bases) / 3)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(width, 4.5 * len(rows)), squeeze=False)
     w = 0.8 / max(1, len(bases))
-    for j, b in enumerate(bases):
-        xs = [i + j * w for i, k in enumerate(keys) if b in by_key[k]]
-        ys = [by_key[k][b] / by_key[k]["zeppelin"] for k in keys if b in by_key[k]]
-        ax.bar(xs, ys, width=w, label=b)
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
-    ax.set_xticklabels([labels[k] for k in keys], rotation=70, fontsize=7, ha="right")
-    ax.set_ylabel("speedup of Zeppelin (baseline time / Zeppelin time)")
-    ax.set_title(f"study '{study}': mean simulated iteration over each run, baselines as deployed")
-    ax.legend(fontsize=7)
+    for n, (ax, row) in enumerate(zip(axes[:, 0], rows)):
+        for j, b in enumerate(bases):
+            xs = [i + j * w for i, k in enumerate(row) if b in by_key[k]]
+            ys = [by_key[k][b] / by_key[k]["zeppelin"] for k in row if b in by_key[k]]
+            ax.bar(xs, ys, width=w, label=b, color=f"C{j}")  # one colour per baseline in every panel
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(row))])
+        ax.set_xticklabels([labels[k] for k in row], rotation=70, fontsize=7, ha="right")
+        ax.set_xlim(-0.3, (BARS_PER_ROW if len(rows) > 1 else len(row)) - 0.1)
+        ax.set_ylabel("speedup of Zeppelin\n(baseline time / Zeppelin time)")
+        if n == 0:
+            ax.set_title(f"study '{study}': mean simulated iteration over each run, baselines as deployed")
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend beside the first panel
     plt.close(fig)
 
 

@@ -39,3 +39,22 @@ def test_report_from_results(tmp_path, capsys):
 def test_report_rejects_missing_results(tmp_path, capsys):
     assert main(["report", "--results", str(tmp_path / "nope.json"), "--out", str(tmp_path / "r.md")]) == 2
     assert "cannot read --results" in capsys.readouterr().err
+
+
+def test_speedup_bars_stack_wide_studies(tmp_path):
+    """A study of more configurations than BARS_PER_ROW is drawn as stacked panels, not one ever
+    wider figure."""
+    import matplotlib.image as mpimg
+
+    from megatron_zeppelin.sim.plots import BARS_PER_ROW, speedup_bars
+
+    def recs(n):
+        return [{"study": "s", "key": f"k{i:03d}", "label": f"config {i}", "variant": v, "iteration_s": t}
+                for i in range(n) for v, t in (("zeppelin", 1.0), ("static_cp", 1.2), ("hybrid_dp", 1.1))]
+    shapes = {}
+    for n in (BARS_PER_ROW, 2 * BARS_PER_ROW + 1):
+        path = str(tmp_path / f"bars{n}.png")
+        speedup_bars(recs(n), path, study="s")
+        shapes[n] = mpimg.imread(path).shape
+    one, three = shapes[BARS_PER_ROW], shapes[2 * BARS_PER_ROW + 1]
+    assert three[0] > 2.5 * one[0] and three[1] < 1.2 * one[1]  # three panels high, as wide as one
