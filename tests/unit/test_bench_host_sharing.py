@@ -1,18 +1,7 @@
 """benchmarks/bench_host_sharing.py: its summary turns alone / together / engine timings into the
 cores the ranks got and the CPU inflation (the timings themselves are a benchmark, never asserted)."""
 
-import importlib.util
-import os
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_host_sharing",
-                                                  os.path.join(ROOT, "benchmarks", "bench_host_sharing.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_scripts import load_bench
 
 
 def test_summary_gives_cores_and_cpu_inflation():
@@ -20,7 +9,7 @@ def test_summary_gives_cores_and_cpu_inflation():
     # 1.1 and 1.3 CPU s; the whole engine pass 2 s with 1.5 CPU s each.
     per_rank = {"s": [((1.0, 1.0), (1.25, 1.1), (2.0, 1.5))]}
     res = [(None, per_rank), (None, {"s": [((1.0, 1.0), (1.2, 1.3), (1.8, 1.5))]})]
-    row = _bench().summarise(res, ("s",), 1)["s"]
+    row = load_bench("bench_host_sharing").summarise(res, ("s",), 1)["s"]
     assert row["cores"] == [1.6]                  # 2 s of work in 1.25 s
     assert row["cpu_inflation"] == [1.2]          # median of 1.1 and 1.3
     assert row["engine_cores"] == [1.0] and row["engine_cpu_inflation"] == [1.5]

@@ -2,28 +2,18 @@
 invariant of check_plan), long documents on aligned power-of-two blocks, short ones within the
 per-rank token cap (the prices are a benchmark, never asserted)."""
 
-import importlib.util
 import math
-import os
+
+from bench_scripts import load_bench
 
 from megatron_zeppelin.planner.assemble import assemble
 from megatron_zeppelin.planner.checks import check_plan
 from megatron_zeppelin.planner.testing import toy_context
 from megatron_zeppelin.planner.thresholds import zeppelin_thresholds
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_memory_balance",
-                                                  os.path.join(ROOT, "benchmarks", "bench_memory_balance.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_spread_placement_is_a_valid_plan():
-    bench = _bench()
+    bench = load_bench("bench_memory_balance")
     ctx = toy_context(nodes=2, gpus=4)
     lengths = [40000, 30000, 9000] + [300 + 37 * i for i in range(40)]
     local_max = zeppelin_thresholds(ctx).local_max
