@@ -11,7 +11,10 @@ repeat and strategy:
 - ``cores``: the ranks' alone seconds summed over the time until the last is done together, i.e. the
   ``host_cores`` that would make the simulator's sharing exact for that plan's compute;
 - ``cpu_inflation``: each rank's CPU seconds together over its CPU seconds alone (median over ranks):
-  above 1 the same work costs more CPU next to computing peers.
+  above 1 the same work costs more CPU next to computing peers;
+- ``alone_over_model``: the ranks' computes alone (CPU, median over repeats) over the cost model's
+  single-core seconds of the same Computes (program.AttentionWork, the profile calibrated in the run):
+  whether the calibrated tables price the engine's calls as they run back to back.
 
 The probe's own ``host_cores`` (calibrated in the same spawned run) is reported next to them. Timings
 on a shared machine are noisy: compare strategies within one run, over several repeats.
@@ -85,19 +88,25 @@ def _rank(rank: int, world: int, strategies, repeat: int):
     import torch.distributed as dist
 
     from megatron_zeppelin.attention.engine import AttentionEngine
-    from megatron_zeppelin.planner import plan_batch
+    from megatron_zeppelin.planner import make_context, plan_batch
+    from megatron_zeppelin.planner.program import AttentionWork, Compute
     mine = measure(rank, world, 5)
     every = [None] * world
     dist.all_gather_object(every, mine)
     profile = profile_from([every], world)
     topo = cpu_topology(world)
     lengths = make_batch(0, 2048 * world, 2048)
-    runs = {}
+    runs, model = {}, {}
     for s in strategies:
         plan = plan_batch(list(lengths), topo, profile, CPU_MODEL, cpu_config(topo, s), strategy=s)
         eng = AttentionEngine(plan, rank, None)
         eng.scale = CPU_MODEL.head_dim ** -0.5
         runs[s] = (_computes_only(eng, rank, torch), _engine_pass(eng, rank, torch))
+        # The cost model's single-core seconds of this rank's Computes (what the simulator charges).
+        work = AttentionWork(make_context(topo, profile, CPU_MODEL, cpu_config(topo, s),
+                                          total_tokens=sum(lengths)).cost, plan.docs, plan.rings, world)
+        model[s] = sum(float(work.seconds(x, bw)[rank]) for bw in (False, True)
+                       for x in eng.program[bw] if isinstance(x, Compute))
     out = {s: [] for s in strategies}
     for _ in range(repeat):
         for s, (run, engine) in runs.items():  # round robin: a slow minute lands on every strategy
@@ -118,7 +127,7 @@ def _rank(rank: int, world: int, strategies, repeat: int):
             whole = (time.perf_counter() - t0, time.process_time() - c0)
             dist.barrier()
             out[s].append((alone, together, whole))
-    return (profile.host_cores if rank == 0 else None), out
+    return (profile.host_cores if rank == 0 else None), out, model
 
 
 def summarise(res, strategies, repeat: int) -> dict:
@@ -140,6 +149,9 @@ def summarise(res, strategies, repeat: int) -> dict:
                    "engine_cores_median": round(statistics.median(eng_cores), 3),
                    "engine_cpu_inflation": [round(x, 3) for x in eng_infl],
                    "engine_cpu_inflation_median": round(statistics.median(eng_infl), 3)}
+        if all(len(x) > 2 for x in res):  # the computes alone (median CPU over repeats) over the model's
+            alone = sum(statistics.median(res[r][1][s][i][0][1] for i in range(repeat)) for r in range(world))
+            rows[s]["alone_over_model"] = round(alone / sum(x[2][s] for x in res), 3)
     return rows
 
 
@@ -158,10 +170,11 @@ def main(argv=None) -> None:
     probe = res[0][0]
     print(f"sharing probe (the profile's host_cores): {probe}")
     print(f"{'':14s} {'computes only':^24s} | {'the whole engine pass':^24s}")
-    print(f"{'strategy':14s} {'cores':>11s} {'cpu inflation':>13s}| {'cores':>11s} {'cpu inflation':>13s}  (medians over repeats)")
+    print(f"{'strategy':14s} {'cores':>11s} {'cpu inflation':>13s}| {'cores':>11s} {'cpu inflation':>13s}"
+          f"  | computes alone / model  (medians over repeats)")
     for s, r in rows.items():
         print(f"{s:14s} {r['cores_median']:11.2f} {r['cpu_inflation_median']:13.2f}| {r['engine_cores_median']:11.2f} "
-              f"{r['engine_cpu_inflation_median']:13.2f}")
+              f"{r['engine_cpu_inflation_median']:13.2f}  | {r['alone_over_model']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": "benchmarks/bench_host_sharing.py " + " ".join(argv or []), "world": args.world,
