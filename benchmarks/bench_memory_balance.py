@@ -9,8 +9,8 @@ whose memory is balanced by construction, and prices it with the planner's own p
 - every document longer than the class threshold ``local_max`` runs on a zigzag ring over an
   aligned power-of-two block of ranks, its size the least power of two giving each member at most
   ``--chunk`` tokens; longest first, each on the block of that size whose busiest member is least
-  loaded; documents on the same block share one ring (intra inside a node, inter across nodes,
-  routed);
+  loaded; documents on the same block share one ring in index order (intra inside a node, inter
+  across nodes, routed: the baselines' ``placement_from_groups``);
 - the others whole, longest first, on the least-loaded rank (attention + linear time) whose tokens
   stay within 1.03 x the mean per rank;
 - assembled with the remap off and time-balanced, as Zeppelin's candidates are.
@@ -38,54 +38,46 @@ from megatron_zeppelin.config import ZeppelinConfig
 from megatron_zeppelin.model_spec import load_model
 from megatron_zeppelin.planner import make_context, plan_batch
 from megatron_zeppelin.planner.assemble import MEMORY_BALANCE, activation_weights, assemble, prepare
+from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, member_tokens, placement_from_groups
 from megatron_zeppelin.planner.context import Placement
-from megatron_zeppelin.planner.layout import zigzag_bounds
 from megatron_zeppelin.planner.memory_choice import memory_imbalance
 from megatron_zeppelin.planner.thresholds import zeppelin_thresholds
-from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
+from megatron_zeppelin.planner.types import PlanError
 from megatron_zeppelin.profile import load_profile
 from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
+from megatron_zeppelin.words import Comm
 
 TOKEN_SLACK = 1.03  # per-rank token cap of the short documents' LPT, x the mean
 
 
 def spread_placement(lengths, ctx, chunk: int) -> Placement:
-    """The *spread* placement (module docstring)."""
+    """The *spread* placement (module docstring), as a document -> ranks map that the baselines'
+    ``placement_from_groups`` turns into rings (one per distinct block) and local documents."""
     topo, cost = ctx.topology, ctx.cost
-    W, g = topo.world_size, topo.gpus_per_node
-    th = zeppelin_thresholds(ctx)
+    W = topo.world_size
     L = np.asarray(lengths, dtype=np.int64)
     order = np.lexsort((np.arange(len(L)), -L)).tolist()
     rate = cost.linear_s(1)
     load, tok = np.zeros(W), np.zeros(W)
-    on_block, where = {}, {}
+    groups = {}
+    local_max = zeppelin_thresholds(ctx).local_max
     for i in order:
         Li, G = int(L[i]), 1
-        if Li <= th.local_max:
-            continue
-        while G < W and Li > G * chunk:
+        while Li > local_max and G < W and Li > G * chunk:
             G *= 2
         if G == 1:
             continue
-        b = min(range(W // G), key=lambda k: (load[k * G:(k + 1) * G].max(), k))
-        on_block.setdefault((G, b), []).append(i)
-        bounds = zigzag_bounds(Li, G)
+        block = min(aligned_blocks(G, W), key=lambda blk: (load[list(blk)].max(), blk))
         member = cost.ring_member_attention_s(Li, G)
-        for k, r in enumerate(range(b * G, (b + 1) * G)):
-            t = bounds[k + 1] - bounds[k] + bounds[2 * G - k] - bounds[2 * G - 1 - k]
+        for r, t in zip(block, member_tokens(Li, G)):
             load[r] += member + rate * t
             tok[r] += t
-        where[i] = ((G, b), bounds)
-    rings, ring_id = [], {}
-    for (G, b), docs in on_block.items():
-        ring_id[(G, b)] = len(rings)
-        rings.append(Ring(len(rings), tuple(range(b * G, (b + 1) * G)), "inter" if G > g else "intra", tuple(docs)))
+        groups[i] = block
     cap = math.ceil(TOKEN_SLACK * L.sum() / W)
     heap = [(load[r], r) for r in range(W)]
     heapq.heapify(heap)
-    owner = {}
     for i in order:
-        if i in where:
+        if i in groups:
             continue
         Li = int(L[i])
         full = []
@@ -96,14 +88,12 @@ def spread_placement(lengths, ctx, chunk: int) -> Placement:
             full.append((t, r))
         for x in full:
             heapq.heappush(heap, x)
-        owner[i] = r
+        groups[i] = (r,)
         load[r] += cost.doc_attention_s(Li) + rate * Li
         tok[r] += Li
         heapq.heappush(heap, (load[r], r))
-    docs = [DocPlan(i, int(Li), "local", -1, owner[i], (0, int(Li))) if i in owner else
-            DocPlan(i, int(Li), rings[ring_id[where[i][0]]].cls, ring_id[where[i][0]], -1, where[i][1])
-            for i, Li in enumerate(L)]
-    return Placement(docs=docs, rings=rings, thresholds=th, routing=topo.nodes > 1)
+    pl = placement_from_groups(L.tolist(), groups, ctx, Comm.P2P, "spread: long documents on aligned blocks")
+    return replace(pl, routing=topo.nodes > 1)
 
 
 def probe(lengths, topo, profile, model, config, chunks) -> dict:
@@ -120,8 +110,8 @@ def probe(lengths, topo, profile, model, config, chunks) -> dict:
         for remap in ("off", "time"):
             row = {"chunk": chunk, "remap": remap}
             try:
-                plan = assemble("zeppelin", lengths, ctx, replace(pl, remap=remap == "time", balance_linear=remap == "time"),
-                                prepared=pre)
+                timed = remap == "time"
+                plan = assemble("zeppelin", lengths, ctx, replace(pl, remap=timed, balance_linear=timed), prepared=pre)
                 row.update(predicted_s=plan.predicted_iteration_s, memory=memory_imbalance(plan, pre, weights))
             except PlanError as e:  # the time-balanced remap's memory caps may not hold the batch
                 row["error"] = str(e)

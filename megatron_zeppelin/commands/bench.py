@@ -88,7 +88,8 @@ def parse_shard(text: str):
 
 def write_csv(records, path: str) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + (DocClass.LOCAL, DocClass.INTRA, DocClass.INTER), extrasaction="ignore")
+        classes = (DocClass.LOCAL, DocClass.INTRA, DocClass.INTER)  # the CSV's column order
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + classes, extrasaction="ignore")
         w.writeheader()
         for r in records:
             w.writerow({**r, **r.get("classes", {})})
