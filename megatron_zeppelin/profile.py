@@ -45,6 +45,9 @@ class NetworkLevel:
     nodes: int = 0
 
 
+SPLIT_FIELDS = ("split_fwd_us", "split_bwd_us", "split_row_fwd_us", "split_row_bwd_us")  # YAML attention.*
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     name: str
@@ -72,6 +75,15 @@ class HardwareProfile:
     attn_call_bwd_us: float = 0.0
     attn_seq_fwd_us: float = 0.0
     attn_seq_bwd_us: float = 0.0
+    # What a *split* sequence adds (one query chunk with full keys then its causal run, which a
+    # kernel knowing only top-left causal masks runs as two sequences and a merge: the CPU kernel,
+    # attention/kernels/cpu.py) beyond its two sequences: a fixed part and a part per query row,
+    # forward and backward. 0 in the GPU presets (their kernels take bottom-right masks), measured by
+    # `zeppelin bench --validate-cpu` against the model's own price of the same blocks.
+    attn_split_fwd_us: float = 0.0
+    attn_split_bwd_us: float = 0.0
+    attn_split_row_fwd_us: float = 0.0
+    attn_split_row_bwd_us: float = 0.0
     # Cores of one host CPU that all ranks' compute shares (processor sharing: with n ranks computing,
     # each runs at min(1, host_cores / n) of the single-core rates above; sim/host.py). 0 = ranks do
     # not share compute (GPUs). Set by the CPU validation's calibration (calibrate/concurrent.py): the
@@ -198,6 +210,9 @@ class HardwareProfile:
             out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
         if self.attn_seq_fwd_us or self.attn_seq_bwd_us:
             out["attention"].update(seq_fwd_us=self.attn_seq_fwd_us, seq_bwd_us=self.attn_seq_bwd_us)
+        split = {k: getattr(self, "attn_" + k) for k in SPLIT_FIELDS}
+        if any(split.values()):
+            out["attention"].update(split)
         if self.attn_full_fwd_tflops:
             out["attention"].update(full_fwd_tflops=list(self.attn_full_fwd_tflops),
                                     full_bwd_tflops=list(self.attn_full_bwd_tflops))
@@ -232,6 +247,7 @@ class HardwareProfile:
                 attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)),
                 attn_seq_fwd_us=float(att.get("seq_fwd_us", 0.0)),
                 attn_seq_bwd_us=float(att.get("seq_bwd_us", 0.0)),
+                **{f"attn_{k}": float(att.get(k, 0.0)) for k in SPLIT_FIELDS},
                 host_cores=float(d.get("host_cores", 0.0)), host_copy_GBps=float(d.get("host_copy_GBps", 0.0)),
                 host_post_us=float(d.get("host_post_us", 0.0)), host_wait_us=float(d.get("host_wait_us", 0.0)),
                 host_land_GBps=float(d.get("host_land_GBps", 0.0)), host_pack_GBps=float(d.get("host_pack_GBps", 0.0)),

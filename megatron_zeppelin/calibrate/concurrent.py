@@ -51,6 +51,7 @@ CPU_MODEL = ModelSpec(name="cpu-validation", layers=1, hidden=256, heads=8, kv_h
 SEQLENS = (16, 32, 48, 64, 96, 128, 256, 512, 1024, 2048)
 CALL_LEN = 4  # a block this small measures fixed costs (per kernel call, per block)
 LAND_CHUNK = 64  # chunk of the engine's exchange probe with large messages (8 MB: landing them costs CPU)
+SPLIT_LENS = (16, 32, 64)  # chunk lengths of the own-block probe that measures a split sequence's extra
 PROBE_DOCS = 64  # documents of the engine-path probe (2 blocks of CALL_LEN x CALL_LEN each)
 P2P_ROUNDS = 21  # ring exchanges per message size (the median is kept)
 SHARE_CHUNK = 32  # chunk of the sharing probe (the validation's zigzag chunks are mostly 4-100 tokens)
@@ -101,6 +102,12 @@ def spread_lengths(length: int, n: int) -> list:
     return [length - ALIGN // 2 + (3 + 7 * i) % ALIGN for i in range(n)]
 
 
+def _probe_docs(length: int) -> int:
+    """Documents of a table probe of ``length``-token blocks: enough to spread over one ALIGN period,
+    few enough that one call stays short (the 2048-token full probe is one: its backward takes ~0.3 s)."""
+    return max(1, min(PROBE_DOCS, 512 // length), min(ALIGN // 2, 4096 // length) if length < 2048 else 1)
+
+
 def _compute(rank: int, repeat: int) -> Dict:
     """Attention block times by length on the engine's own path (forward, backward; full blocks of a
     ring step, and local documents for the causal ones), its fixed costs, and a GEMM's, on one core."""
@@ -113,8 +120,7 @@ def _compute(rank: int, repeat: int) -> Dict:
     # costs more (slicing the packed K/V message, strided copies: +10-20% for full blocks of 64-153
     # tokens; ring step 0 of 16-128-token chunks was 15-49% over a hot-loop causal table).
     for L in SEQLENS:
-        # documents: enough to spread (the 2048-token full probe is one: its backward takes ~0.3 s)
-        n = max(1, min(PROBE_DOCS, 512 // L), min(ALIGN // 2, 4096 // L) if L < 2048 else 1)
+        n = _probe_docs(L)
         f, b, calls, flops = _probe(rank, L, n, spread=True)
         few = repeat if L <= 256 else min(repeat, 3)  # a 2048-token backward pair takes ~0.3 s
         out["full_fwd"][L] = _time_compute(f, few) / calls  # per block, its share of the one call included
@@ -128,6 +134,10 @@ def _compute(rank: int, repeat: int) -> Dict:
         out.setdefault("local_bwd", {})[L] = _time_compute(b0, few)
         out.setdefault("local_docs", {})[L] = n
         out.setdefault("local_flops", {})[L] = flops0  # forward FLOPs per document
+    for L in SPLIT_LENS:  # ring step 0 of a member: its own block, one split sequence per document
+        f, b = _probe(rank, L, _probe_docs(L), spread=True, member=0)[:2]
+        out.setdefault("own_fwd", {})[L] = _time_compute(f, repeat)
+        out.setdefault("own_bwd", {})[L] = _time_compute(b, repeat)
     x = torch.randn(1024, m.hidden, generator=g)
     w = torch.randn(m.hidden, m.ffn, generator=g)
     out["gemm"] = _time_compute(lambda: x @ w, repeat)
@@ -151,28 +161,36 @@ def _pack_probe(rank: int):
     return lambda: pack_kv(k[rows], v[rows])
 
 
-def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, spread: bool = False):
-    """(forward, backward, blocks, forward FLOPs per block): the engine's own block path (attention/blocks.attend and
+def probe_ring(chunks: Sequence[int]):
+    """(documents, ring) of the block probes: a ring of 2 members over one document of 4 x c
+    tokens per chunk length c (zigzag: member 0 holds chunks 0 and 3, member 1 chunks 1 and 2)."""
+    from ..planner.layout import zigzag_bounds
+    from ..planner.types import DocPlan, Ring
+    ring = Ring(0, (0, 1), DocClass.INTRA, tuple(range(len(chunks))))
+    return tuple(DocPlan(i, 4 * c, DocClass.INTRA, 0, -1, zigzag_bounds(4 * c, 2)) for i, c in enumerate(chunks)), ring
+
+
+def _probe(rank: int, chunk: int, ndocs: int = PROBE_DOCS, spread: bool = False, member: int = 1):
+    """(forward, backward, blocks, forward FLOPs per full block): the engine's own block path (attention/blocks.attend and
     attend_backward: one kernel call) over one K/V block of a ring of 2 holding ``ndocs`` documents
-    of 4 x ``chunk`` tokens, as member 1 at ring step 1 (member 0's block: chunks 0 and 3): both its
-    chunks see chunk 0 fully and chunk 3 not at all, so 2 full ``chunk`` x ``chunk`` blocks per
-    document, each its own sequence. (A member's later chunk against both chunks of a block, the
-    other pattern, is one sequence of twice the keys, which the kernel runs faster per FLOP; a
-    step's slowest member, which sets the ring's pace, has the first.) ``spread``: document i's
-    chunks are ``spread_lengths(chunk, ndocs)[i]`` tokens instead."""
+    of 4 x ``chunk`` tokens (``probe_ring``), member 0's block (chunks 0 and 3). As member 1 at ring
+    step 1: both its chunks see chunk 0 fully and chunk 3 not at all, so 2 full ``chunk`` x ``chunk``
+    blocks per document, each its own sequence. (A member's later chunk against both chunks of a
+    block, the other pattern, is one sequence of twice the keys, which the kernel runs faster per
+    FLOP; a step's slowest member, which sets the ring's pace, has the first.) ``member`` 0: ring
+    step 0, its own block: chunk 0 causal, and chunk 3 split (chunk 0 fully, then itself causally).
+    ``spread``: document i's chunks are ``spread_lengths(chunk, ndocs)[i]`` tokens instead."""
     import torch
 
     from ..attention.blocks import _pairs, attend, attend_backward
     from ..planner.cost_model import attention_flops
     from ..attention.view import RankView
-    from ..planner.layout import attention_layout, zigzag_bounds
-    from ..planner.types import DocPlan, Ring
+    from ..planner.layout import attention_layout
     m = CPU_MODEL
     block = 0
     chunks = spread_lengths(chunk, ndocs) if spread else [chunk] * ndocs
-    ring = Ring(0, (0, 1), DocClass.INTRA, tuple(range(ndocs)))
-    docs = tuple(DocPlan(i, 4 * c, DocClass.INTRA, 0, -1, zigzag_bounds(4 * c, 2)) for i, c in enumerate(chunks))
-    view = RankView.build(docs, (ring,), attention_layout(docs, (ring,), 2), 1)
+    docs, ring = probe_ring(chunks)
+    view = RankView.build(docs, (ring,), attention_layout(docs, (ring,), 2), member)
     calls = sum(1 for _ in _pairs(view, ring, block))
     g = torch.Generator().manual_seed(rank)
     q = torch.randn(view.tokens, m.heads, m.head_dim, generator=g)
@@ -509,7 +527,7 @@ def profile_from(samples: Sequence[Sequence[Dict]], world: int, gpus_per_node: i
         bw, lat = 1e9, 0.0
     gpn = gpus_per_node or (world // 2 if world >= 4 else world)  # world 4: 2 virtual nodes of 2
     host = engine_host(samples)
-    return HardwareProfile(
+    return with_splits(samples, HardwareProfile(
         name=name or f"cpu-w{world}", gpu="cpu (gloo, 1 thread per rank)", gemm_tflops=gemm,
         attn_seqlen=SEQLENS, attn_fwd_tflops=rates[""][0], attn_bwd_tflops=rates[""][1],
         attn_full_fwd_tflops=rates["full_"][0], attn_full_bwd_tflops=rates["full_"][1],
@@ -526,7 +544,65 @@ def profile_from(samples: Sequence[Sequence[Dict]], world: int, gpus_per_node: i
                  f"the copy rate and the engine's CPU per Post / Wait with {world} ranks exchanging at once "
                  "(median round; per Post / Wait the mean over a pass, median over passes); packing own rows on one "
                  "core; nvlink and nic are the "
-                 "same gloo transport",))
+                 "same gloo transport",)))
+
+
+def fit_split(n: Sequence[float], rows: Sequence[float], extra: Sequence[float]) -> Tuple[float, float]:
+    """(seconds per split sequence, per query row) from probes of ``n`` split sequences of ``rows``
+    rows in all that took ``extra`` seconds more than the model without them: least squares through
+    the per-sequence figures against rows per sequence, neither part below 0.
+
+    >>> [round(x * 1e6, 6) for x in fit_split([10, 10], [160, 640], [10 * 40e-6, 10 * 64e-6])]
+    [32.0, 0.5]
+    >>> [round(x * 1e6, 6) for x in fit_split([10, 10], [160, 640], [-1e-4, -2e-4])]
+    [0.0, 0.0]
+    """
+    import numpy as np
+    x = np.asarray(rows, dtype=np.float64) / np.asarray(n, dtype=np.float64)
+    y = np.asarray(extra, dtype=np.float64) / np.asarray(n, dtype=np.float64)
+    row, fixed = np.polyfit(x, y, 1) if len(x) > 1 and np.ptp(x) > 0 else (0.0, float(np.mean(y)))
+    if row < 0:  # noise, or a model already high for long chunks: no part per row
+        row, fixed = 0.0, float(np.mean(y))
+    if fixed < 0:
+        row, fixed = max(0.0, float(np.sum(x * y) / np.sum(x * x))), 0.0
+    return float(fixed), float(row)
+
+
+def probe_price(p: HardwareProfile, chunks: Sequence[int], member: int, step: int) -> Tuple[float, float]:
+    """(forward, backward) seconds the model prices a block probe at (``_probe`` over ``chunks``:
+    ``member`` at ring ``step`` of ``probe_ring``), by the layer program's own pricing
+    (program.ring_step_costs: the tables, the fixed costs per call, per sequence and per split)."""
+    from ..planner.cost_model import CostModel
+    from ..planner.program import ring_step_costs
+    from ..topology import Topology
+    docs, ring = probe_ring(chunks)
+    fwd, bwd = ring_step_costs(CostModel(CPU_MODEL, p, Topology(1, 2, 2)), [ring], {x.doc: x for x in docs}, 2, 2)
+    return float(fwd[step, member]), float(bwd[step, member])
+
+
+def with_splits(samples: Sequence[Sequence[Dict]], p: HardwareProfile) -> HardwareProfile:
+    """``p`` with the extra of a split sequence (attn_split_*: a query chunk with full keys then its
+    causal run, which the CPU kernel runs as two sequences and a merge): the own-block probes
+    (``_compute``: ring step 0 of a ring of 2, SPLIT_LENS-token chunks) measured on the engine's path,
+    less what the model without that term prices the same blocks at (program.ring_step_costs: the
+    tables, the fixed costs per call and per sequence), median over ranks and samples. Unchanged where
+    the samples have no such probe."""
+    from dataclasses import replace
+    every = _ranks(samples)
+    if not all("own_fwd" in r for r in every):
+        return p
+    got = {}
+    for b, d in enumerate(("fwd", "bwd")):
+        n, rows, extra = [], [], []
+        for L in SPLIT_LENS:
+            chunks = spread_lengths(L, _probe_docs(L))
+            model = probe_price(p, chunks, 0, 0)[b]  # member 0, step 0: its own block
+            n.append(len(chunks))
+            rows.append(sum(chunks))
+            extra.append(statistics.median([r["own_" + d][L] for r in every]) - model)
+        got[d] = fit_split(n, rows, extra)
+    return replace(p, attn_split_fwd_us=got["fwd"][0] * 1e6, attn_split_row_fwd_us=got["fwd"][1] * 1e6,
+                   attn_split_bwd_us=got["bwd"][0] * 1e6, attn_split_row_bwd_us=got["bwd"][1] * 1e6)
 
 
 def calibrate(world: int, repeat: int = 5, gpus_per_node: int = 0, name: str = "") -> HardwareProfile:

@@ -202,7 +202,9 @@ def run_validation(args) -> int:
         profiles.append(prof.to_dict())  # kept with the rows: a run's misses are read against its profile
         print(f"world {w}: attention fwd {min(prof.attn_fwd_tflops) * 1e3:.2f}..{max(prof.attn_fwd_tflops) * 1e3:.2f} "
               f"GFLOP/s, {prof.attn_call_fwd_us:.0f}/{prof.attn_call_bwd_us:.0f} us per kernel call + "
-              f"{prof.attn_seq_fwd_us:.0f}/{prof.attn_seq_bwd_us:.0f} us per sequence (fwd/bwd), "
+              f"{prof.attn_seq_fwd_us:.0f}/{prof.attn_seq_bwd_us:.0f} us per sequence (fwd/bwd), a split one "
+              f"+{prof.attn_split_fwd_us:.0f}/{prof.attn_split_bwd_us:.0f} us + {prof.attn_split_row_fwd_us:.2f}/"
+              f"{prof.attn_split_row_bwd_us:.2f} us per row, "
               f"GEMM {prof.gemm_tflops * 1e3:.1f} GFLOP/s, p2p {prof.nvlink_GBps:.2f} GB/s + "
               f"{prof.nvlink_latency_us:.0f} us; {prof.host_cores:.2f} host cores, copies "
               f"{prof.host_copy_GBps:.1f} GB/s; engine {prof.host_post_us:.0f} us per Post, "

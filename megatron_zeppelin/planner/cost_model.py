@@ -13,7 +13,7 @@ rate; full blocks run at the profile's full-block table when it has one
 chunk with all the key blocks it attends in that call, which the kernels merge) adds the profile's
 fixed seconds per sequence (``seq_s``: ``attention.seq_fwd_us``; a block alone is one sequence, as
 ``block_pass_s`` prices it; one mixing full keys with a causal run counts twice, as the CPU kernel
-splits it: program.py ``sequences_per``), and every kernel call its fixed seconds per call
+splits it: program.py ``sequences_per``, and adds ``split_s`` for the merge), and every kernel call its fixed seconds per call
 (``call_s``: the engine makes one call per rank per Compute of the layer program, program.py);
 on a shared host every Post and Wait also costs its ranks the engine's CPU (``post_s``, ``wait_s``).
 ``gemm_s`` is the one linear function: linear modules cost 3x their forward FLOPs at the GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a
@@ -105,6 +105,21 @@ class CostModel:
         """Fixed seconds of one sequence of a kernel call: a query chunk with every key block it
         attends in that call (the kernels merge them into one sequence: attention/kernels/pieces.py)."""
         return (self.profile.attn_seq_bwd_us if backward else self.profile.attn_seq_fwd_us) * 1e-6
+
+    @property
+    def splits(self) -> bool:
+        """Whether split sequences cost anything beyond their two sequences (``split_s``)."""
+        p = self.profile
+        return bool(p.attn_split_fwd_us or p.attn_split_bwd_us or p.attn_split_row_fwd_us or p.attn_split_row_bwd_us)
+
+    def split_s(self, n, rows, backward: bool = False):
+        """What ``n`` split sequences of ``rows`` query rows in all add beyond their two sequences
+        each (full keys then a causal run, run as two and merged: profile ``attn_split_*``; 0 on
+        kernels that take bottom-right masks). Vectorised over n and rows."""
+        p = self.profile
+        fixed, row = ((p.attn_split_bwd_us, p.attn_split_row_bwd_us) if backward
+                      else (p.attn_split_fwd_us, p.attn_split_row_fwd_us))
+        return (np.asarray(n, dtype=np.float64) * fixed + np.asarray(rows, dtype=np.float64) * row) * 1e-6
 
     def block_pass_s(self, q, kv, causal, backward: bool = False):
         """Seconds of attention blocks each a sequence of its own (a local document; the estimates

@@ -121,6 +121,25 @@ def sequences_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, size: i
     return np.bincount(np.unique(ks) // top, minlength=size) + np.bincount(both // top, minlength=size)
 
 
+def splits_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, q: np.ndarray, size: int):
+    """(split sequences, their query rows) per ``key`` (an index < size) among the blocks given:
+    the sequences mixing full and causal blocks (``sequences_per`` counts each twice), which
+    cost.split_s prices.
+
+    >>> n, rows = splits_per(np.array([0, 0, 0, 2]), np.array([5, 5, 6, 5]), np.array([True, False, True, False]),
+    ...                      np.array([7.0, 7.0, 3.0, 7.0]), 3)
+    >>> n.tolist(), rows.tolist()
+    ([1, 0, 0], [7.0, 0.0, 0.0])
+    """
+    if not len(keys):
+        return np.zeros(size, dtype=np.int64), np.zeros(size)
+    top = int(seq.max()) + 1
+    ks = keys.astype(np.int64) * top + seq
+    both, first, _ = np.intersect1d(ks[causal], ks[~causal], return_indices=True)
+    at = both // top
+    return np.bincount(at, minlength=size), np.bincount(at, q[causal][first], minlength=size)
+
+
 def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps: int, world: int):
     """Per ring step and rank, (forward, backward) compute seconds of one layer of ``rings``, as
     [steps, world] arrays: the blocks' FLOPs by the cost model's one block function, a fixed
@@ -135,6 +154,11 @@ def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps
         has = n > 0
         fwd += has * cost.call_s() + n * cost.seq_s()
         bwd += has * cost.call_s(True) + n * cost.seq_s(True)
+        if cost.splits:
+            ns, rows = (x.reshape(steps, world) for x in splits_per(b.step * world + b.rank, b.seq, b.causal, b.q,
+                                                                    steps * world))
+            fwd += cost.split_s(ns, rows)
+            bwd += cost.split_s(ns, rows, True)
     return fwd, bwd
 
 
@@ -306,7 +330,8 @@ class AttentionWork:
         b = ring_blocks(rings, dmap)
         ids = np.array([r.id for r in rings], dtype=np.int64)
         self.ring_id = ids[b.ring] if len(b.q) else b.ring
-        self.step, self.rank, self.seq, self.causal = b.step, b.rank, b.seq, b.causal
+        self.step, self.rank, self.seq, self.causal, self.q = b.step, b.rank, b.seq, b.causal, b.q
+        self.cost, self.splits = cost, cost.splits
         self.sec = {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) for bw in (False, True)}
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
@@ -353,6 +378,9 @@ class AttentionWork:
             out[np.unique(self.rank[m])] += self.call[backward]  # all its blocks in one call per rank
             if self.per_seq[backward]:  # each query chunk's blocks of the call: one sequence
                 out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.causal[m], self.world)
+            if self.splits:  # those mixing full keys and a causal run: their merge
+                out += self.cost.split_s(*splits_per(self.rank[m], self.seq[m], self.causal[m], self.q[m], self.world),
+                                         backward)
             self._seconds[key] = out
         return out
 

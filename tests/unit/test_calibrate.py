@@ -3,6 +3,8 @@ the measured attention times through the cost model."""
 
 import json
 
+import pytest
+
 from megatron_zeppelin.cli import main
 from megatron_zeppelin.model_spec import load_model
 from megatron_zeppelin.planner.cost_model import CostModel
@@ -69,3 +71,26 @@ def test_calibrate_flags_checked_before_measuring(tmp_path, capsys):
         assert main(["calibrate", "--device", "cpu", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
+
+
+def test_split_cost_recovered_from_own_block_probes():
+    """The calibration's split cost is what the own-block probes (ring step 0) took beyond the
+    model's own price of the same blocks: probes made of that price plus a known split cost
+    give that cost back, and a profile without the probes is left as it is."""
+    from dataclasses import replace
+
+    from megatron_zeppelin.calibrate.concurrent import SPLIT_LENS, _probe_docs, probe_price, spread_lengths, with_splits
+    from megatron_zeppelin.planner.testing import TOY_PROFILE
+    p = replace(TOY_PROFILE, attn_call_fwd_us=40.0, attn_call_bwd_us=90.0, attn_seq_fwd_us=8.0, attn_seq_bwd_us=15.0)
+    rank = {"own_fwd": {}, "own_bwd": {}}
+    for L in SPLIT_LENS:
+        chunks = spread_lengths(L, _probe_docs(L))
+        fwd, bwd = probe_price(p, chunks, 0, 0)
+        rank["own_fwd"][L] = fwd + len(chunks) * 30e-6 + sum(chunks) * 0.5e-6
+        rank["own_bwd"][L] = bwd + sum(chunks) * 2e-6
+    got = with_splits([[rank, rank]], p)
+    assert got.attn_split_fwd_us == pytest.approx(30.0, abs=1e-6)
+    assert got.attn_split_row_fwd_us == pytest.approx(0.5, abs=1e-9)
+    assert got.attn_split_bwd_us == pytest.approx(0.0, abs=1e-6)
+    assert got.attn_split_row_bwd_us == pytest.approx(2.0, abs=1e-9)
+    assert with_splits([[{"own_fwd": {}}, {}]], p) == p

@@ -30,6 +30,7 @@ CPU_LIKE = replace(TOY_PROFILE, name="cpu", gemm_tflops=0.05, attn_seqlen=(16, 6
                    attn_full_fwd_tflops=(0.008, 0.02, 0.025, 0.027),
                    attn_full_bwd_tflops=(0.006, 0.014, 0.018, 0.021),
                    attn_call_fwd_us=40.0, attn_call_bwd_us=90.0, attn_seq_fwd_us=8.0, attn_seq_bwd_us=15.0,
+                   attn_split_fwd_us=30.0, attn_split_bwd_us=6.0, attn_split_row_fwd_us=0.5, attn_split_row_bwd_us=0.3,
                    host_post_us=120.0, host_wait_us=60.0, host_land_GBps=2.0, host_pack_GBps=1.5,
                    nvlink_GBps=1.0, nvlink_latency_us=60.0,
                    nic_GBps=1.0, nic_latency_us=60.0)
@@ -204,3 +205,38 @@ def test_one_kernel_call_per_rank_per_compute():
                 want = [call if rank in busy else 0.0 for rank in range(4)]
                 assert np.allclose(paid.seconds(x, backward) - unpaid.seconds(x, backward), want, rtol=0, atol=1e-12)
     assert seen["ring"] >= 8 and seen["local"] >= 4  # both kinds of Compute were checked
+
+
+def test_split_sequences_priced_once_each():
+    """A query chunk that sees full keys and then its own causal run in one call (ring step 0's
+    later chunk; the CPU kernel runs it as two sequences and a merge) adds the profile's split cost
+    once, with its rows: counted by hand from the zigzag chunks, not by the code that prices them."""
+    from megatron_zeppelin.planner.program import AttentionWork, Compute
+    topo = Topology(2, 2)
+    ctx = make_context(topo, CPU_LIKE, TOY_MODEL, ZeppelinConfig(gpus_per_node=2), total_tokens=13000)
+    lengths = [9000, 3000, 700, 300]
+    plan = assemble("static_cp", lengths, ctx, cp_placement(lengths, ctx, cp=4, comm="p2p"))
+    free = CostModel(TOY_MODEL, replace(CPU_LIKE, attn_split_fwd_us=0.0, attn_split_bwd_us=0.0,
+                                        attn_split_row_fwd_us=0.0, attn_split_row_bwd_us=0.0), topo)
+    paid, unpaid = AttentionWork(ctx.cost, plan.docs, plan.rings, 4), AttentionWork(free, plan.docs, plan.rings, 4)
+    docs = {d.doc: d for d in plan.docs}
+    checked = 0
+    for backward, fixed, row in ((False, 30e-6, 0.5e-6), (True, 6e-6, 0.3e-6)):
+        for x in attention_program(plan.rings, has_local=False, backward=backward):
+            if not isinstance(x, Compute):
+                continue
+            want = np.zeros(4)
+            for r in plan.rings:
+                if r.id not in x.rings or 0 not in x.steps:
+                    continue
+                g = r.size
+                for i in range(g):
+                    for d in r.docs:
+                        b = docs[d].bounds
+                        n = [b[c + 1] - b[c] for c in range(2 * g)]
+                        late = 2 * g - 1 - i  # sees chunk i fully at step 0, then itself causally
+                        if n[late] and n[i]:
+                            want[r.ranks[i]] += fixed + row * n[late]
+                            checked += 1
+            assert np.allclose(paid.seconds(x, backward) - unpaid.seconds(x, backward), want, rtol=0, atol=1e-12)
+    assert checked >= 8
