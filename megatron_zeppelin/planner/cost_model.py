@@ -34,7 +34,7 @@ import numpy as np
 
 from ..dp.memory import sp_rows
 from ..model_spec import ModelSpec
-from ..profile import HardwareProfile
+from ..profile import SPLIT_FIELDS, HardwareProfile
 from ..recompute import Recompute
 from ..topology import Topology
 from ..words import LINKS, Link
@@ -109,8 +109,7 @@ class CostModel:
     @property
     def splits(self) -> bool:
         """Whether split sequences cost anything beyond their two sequences (``split_s``)."""
-        p = self.profile
-        return bool(p.attn_split_fwd_us or p.attn_split_bwd_us or p.attn_split_row_fwd_us or p.attn_split_row_bwd_us)
+        return any(getattr(self.profile, "attn_" + k) for k in SPLIT_FIELDS)
 
     def split_s(self, n, rows, backward: bool = False):
         """What ``n`` split sequences of ``rows`` query rows in all add beyond their two sequences

@@ -117,14 +117,13 @@ def sequences_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, size: i
         return np.zeros(size, dtype=np.int64)
     top = int(seq.max()) + 1
     ks = keys.astype(np.int64) * top + seq
-    both = np.intersect1d(ks[causal], ks[~causal])  # sequences with full and causal blocks
-    return np.bincount(np.unique(ks) // top, minlength=size) + np.bincount(both // top, minlength=size)
+    return np.bincount(np.unique(ks) // top, minlength=size) + splits_per(keys, seq, causal, None, size)[0]
 
 
-def splits_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, q: np.ndarray, size: int):
+def splits_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, q: Optional[np.ndarray], size: int):
     """(split sequences, their query rows) per ``key`` (an index < size) among the blocks given:
     the sequences mixing full and causal blocks (``sequences_per`` counts each twice), which
-    cost.split_s prices.
+    cost.split_s prices; rows 0 where ``q`` (each block's query rows) is None.
 
     >>> n, rows = splits_per(np.array([0, 0, 0, 2]), np.array([5, 5, 6, 5]), np.array([True, False, True, False]),
     ...                      np.array([7.0, 7.0, 3.0, 7.0]), 3)
@@ -137,7 +136,8 @@ def splits_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, q: np.ndar
     ks = keys.astype(np.int64) * top + seq
     both, first, _ = np.intersect1d(ks[causal], ks[~causal], return_indices=True)
     at = both // top
-    return np.bincount(at, minlength=size), np.bincount(at, q[causal][first], minlength=size)
+    rows = np.zeros(size) if q is None else np.bincount(at, q[causal][first], minlength=size)
+    return np.bincount(at, minlength=size), rows
 
 
 def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps: int, world: int):
