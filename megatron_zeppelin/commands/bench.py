@@ -214,11 +214,16 @@ def run_validation(args) -> int:
             rows.append(r)
             bg = statistics.median(r["background_cores"]) if r["background_cores"] else float("nan")
             print(f"  {r['strategy']:<13} measured {r['measured_s'] * 1e3:8.1f} ms   simulated "
-                  f"{r['predicted_s'] * 1e3:8.1f} ms   error {100 * r['error']:+6.1f}% (CPU {100 * r['cpu_error']:+5.1f}%)   "
+                  f"{r['predicted_s'] * 1e3:8.1f} ms   error {100 * r['error']:+6.1f}% (CPU {100 * r['cpu_error']:+5.1f}%; "
+                  f"at calibration speed {100 * r['error_at_calibration']:+6.1f}%, host "
+                  f"{min(r['host_speed']):.2f}..{max(r['host_speed']):.2f})   "
                   f"{r['classes']}   "
                   f"others {bg:.2f} cores" + ("" if r["clean"] else " (no clean repeat: machine busy)"))
     errs = [abs(r["error"]) for r in rows]
     print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, max {100 * max(errs):.1f}% over {len(rows)} runs")
+    errs = [abs(r["error_at_calibration"]) for r in rows]
+    print(f"at the calibration's host speed (calibrate/host_speed.py): mean |error| "
+          f"{100 * sum(errs) / len(errs):.1f}%, max {100 * max(errs):.1f}%")
     if args.json:
         doc = {"note": "Engine forward + backward of one layer's core attention (8 heads, 4 KV heads, head_dim 32, "
                        "float32), slowest rank from a common barrier, median over the repeats where other "
@@ -226,7 +231,10 @@ def run_validation(args) -> int:
                        "simulated with the profile calibrated in the same spawned run (single-core rates, the "
                        "host's cores shared among the ranks computing at once, the engine's CPU per Post and "
                        "Wait; every figure the median of three calibrations: before, mid-way through and after "
-                       "the timed repeats); `profiles` holds each world's.",
+                       "the timed repeats); `profiles` holds each world's. `error_at_calibration`: the same against each "
+                       "repeat's time scaled by the host's speed around it (`host_speed`: a reference round on "
+                       "every rank before and after the pass, against the rounds around the calibrations; "
+                       "calibrate/host_speed.py).",
                "command": " ".join(["zeppelin bench --validate-cpu"] + [f"--world {w}" for w in worlds] +
                                    [f"--repeat {args.repeat}", f"--json {args.json}"]),
                "rows": rows, "profiles": profiles}

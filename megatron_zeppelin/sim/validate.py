@@ -24,6 +24,12 @@ included) next to the CPU time the simulated pass charges on this machine's core
 (``simulated_cpu_s``, events.TaskGraph.cpu_occupancy; ``simulated_work_s``: its work at one core's
 speed): a time error with the same CPU error is work the model leaves out; a time error alone is
 waiting (idle cores) it gets wrong.
+
+The host's own speed drifts within a run (benchmarks/bench_host_drift.py), so every rank also runs a
+short fixed reference round (calibrate/host_speed.py) right before and after each timed pass and
+REF_ROUNDS times around each calibration sample; each row reports, beside the raw error, the error
+against its repeats scaled to the calibration's host speed (``error_at_calibration``; ``host_speed``
+per repeat, below 1 when the host was slower than while calibrating). The raw error stays the headline.
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ from ..config import STRATEGIES, ZeppelinConfig
 from ..profile import HardwareProfile
 from ..topology import Topology
 from ..calibrate.concurrent import CPU_MODEL
+from ..calibrate.host_speed import at_calibration, host_speed
 from .iteration import attention_graph
 
 
 BACKGROUND_MAX = 0.25  # cores of other processes above which a timed repeat is not used
+REF_ROUNDS = 3  # reference rounds before and after each calibration sample (calibrate/host_speed.py)
 
 
 def make_batch(seed: int, tokens: int, longest: int) -> List[int]:
@@ -73,10 +81,19 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
     from ..attention.engine import AttentionEngine
     from ..planner import plan_batch
     from ..calibrate.concurrent import measure, profile_from
+    from ..calibrate.host_speed import reference, reference_round
+
+    from ..calibrate.heap import keep_heap
+    keep_heap()  # as measure() does: the reference rounds meet one heap throughout
+    ref = reference(rank)
+    ref()  # first-call costs are not the host's speed
+    calib_ref = []  # this rank's reference rounds around each calibration sample (host_speed.py)
 
     def sample():  # every rank's measurements, the same list on every rank
+        calib_ref.extend(reference_round(ref) for _ in range(REF_ROUNDS))
         every = [None] * world
         dist.all_gather_object(every, measure(rank, world, calib_repeat))
+        calib_ref.extend(reference_round(ref) for _ in range(REF_ROUNDS))
         return every
     samples = [sample()]
     planned = profile_from(samples, world)  # the same on every rank: the plans are made from it
@@ -102,18 +119,21 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
             k = torch.randn(t, m.kv_heads, m.head_dim, generator=g, requires_grad=True)
             v = torch.randn(t, m.kv_heads, m.head_dim, generator=g, requires_grad=True)
             dout = torch.randn(t, m.heads, m.head_dim, generator=g)
+            before = reference_round(ref)  # the host's speed right before and after the pass
             dist.barrier()
             b0, c0 = host_busy_s(), time.process_time()
             t0 = time.perf_counter()
             eng(q, k, v).backward(dout)
             dt = time.perf_counter() - t0
             dist.barrier()  # the load window closes when every rank is done
+            window = (time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0)
+            after = reference_round(ref)
             if i:
-                times[j].append((dt, time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0))
+                times[j].append((dt,) + window + (before, after))
         if i in (repeat // 2, repeat):  # the whole calibration again mid-way and at the end
             samples.append(sample())
     profile = profile_from(samples, world)  # the profile simulated: medians over the three samples
-    return ((planned.to_dict(), profile.to_dict()) if rank == 0 else None), times
+    return ((planned.to_dict(), profile.to_dict()) if rank == 0 else None), times, calib_ref
 
 
 def host_busy_s() -> float:
@@ -130,7 +150,8 @@ def host_busy_s() -> float:
 def background_cores(per_rank: Sequence[Sequence[float]]) -> float:
     """Cores that other processes kept busy during one timed repeat: the host's busy seconds minus
     the ranks' own CPU seconds, over the window (``per_rank[r]`` = (time, cpu_s, host_busy_s,
-    window_s) of rank r; the host figures are rank 0's). /proc/stat counts in 10 ms ticks.
+    window_s, ...) of rank r, as _rank records it with the reference rounds after; the host figures
+    are rank 0's). /proc/stat counts in 10 ms ticks.
 
     >>> round(background_cores([(0.1, 0.1, 0.3, 0.2), (0.1, 0.1, 0.0, 0.2)]), 6)  # 0.1 s of others in 0.2 s
     0.5
@@ -147,6 +168,7 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
     lengths = make_batch(seed, tokens_per_rank * world, tokens_per_rank)
     res = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
     planned, profile = (HardwareProfile.from_dict(d) for d in res[0][0])
+    calib_ref = [max(res[r][2][i] for r in range(world)) for i in range(len(res[0][2]))]  # slowest rank
     topo = cpu_topology(world)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rows = []
@@ -158,6 +180,9 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
         clean = [i for i, b in enumerate(bg) if not b > BACKGROUND_MAX]  # nan (no /proc): kept
         keep = clean or list(range(repeat))
         measured = statistics.median(per_iter[i] for i in keep)
+        speed = [host_speed(calib_ref, [max(res[r][1][j][i][k] for r in range(world)) for k in (4, 5)])
+                 for i in range(repeat)]
+        at_calib = statistics.median(at_calibration(per_iter[i], speed[i]) for i in keep)
         g, links = attention_graph(plan, profile, CPU_MODEL)
         sim = g.run(links.capacity)
         predicted = sim.makespan
@@ -166,7 +191,9 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
         measured_cpu, simulated_cpu = statistics.median(cpu[i] for i in keep), g.cpu_occupancy(sim, cores)
         rows.append({"world": world, "strategy": s, "measured_s": measured,
                      "measured_min_s": min(per_iter[i] for i in keep), "predicted_s": predicted,
-                     "error": predicted / measured - 1.0, "measured_cpu_s": measured_cpu,
+                     "error": predicted / measured - 1.0, "host_speed": speed,
+                     "measured_at_calibration_s": at_calib, "error_at_calibration": predicted / at_calib - 1.0,
+                     "measured_cpu_s": measured_cpu,
                      "simulated_cpu_s": simulated_cpu, "simulated_work_s": g.cpu_seconds(),
                      "cpu_error": simulated_cpu / measured_cpu - 1.0,
                      "repeats": per_iter, "background_cores": bg,

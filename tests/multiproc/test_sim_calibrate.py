@@ -20,6 +20,11 @@ def test_calibrate_and_validate_world_2(tmp_path):
         assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["tokens"] >= 512
         # the CPU the ranks took against the CPU the simulated pass charges (host_cores > 0: compute is WORK)
         assert r["measured_cpu_s"] > 0 and r["simulated_cpu_s"] > 0
+        # each repeat's host speed (reference rounds around it against the calibrations'), and the
+        # error at the calibration's speed beside the raw one
+        assert len(r["host_speed"]) == 1 and r["host_speed"][0] > 0
+        assert r["measured_at_calibration_s"] == r["repeats"][0] * r["host_speed"][0]
+        assert r["error_at_calibration"] == r["predicted_s"] / r["measured_at_calibration_s"] - 1.0
 
 
 def test_bench_validate_cpu_command(tmp_path, capsys):
@@ -33,4 +38,5 @@ def test_bench_validate_cpu_command(tmp_path, capsys):
     assert len(doc["rows"]) == 6 and doc["command"].startswith("zeppelin bench --validate-cpu")
     assert [p["name"] for p in doc["profiles"]] == ["cpu-w1"]  # each world's calibrated profile, kept with its rows
     assert (tmp_path / "cpu-w1.yaml").exists()
-    assert "mean |error|" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mean |error|" in printed and "at the calibration's host speed" in printed

@@ -34,6 +34,13 @@ def test_report_from_results(tmp_path, capsys):
     assert main(["report", "--results", str(res), "--validation", str(val), "--out", str(out),
                  "--figures", str(figs)]) == 0
     assert "| 2 | zeppelin | 200.0 | 220.0 | +10.0% | 400.0 | 380.0 | -5.0% |" in out.read_text()
+    assert "calibration speed" not in out.read_text()
+    val.write_text(json.dumps({"note": "n", "rows": [  # the host 10% slower during the repeats
+        {"world": 2, "strategy": "zeppelin", "measured_s": 0.2, "predicted_s": 0.22,
+         "measured_cpu_s": 0.4, "simulated_cpu_s": 0.38, "error_at_calibration": 0.22 / 0.18 - 1}]}))
+    assert main(["report", "--results", str(res), "--validation", str(val), "--out", str(out),
+                 "--figures", str(figs)]) == 0
+    assert "| 2 | zeppelin | 200.0 | 220.0 | +10.0% | 400.0 | 380.0 | -5.0% | +22.2% |" in out.read_text()
 
 
 def test_report_rejects_missing_results(tmp_path, capsys):
