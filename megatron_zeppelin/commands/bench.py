@@ -219,11 +219,11 @@ def run_validation(args) -> int:
                   f"{min(r['host_speed']):.2f}..{max(r['host_speed']):.2f})   "
                   f"{r['classes']}   "
                   f"others {bg:.2f} cores" + ("" if r["clean"] else " (no clean repeat: machine busy)"))
-    errs = [abs(r["error"]) for r in rows]
-    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, max {100 * max(errs):.1f}% over {len(rows)} runs")
-    errs = [abs(r["error_at_calibration"]) for r in rows]
-    print(f"at the calibration's host speed (calibrate/host_speed.py): mean |error| "
-          f"{100 * sum(errs) / len(errs):.1f}%, max {100 * max(errs):.1f}%")
+    def spread(key):  # mean and max |error| of one error column over every row
+        errs = [abs(r[key]) for r in rows]
+        return f"mean |error| {100 * sum(errs) / len(errs):.1f}%, max {100 * max(errs):.1f}%"
+    print(f"{spread('error')} over {len(rows)} runs")
+    print(f"at the calibration's host speed (calibrate/host_speed.py): {spread('error_at_calibration')}")
     if args.json:
         doc = {"note": "Engine forward + backward of one layer's core attention (8 heads, 4 KV heads, head_dim 32, "
                        "float32), slowest rank from a common barrier, median over the repeats where other "

@@ -160,7 +160,7 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
         L += [validation.get("note", "")]
         vrows = validation.get("rows", [])
         cpu = bool(vrows) and all("measured_cpu_s" in r for r in vrows)  # rows since 2026-12-02 have them
-        speed = bool(vrows) and all("error_at_calibration" in r for r in vrows)  # since 2026-12-02 (set 10)
+        speed = bool(vrows) and all("error_at_calibration" in r for r in vrows)  # since 2026-12-03 (validation set 10)
         rows = [[str(r["world"]), r["strategy"], f"{r['measured_s'] * 1e3:.1f}", f"{r['predicted_s'] * 1e3:.1f}",
                  f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f}%"]
                 + ([f"{r['measured_cpu_s'] * 1e3:.1f}", f"{r['simulated_cpu_s'] * 1e3:.1f}",
