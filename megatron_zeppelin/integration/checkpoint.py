@@ -70,13 +70,15 @@ def _write_marker(root: str, step: int) -> None:
 def _results_queue_in_process() -> None:
     """megatron-core's torch_dist writer collects write results through a ``Manager().Queue()``: a
     server process per rank that outlives a killed rank (an orphan) and costs a Python start-up. A
-    synchronous save writes from this process (its writers are forked and joined here), so a plain
-    queue of this process does the same job."""
-    import multiprocessing
+    synchronous save writes from this process (its writers are forked and joined here), so a queue of
+    this process does the same job. A thread queue, not a ``multiprocessing.Queue``: the latter's put
+    returns before its feeder thread has written, and megatron's finalize reads with ``get_nowait``,
+    which then finds it empty on a loaded host ("results_queue should not be empty")."""
+    import queue
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     if getattr(filesystem_async, "_results_queue", "absent") is None:
-        filesystem_async._results_queue = multiprocessing.get_context("fork").Queue()
+        filesystem_async._results_queue = queue.Queue()
 
 
 def save(root: str, step: int, model, optimizer, scheduler, extra: Optional[dict] = None) -> str:

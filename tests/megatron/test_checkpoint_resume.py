@@ -9,7 +9,7 @@ from dataclasses import asdict
 import pytest
 
 from megatron_zeppelin.distributed.launch import DistributedFailure, run_distributed
-from megatron_zeppelin.integration.checkpoint import MARKER, step_dir
+from megatron_zeppelin.integration.checkpoint import MARKER, _results_queue_in_process, step_dir
 from megatron_zeppelin.integration.data import build_corpus
 from megatron_zeppelin.integration.trainer import TrainOptions, train_worker
 
@@ -46,6 +46,18 @@ def _resume_then_load_stock(rank, world, options, dirs):
         weights.append(torch.cat([p.detach().flatten() for p in stock.parameters()]))
     out["same_weights"] = all(torch.equal(weights[0], w) for w in weights[1:])
     return out
+
+
+def test_the_write_results_queue_hands_over_what_was_put_at_once(monkeypatch):
+    """megatron's finalize reads the writers' results with ``get_nowait`` after a barrier; a queue whose
+    put returns before the item is readable (``multiprocessing.Queue``) fails a save on a loaded host."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+    monkeypatch.setattr(fa, "_results_queue", None)
+    _results_queue_in_process()
+    q = fa._get_write_results_queue()
+    for i in range(100):
+        q.put({i: []})
+        assert q.get_nowait() == {i: []}
 
 
 def test_kill_in_save_then_resume_reproduces_the_run_bit_for_bit(tmp_path):
