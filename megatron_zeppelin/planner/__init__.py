@@ -59,12 +59,13 @@ def plan_batch(lengths: Sequence[int], topology: Topology, profile: HardwareProf
     name = strategy or config.strategy
     ZeppelinConfig(strategy=name)  # validates the name with a flag-naming error
     if hasattr(lengths, "dtype") and np.issubdtype(lengths.dtype, np.integer) and len(lengths) and lengths.min() > 0:
+        total = int(lengths.sum())
         lengths = lengths.tolist()  # integers, all positive: check_lengths's per-element checks hold
         checked = True
     else:
         lengths = lengths.tolist() if hasattr(lengths, "tolist") else lengths
-        checked = False
-    ctx = make_context(topology, profile, model, config, total_tokens=sum(int(x) for x in lengths))
+        total, checked = sum(int(x) for x in lengths), False
+    ctx = make_context(topology, profile, model, config, total_tokens=total)
     lengths = check_lengths(lengths, ctx.capacity, topology.world_size, checked)
     # Planning a large batch allocates tens of thousands of small objects (the Plan's documents and
     # segments) and no cycles: the cyclic collector's passes over them are a fifth of its time.

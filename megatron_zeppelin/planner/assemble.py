@@ -49,7 +49,7 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     docs = tuple(sorted((replace(d, ring=new_id[d.ring]) if d.ring >= 0 else d for d in placement.docs),
                         key=attrgetter("doc")))
     att = attention_layout(docs, rings, topo.world_size)
-    dmap = {d.doc: d for d in docs}
+    dmap = {d.doc: d for d in docs if d.ring >= 0}  # ring_ops reads ring documents only
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of)
     if placement.routing:
         from .routing import route_schedule
@@ -72,10 +72,10 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
             # the attention layout and so cannot move) get fewer linear tokens: only the MLP-side
             # work (MLP and vocab head) is movable by the remap.
             tokens = pre.att_tokens
-            busy = [a + e + cost.proj_s(t) for a, e, t in zip(parts[0], parts[1], tokens)]
+            busy = (np.asarray(parts[0]) + np.asarray(parts[1]) + cost.proj_s_np(np.asarray(tokens))).tolist()
             limit = memory_caps(tokens, topo.gpus_per_node, *activation_weights(cost), ctx.capacity)
             caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), limit)
-        lin, moves = plan_remap(att, topo, cost=cost, capacities=caps)
+        lin, moves = plan_remap(att, topo, cost=cost, capacities=caps, tokens=pre.att_tokens)
     else:
         lin, moves = att, ()
     rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens)

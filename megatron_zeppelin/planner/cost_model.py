@@ -240,6 +240,16 @@ class CostModel:
         """
         return LINEAR_PASSES * self.model.layers * float(self.gemm_s(tokens, "qkv") + self.gemm_s(tokens, "out"))
 
+    def proj_s_np(self, tokens: np.ndarray) -> np.ndarray:
+        """``proj_s`` per entry of an array (the same floating-point operations, so equal bits).
+
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> c = toy_context().cost
+        >>> c.proj_s_np(np.array([0, 7, 1000])).tolist() == [c.proj_s(t) for t in (0, 7, 1000)]
+        True
+        """
+        return LINEAR_PASSES * self.model.layers * (self.gemm_s(tokens, "qkv") + self.gemm_s(tokens, "out"))
+
     def mlp_s(self, tokens: int) -> float:
         """Iteration seconds of the MLP (all layers) and the vocab head for ``tokens``: the linear
         work on the LINEAR layout, the only part the remap can move."""

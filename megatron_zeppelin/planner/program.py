@@ -326,7 +326,7 @@ class AttentionWork:
     host CPU per rank with which each pass starts (cost.pack_s of its own ring rows; 0 on GPUs)."""
 
     def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int):
-        dmap = {d.doc: d for d in docs}
+        dmap = {d.doc: d for d in docs if d.ring >= 0}  # ring documents: what ring_blocks and packing read
         b = ring_blocks(rings, dmap)
         ids = np.array([r.id for r in rings], dtype=np.int64)
         self.ring_id = ids[b.ring] if len(b.q) else b.ring

@@ -186,15 +186,16 @@ def _take_tail(segs: List[Segment], n: int) -> List[Segment]:
 
 
 def plan_remap(attention_layout: Sequence[Sequence[Segment]], topo: Topology, *, cost=None,
-               capacities: Optional[Sequence[int]] = None
+               capacities: Optional[Sequence[int]] = None, tokens: Optional[Sequence[int]] = None
                ) -> Tuple[Tuple[Tuple[Segment, ...], ...], Tuple[Move, ...]]:
     """(linear layout, moves) at minimum remap cost. ``cost``: a CostModel for the NVLink/NIC
     per-token costs (default: NIC 8x NVLink); ``capacities``: per-rank linear-layout token caps
-    (caps that sum to the batch's tokens are exact per-rank targets)."""
+    (caps that sum to the batch's tokens are exact per-rank targets); ``tokens``: the attention
+    layout's tokens per rank, when the caller has them (assembly does)."""
     if len(attention_layout) != topo.world_size:
         raise RemapError(f"attention layout has {len(attention_layout)} ranks but the topology has "
                          f"{topo.world_size} ({topo.describe()})")
-    counts = [segment_tokens(r) for r in attention_layout]
+    counts = list(tokens) if tokens is not None else [segment_tokens(r) for r in attention_layout]
     targets = balanced_targets(counts, topo, capacities, link_costs(cost))
     flows = transfer_matrix(counts, targets, topo)
     by_src: Dict[int, List[int]] = {}
