@@ -88,9 +88,10 @@ def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float
         pl = replace(pl, remap=False, balance_linear=False, routing=False, meta=dict(pl.meta))
         pl.meta["shape"] = label
         b = attention_bound(pl, ctx)
-        yield b, label, pl
+        yield max(b, ring_chain_bound(pl, ctx)), label, pl
         if routing and spans_nodes(pl, ctx):
-            yield b, label + "+routing", replace(pl, routing=True, meta=dict(pl.meta))
+            routed = replace(pl, routing=True, meta=dict(pl.meta))
+            yield max(b, ring_chain_bound(routed, ctx)), label + "+routing", routed
 
 
 BOUND_SLACK = 0.97  # the bound below is the prediction's own attention term; slack for its step granularity
@@ -115,6 +116,59 @@ def attention_bound(placement: Placement, ctx: PlanContext) -> float:
             for rank in r.ranks:
                 att[rank] += memo[key]
     return BOUND_SLACK * max(att)
+
+
+def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
+    """A second cheap lower bound, from communication alone (schedule.py's zigzag ring: at step s
+    member i receives a block from member i - 1 and passes it on at step s + 1; program.py: a member
+    posts step s + 1 only after its wait on step s). Two chains of hops, one after the other, each hop
+    at least its link's latency plus its block's bytes over one link:
+
+    - a member whose incoming hop is direct receives G - 1 blocks (every block but its own) over
+      that hop, each posted only after it received the one before;
+    - any block reaches the member before its owner after G - 1 hops along the ring (a routed hop:
+      over all the node's NICs at once, every level above NVLink at its fastest).
+
+    Both run in the forward and again in the backward of every layer; the longest chain of any ring
+    bounds the iteration (tests/unit/test_candidate_bounds.py holds it below the prediction).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> from megatron_zeppelin.planner.baselines.static_cp import cp_placement
+    >>> ctx = toy_context(nodes=2, gpus=2)
+    >>> ring_chain_bound(cp_placement([4000, 4000], ctx, 4, Comm.P2P), ctx) > 0
+    True
+    >>> ring_chain_bound(cp_placement([4000, 4000], ctx, 1, Comm.P2P), ctx)  # no ring, no chain
+    0.0
+    """
+    from .schedule import block_tokens
+    from ..words import Link
+    cost, topo = ctx.cost, ctx.topology
+    outer = [c for c in cost.link_classes if c != Link.NVLINK]
+    spread = topo.nics_per_node if placement.routing else 1
+    far = (min((cost.latency(c) for c in outer), default=0.0),
+           1.0 / (spread * max((cost.bandwidth(c) for c in outer), default=float("inf"))))
+    docs = {d.doc: d for d in placement.docs if d.ring >= 0}
+    kvb, best = cost.kv_bytes_per_token, 0.0
+    for r in placement.rings:
+        g = r.size
+        if g < 2 or r.comm != Comm.P2P or not r.docs:
+            continue
+        hop, direct = [], []  # hop i: member i -> i + 1, (latency, seconds per byte)
+        for i in range(g):
+            src, dst = r.ranks[i], r.ranks[(i + 1) % g]
+            link = cost.link_of(src, dst)
+            routed = placement.routing and link != Link.NVLINK
+            hop.append(far if routed else (cost.latency(link), 1.0 / cost.bandwidth(link)))
+            direct.append(not routed)
+        tokens = block_tokens(r, docs)
+        total, lat, inv = sum(tokens), sum(h[0] for h in hop), sum(h[1] for h in hop)
+        for b, n in enumerate(tokens):
+            into = hop[b - 1]  # the hop into member b
+            if n:  # block b along the ring: every hop but the one into its owner
+                best = max(best, lat - into[0] + kvb * n * (inv - into[1]))
+            if direct[b - 1]:  # member b receives every other block over the hop into it
+                best = max(best, (g - 1) * into[0] + kvb * (total - n) * into[1])
+    return 2 * cost.model.layers * best
 
 
 def placement_key(placement: Placement) -> tuple:
