@@ -162,12 +162,13 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
             direct.append(not routed)
         tokens = block_tokens(r, docs)
         total, lat, inv = sum(tokens), sum(h[0] for h in hop), sum(h[1] for h in hop)
+        sent = sum(1 for n in tokens if n)  # an empty block is no message
         for b, n in enumerate(tokens):
             into = hop[b - 1]  # the hop into member b
             if n:  # block b along the ring: every hop but the one into its owner
                 best = max(best, lat - into[0] + kvb * n * (inv - into[1]))
-            if direct[b - 1]:  # member b receives every other block over the hop into it
-                best = max(best, (g - 1) * into[0] + kvb * (total - n) * into[1])
+            if direct[b - 1]:  # member b receives every other (non-empty) block over the hop into it
+                best = max(best, (sent - (n > 0)) * into[0] + kvb * (total - n) * into[1])
     return 2 * cost.model.layers * best
 
 

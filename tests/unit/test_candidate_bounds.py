@@ -29,6 +29,7 @@ CASES = [  # (cluster, model, nodes, documents, lognormal mean, config)
     ("h200", "llama-3b", 2, 30, 8.5, {}),
     ("a800", "llama-13b", 2, 20, 9.0, {"tp": 2}),
     ("h800", "llama-7b", 2, 40, 8.0, {"recompute": "full"}),
+    ("a800", "llama-7b", 2, 8, 2.5, {}),  # documents of a few tokens: wide rings hold empty blocks
 ]
 
 
