@@ -286,22 +286,27 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
 def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candidate]:
     """Every fixed-shape candidate (candidates.py): the baselines' shapes, so that Zeppelin's
     prediction is never above theirs. None when the best so far is within NEAR_BOUND of the lower
-    bound (no plan can gain more); in order of their bounds, until a bound reaches the best so far."""
+    bound (no plan can gain more); in order of their bounds, until a bound reaches MEMORY_SLACK
+    above the best so far."""
     from dataclasses import replace as dc_replace
 
     from .assemble import prepare
     from .candidates import candidate_placements, placement_key
+    from .memory_choice import MEMORY_SLACK
     if search.within(NEAR_BOUND):
         return
+    # A shape up to MEMORY_SLACK slower than the best may still be faster than the memory-balanced
+    # plan the pick takes instead (memory_choice.py), which must then not be above it: so weigh those too.
+    reach = (1 + MEMORY_SLACK) * search.best_s
     cands, seen = [], set()
-    for bound, label, pl0 in candidate_placements(lengths, ctx, search.best_s):
+    for bound, label, pl0 in candidate_placements(lengths, ctx, reach):
         key = placement_key(pl0)
         if key not in seen:
             seen.add(key)
             cands.append((bound, label, pl0))
     cands.sort(key=lambda c: c[0])
     for bound, label, pl0 in cands:
-        if bound >= search.best_s:
+        if bound >= (1 + MEMORY_SLACK) * search.best_s:
             break
         pre = prepare(ctx, pl0)
         for remap in (("time", "off") if ctx.config.remap else ("off",)):
