@@ -3,7 +3,8 @@ schedule, prediction) and the quality of Zeppelin's plans on the paper's workloa
 
 Latency cases (issue 2): 1k documents for 64 ranks (8 nodes x 8) and 16k documents for 1024 ranks
 (128 nodes x 8), and a small batch of 100 documents for 64 ranks; a800 profile, llama-7b; lengths
-lognormal (median e^7.5 ~ 1.8k tokens, sigma 1.3, seed 0) clipped to [1, 64K]. Median (and min) of ``--repeats`` runs after one warm-up.
+lognormal (median e^7.5 ~ 1.8k tokens, sigma 1.3, seed 0) clipped to [1, 64K]. Median (and min) of
+``--repeats`` runs after one warm-up.
 
 Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M tokens, seeds
 ``--seeds``) at 4 nodes x 8 A800, llama-7b, every strategy: predicted iteration, imbalance

@@ -238,10 +238,10 @@ class CostModel:
         >>> abs(c.proj_s(1000) + c.mlp_s(1000) - c.linear_s(1000)) < 1e-18
         True
         """
-        return LINEAR_PASSES * self.model.layers * float(self.gemm_s(tokens, "qkv") + self.gemm_s(tokens, "out"))
+        return float(self.proj_s_np(tokens))
 
     def proj_s_np(self, tokens: np.ndarray) -> np.ndarray:
-        """``proj_s`` per entry of an array (the same floating-point operations, so equal bits).
+        """``proj_s`` per entry of an array (ranks' token counts priced in one call).
 
         >>> from megatron_zeppelin.planner.testing import toy_context
         >>> c = toy_context().cost
