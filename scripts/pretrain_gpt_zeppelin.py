@@ -75,6 +75,7 @@ def main():
         kwargs["get_embedding_ranks"] = _stock().get_embedding_ranks
     full_config = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
     pretrain(full_config, datasets_provider, ModelType.encoder_or_decoder, forward_step, **kwargs)
+    zeppelin_lm.shutdown()
 
 
 if __name__ == "__main__":

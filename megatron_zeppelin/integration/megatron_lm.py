@@ -20,6 +20,7 @@ Used by ``scripts/pretrain_gpt_zeppelin.py`` and by ``patches/megatron-lm-zeppel
 - ``--zeppelin-stock-spec`` (no ``--zeppelin-balance``): Megatron's stock layer spec trained on the
   same document batches, each document its own causal sample (stock_batch.py): the reference the
   Zeppelin runs are checked against.
+- ``shutdown()``: after ``pretrain(...)`` returns, destroy the process groups while Python is whole.
 """
 
 from __future__ import annotations
@@ -66,6 +67,20 @@ def use_prebuilt_dataset_helpers() -> None:
     except ImportError:
         return
     utils.compile_helpers = lambda: None
+
+
+def shutdown() -> None:
+    """Destroy every process group after ``pretrain(...)`` has returned (Megatron's pretrain leaves
+    them alive). Left to interpreter exit, gloo's worker threads can still hold work whose tensors
+    need the GIL while Python is being torn down, and the process aborts after a finished run
+    (SIGABRT, "terminate called without an active exception": seen in CI on rank 0)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def uses_documents(args) -> bool:
