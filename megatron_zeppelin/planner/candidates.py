@@ -47,14 +47,17 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext):
     from .baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
     from .baselines.hybrid_dp import plan_hybrid_dp
     from .baselines.static_cp import cp_assignment, cp_placement
-    world = ctx.topology.world_size
-    whole = ctx.cost.doc_attention_np(np.asarray(lengths, dtype=np.int64))
+    world, cost = ctx.topology.world_size, ctx.cost
+    L = np.asarray(lengths, dtype=np.int64)
+    own = cost.doc_attention_np(L) + cost.proj_s_np(L)  # a document's work that stays with its ranks
+    movable = movable_linear_s(int(L.sum()), cost)
     out = []
     for cp in cp_sizes(world):
         # A zigzag member's attention is at least 1/cp of the whole document's (its blocks are
-        # smaller, so no faster): the busiest group's whole attention / cp bounds the plan.
-        per_group = np.bincount(cp_assignment(lengths, world // cp), weights=whole, minlength=world // cp)
-        out.append((f"cp{cp}", BOUND_SLACK * float(per_group.max()) / cp,
+        # smaller, so no faster), its projections 1/cp of the document's: each group's share per
+        # member, then the MLP wherever it runs best (the remap may move it), bounds the plan.
+        per_group = np.bincount(cp_assignment(lengths, world // cp), weights=own, minlength=world // cp)
+        out.append((f"cp{cp}", BOUND_SLACK * water_level(np.repeat(per_group / cp, cp), movable),
                     (lambda cp=cp: cp_placement(lengths, ctx, cp, Comm.P2P))))
     small = len(lengths) <= SMALL_BATCH * world
     if small or len(lengths) <= HYBRID_DOCS:
@@ -87,26 +90,31 @@ def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float
             continue
         pl = replace(pl, remap=False, balance_linear=False, routing=False, meta=dict(pl.meta))
         pl.meta["shape"] = label
-        b = attention_bound(pl, ctx)
+        b = compute_bound(pl, ctx)
         yield max(b, ring_chain_bound(pl, ctx)), label, pl
         if routing and spans_nodes(pl, ctx):
             routed = replace(pl, routing=True, meta=dict(pl.meta))
             yield max(b, ring_chain_bound(routed, ctx)), label + "+routing", routed
 
 
-BOUND_SLACK = 0.97  # the bound below is the prediction's own attention term; slack for its step granularity
+BOUND_SLACK = 0.97  # the bounds below are the prediction's own compute terms; slack for its step granularity
 
 
-def attention_bound(placement: Placement, ctx: PlanContext) -> float:
-    """A cheap lower bound of a placement's predicted iteration: the busiest rank's attention
-    compute (whole local documents, zigzag ring shares), times BOUND_SLACK. No communication, no
-    linear work: a candidate whose bound is above the best plan so far need not be assembled."""
+def compute_bound(placement: Placement, ctx: PlanContext) -> float:
+    """A cheap lower bound of a placement's predicted iteration from compute alone (a rank computes
+    one thing at a time; communication and waiting only add): per rank its attention (whole local
+    documents, zigzag ring shares) and its projections (they run on the attention layout), then the
+    MLP and vocab head spread as evenly as can be (the remap may move them anywhere), times
+    BOUND_SLACK. A candidate whose bound is above the best plan so far need not be assembled."""
+    import numpy as np
     cost = ctx.cost
     att = [0.0] * ctx.topology.world_size
+    tokens = [0.0] * ctx.topology.world_size
     memo, length, local = {}, {d.doc: d.length for d in placement.docs}, DocClass.LOCAL
     for d in placement.docs:
         if d.cls == local:
             att[d.owner] += cost.doc_attention_s(d.length)
+            tokens[d.owner] += d.length
     for r in placement.rings:
         for i in r.docs:
             L = length[i]
@@ -115,7 +123,32 @@ def attention_bound(placement: Placement, ctx: PlanContext) -> float:
                 memo[key] = cost.ring_member_attention_s(L, r.size)
             for rank in r.ranks:
                 att[rank] += memo[key]
-    return BOUND_SLACK * max(att)
+                tokens[rank] += L / r.size
+    own = np.asarray(att) + cost.proj_s_np(np.asarray(tokens))
+    return BOUND_SLACK * water_level(own, movable_linear_s(sum(length.values()), cost))
+
+
+def movable_linear_s(tokens: int, cost) -> float:
+    """Iteration seconds of the work the remap may move, for the batch's ``tokens``: the MLP and the
+    vocab head (cost_model.mlp_s, linear in tokens); none for MoE layers, whose expert load is not."""
+    return 0.0 if cost.model.is_moe else cost.mlp_s(tokens)
+
+
+def water_level(own, movable: float) -> float:
+    """The least possible busiest rank when each rank has ``own`` seconds and ``movable`` seconds may
+    go anywhere: fill the least busy ranks up to one level.
+
+    >>> water_level([1.0, 2.0, 6.0], 3.0)  # the first two fill up to 3: the busiest keeps its 6
+    6.0
+    >>> water_level([1.0, 2.0, 6.0], 11.0), water_level([4.0], 0.0)  # (11 + 9) / 3
+    (6.666666666666667, 4.0)
+    """
+    import numpy as np
+    a = np.sort(np.asarray(own, dtype=np.float64))
+    filled = np.cumsum(a)
+    need = np.arange(1, len(a) + 1) * a - filled  # movable seconds that bring the k least busy to a[k-1]
+    k = int(np.searchsorted(need, movable, side="right"))
+    return max(float(a[-1]), (movable + float(filled[k - 1])) / k)
 
 
 def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
