@@ -107,14 +107,14 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
     MLP and vocab head spread as evenly as can be (the remap may move them anywhere), times
     BOUND_SLACK. A candidate whose bound is above the best plan so far need not be assembled."""
     import numpy as np
-    cost = ctx.cost
-    att = [0.0] * ctx.topology.world_size
-    tokens = [0.0] * ctx.topology.world_size
+
+    from .predict import attention_tokens
+    cost, world = ctx.cost, ctx.topology.world_size
+    att = [0.0] * world
     memo, length, local = {}, {d.doc: d.length for d in placement.docs}, DocClass.LOCAL
     for d in placement.docs:
         if d.cls == local:
             att[d.owner] += cost.doc_attention_s(d.length)
-            tokens[d.owner] += d.length
     for r in placement.rings:
         for i in r.docs:
             L = length[i]
@@ -123,8 +123,7 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
                 memo[key] = cost.ring_member_attention_s(L, r.size)
             for rank in r.ranks:
                 att[rank] += memo[key]
-                tokens[rank] += L / r.size
-    own = np.asarray(att) + cost.proj_s_np(np.asarray(tokens))
+    own = np.asarray(att) + cost.proj_s_np(attention_tokens(placement.docs, placement.rings, world))
     return BOUND_SLACK * water_level(own, movable_linear_s(sum(length.values()), cost))
 
 

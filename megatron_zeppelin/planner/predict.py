@@ -251,7 +251,8 @@ def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequenc
     return out
 
 
-def _attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int) -> np.ndarray:
+def attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int) -> np.ndarray:
+    """Tokens per rank in the attention layout (local documents on their owners, ring members' chunks)."""
     tok = np.zeros(world)
     dmap, local = {d.doc: d for d in docs}, DocClass.LOCAL
     for d in docs:
@@ -279,7 +280,7 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     L = cost.model.layers
     att = parts.attention if isinstance(parts, RingParts) else _Attention(docs, rings, schedule, cost)
     if att_tokens is None:
-        t_att = _attention_tokens(docs, rings, world)
+        t_att = attention_tokens(docs, rings, world)
         t_lin = np.array([sum([x.stop - x.start for x in linear_layout[r]]) for r in range(world)], dtype=np.float64)
     else:
         t_att = np.asarray(att_tokens, dtype=np.float64)
