@@ -19,10 +19,10 @@ import numpy as np
 from .context import Placement, PlanContext
 from .layout import attention_layout
 from .levels import linear_level, smallest_level
-from .predict import lower_bound, predict, ring_costs
+from .predict import attention_tokens, lower_bound, predict, ring_costs
 from .remap import plan_remap
 from .schedule import ring_ops
-from .types import Plan, PlanError, PlanMeta, segment_tokens
+from .types import Plan, PlanError, PlanMeta, ring_documents
 from ..words import CLASSES
 
 
@@ -49,12 +49,12 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     docs = tuple(sorted((replace(d, ring=new_id[d.ring]) if d.ring >= 0 else d for d in placement.docs),
                         key=attrgetter("doc")))
     att = attention_layout(docs, rings, topo.world_size)
-    dmap = {d.doc: d for d in docs if d.ring >= 0}  # ring_ops reads ring documents only
+    dmap = ring_documents(docs, rings)  # ring_ops reads ring documents only
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of)
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
-    tokens = tuple([segment_tokens(r) for r in att])
+    tokens = tuple(attention_tokens(docs, rings, topo.world_size).astype(np.int64).tolist())
     return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost), tokens)
 
 

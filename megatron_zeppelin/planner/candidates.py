@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .context import Placement, PlanContext
-from .types import PlanError
+from .types import PlanError, ring_documents
 from ..words import Comm, DocClass
 
 
@@ -179,7 +179,7 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
     spread = topo.nics_per_node if placement.routing else 1
     far = (min((cost.latency(c) for c in outer), default=0.0),
            1.0 / (spread * max((cost.bandwidth(c) for c in outer), default=float("inf"))))
-    docs = {d.doc: d for d in placement.docs if d.ring >= 0}
+    docs = ring_documents(placement.docs, placement.rings)
     kvb, best = cost.kv_bytes_per_token, 0.0
     for r in placement.rings:
         g = r.size

@@ -21,7 +21,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Dict, List, Sequence, Tuple
 
-from .types import DocPlan, Ring, Segment
+from .types import DocPlan, Ring, Segment, ring_documents
 from ..words import DocClass
 
 _new, _set = object.__new__, object.__setattr__
@@ -42,7 +42,7 @@ def zigzag_bounds(length: int, ring_size: int) -> Tuple[int, ...]:
 
 def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
                      ) -> Tuple[Tuple[Segment, ...], ...]:
-    dmap: Dict[int, DocPlan] = {d.doc: d for d in docs if d.ring >= 0}
+    dmap: Dict[int, DocPlan] = ring_documents(docs, rings)
     out: List[List[Segment]] = [[] for _ in range(world)]
     for ring in rings:
         g2 = 2 * ring.size
@@ -54,7 +54,9 @@ def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
                     segs.append(fast_segment(d, b[i], b[i + 1]))
                 if b[g2 - i] > b[g2 - 1 - i]:
                     segs.append(fast_segment(d, b[g2 - 1 - i], b[g2 - i]))
-    local = DocClass.LOCAL  # bound once per call (words.py)
+    local, new, put = DocClass.LOCAL, _new, _set  # bound once per call (words.py)
     for d in sorted((d for d in docs if d.cls == local), key=attrgetter("doc")):
-        out[d.owner].append(fast_segment(d.doc, 0, d.length))
+        s = new(Segment)  # fast_segment inlined: one per local document
+        put(s, "__dict__", {"doc": d.doc, "start": 0, "stop": d.length})
+        out[d.owner].append(s)
     return tuple(tuple(r) for r in out)

@@ -25,6 +25,9 @@ balance). The remap layer then evens out what the greedy leaves inside each node
      smaller G).
 3. Documents on the same ranks and class share one ring.
 
+The short documents (at most ``local_max``: the tail of the visiting order, most of a batch) are
+placed in numpy batches with the one-at-a-time result (lpt.py).
+
 Determinism: documents are visited in (-length, index) order and every choice breaks ties by
 (load, rank), so the decisions depend on the lengths only; any permutation of the input gives each
 document the place a document of the same length had before.
@@ -53,6 +56,7 @@ import numpy as np
 
 from .context import Placement, PlanContext
 from .layout import zigzag_bounds
+from .lpt import place_short
 from .strategies import Candidate, Search, pick, strategy
 from .thresholds import inter_share, zeppelin_thresholds
 from .types import DocPlan, PlanError, Ring
@@ -91,11 +95,13 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
 
 
 class _Ranks:
-    """Per-rank load (seconds) and attention tokens, with a lazy min-heap for LPT picks."""
+    """Per-rank load (seconds) and attention tokens, with a lazy min-heap for LPT picks; the loads
+    and tokens also as arrays, for the ring choices' masks (kept equal entry by entry)."""
 
     def __init__(self, world: int, cap: int):
-        self.load = [0.0] * world  # lists: the hot loop touches single entries
+        self.load = [0.0] * world  # lists: the heap's picks touch single entries
         self.tok = [0] * world
+        self.load_np, self.tok_np = np.zeros(world), np.zeros(world, dtype=np.int64)
         self.att = [0.0] * world  # load without the linear time of the tokens
         self.cap = cap
         self.ver = [0] * world
@@ -122,15 +128,32 @@ class _Ranks:
         self.tok[r] += tokens
         self.att[r] += t - rate * tokens
         self.ver[r] += 1
+        self.load_np[r], self.tok_np[r] = self.load[r], self.tok[r]
         entry = (self.load[r], r, self.ver[r])
         if self.heap and self.heap[0][1] == r:  # the usual LPT case: the top entry itself grows
             heapq.heapreplace(self.heap, entry)
         else:
             heapq.heappush(self.heap, entry)
 
+    def place_short(self, docs, length: np.ndarray, cost: np.ndarray, rate: float, owner: dict) -> int:
+        """lpt.place_short for documents ``docs`` (visiting order; every one at most local_max tokens),
+        recording their owners: how many were placed (it stops at one no rank has room for)."""
+        load, tok = self.load_np, self.tok_np
+        got, n = place_short(load, tok, length, cost, self.cap)
+        att = np.array(self.att)
+        np.add.at(att, got, cost[:n] - rate * length[:n])  # in visiting order, as one at a time
+        # In place: the greedy holds these lists.
+        self.load[:], self.tok[:], self.att[:] = load.tolist(), tok.tolist(), att.tolist()
+        self.ver[:] = [v + 1 for v in self.ver]
+        self.heap[:] = [(t, r, v) for r, (t, v) in enumerate(zip(self.load, self.ver))]
+        heapq.heapify(self.heap)
+        owner.update(zip(docs[:n], got.tolist()))
+        return n
+
     def masker(self):
-        """need -> loads as an array, +inf where ``need`` more tokens do not fit (arrays built once)."""
-        load, tok = np.asarray(self.load), np.asarray(self.tok)
+        """need -> loads as an array, +inf where ``need`` more tokens do not fit (read only: it may be
+        the ranks' own array)."""
+        load, tok = self.load_np, self.tok_np
         top = int(tok.max())
 
         def masked(need: int) -> np.ndarray:
@@ -264,9 +287,9 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
             placed[pk] = []
             for chosen in _choose(lengths, ctx, rate_kind, inter, rings, memo):
                 # The same placement as an earlier one (no document near a threshold): equal dicts.
-                if any(r is chosen[1] or (r == chosen[1] and o == chosen[2]) for r, o in seen):
+                if any(r is chosen[0] or (r == chosen[0] and o == chosen[1]) for r, o in seen):
                     continue
-                seen.append((chosen[1], chosen[2]))
+                seen.append((chosen[0], chosen[1]))
                 pl0 = _placement(lengths, ctx, *chosen)
                 pl0.remap = False
                 placed[pk].append((pl0, prepare(ctx, pl0)))
@@ -322,7 +345,7 @@ def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: 
 
 
 def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = "free", memo=None):
-    """The greedy's passes worth assembling: [(order, ring_of, owner, thresholds, meta)], the
+    """The greedy's passes worth assembling: [(ring_of, owner, thresholds, meta)], the
     arguments of _placement. Free rings: the pass of least estimate. Aligned rings: every pass, as
     their loads charge ring waiting only roughly and the honest prediction picks among them.
 
@@ -340,7 +363,11 @@ def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = 
     whole = att_whole + rate * L
     budget = float(whole.sum()) / ctx.topology.world_size
     tables = memo.setdefault(("tables", rate_kind), {})
-    args = (ctx, L_list, whole.tolist(), order_list, th, rate, tables, inter == "forced", rings == "aligned")
+    # The visiting order's tail of short documents (at most local_max tokens), as arrays (lpt.py).
+    n_long = int(np.count_nonzero(L > th.local_max))
+    short = (order_list[n_long:], L[order[n_long:]], whole[order[n_long:]])
+    args = (ctx, L_list, whole.tolist(), order_list, n_long, short, th, rate, tables, inter == "forced",
+            rings == "aligned")
     passes = []
     for f in (TARGETS_ALIGNED if rings == "aligned" else TARGETS):
         key = (rate_kind, rings, f)
@@ -357,7 +384,7 @@ def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = 
     out = []
     for est, f, ring_of, owner in (passes if rings == "aligned" else passes[:1]):
         meta = {"budget_s": f"{budget:.6g}", "target": f"{f:g}", "estimate_s": f"{est:.6g}"}
-        out.append((order, ring_of, owner, th, meta))
+        out.append((ring_of, owner, th, meta))
     return out
 
 
@@ -369,10 +396,12 @@ def _estimate(ranks: _Ranks, g: int) -> float:
     return float(np.maximum(load.mean(axis=1), att.max(axis=1)).max())
 
 
-def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables: dict, forced_only: bool,
-            aligned: bool, budget: float):
+def _greedy(ctx: PlanContext, L_list, whole_list, order, n_long: int, short, th, rate: float, tables: dict,
+            forced_only: bool, aligned: bool, budget: float):
     """One LPT pass (module docstring, step 2) with ``budget``: (ring_of, owner, estimate, whether a
-    document took an inter ring that a ``forced_only`` pass would not have considered)."""
+    document took an inter ring that a ``forced_only`` pass would not have considered). The
+    documents after ``order[:n_long]`` are short (``short``: them, their lengths and costs): each
+    goes to the least-loaded rank with room, placed in batches (lpt.py) but for any that fits none."""
     topo = ctx.topology
     world, g, nodes = topo.world_size, topo.gpus_per_node, topo.nodes
     ranks = _Ranks(world, ctx.capacity)
@@ -380,74 +409,67 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, th, rate: float, tables
     owner: Dict[int, int] = {}
     intra_sizes = np.arange(2, g + 1)
     inter_sizes = np.arange(2, world + 1) if nodes > 1 else np.arange(0)
-    local_max, cap = th.local_max, ctx.capacity
-    heap, load, tok, att, ver = ranks.heap, ranks.load, ranks.tok, ranks.att, ranks.ver
+    local_max = th.local_max
     spanned_by_hiding = False
-    for i in order:
-        Li, ui = L_list[i], whole_list[i]
-        t, r, v = heap[0]
-        if Li <= local_max and v == ver[r] and tok[r] + Li <= cap:
-            # Fast path of the common case (a short document on the heap's top rank): _Ranks.add inlined.
-            load[r] = t + ui
-            tok[r] += Li
-            att[r] += ui - rate * Li
-            ver[r] = v + 1
-            heapq.heapreplace(heap, (t + ui, r, v + 1))
-            owner[i] = r
-            continue
-        loc = ranks.least_loaded(Li)
-        loc_res = loc[0] + ui if loc else _INF
-        if loc and (Li <= local_max or loc_res <= budget):
-            owner[i] = loc[1]
-            ranks.add(loc[1], ui, Li, rate)
-            continue
-        best = (loc_res, 1, (loc[1],) if loc else ())
-        cls = DocClass.LOCAL
-        forced = loc is None  # does not fit one rank whole: split whether or not steps hide
-        if g >= 2:
-            if (DocClass.INTRA, Li) not in tables:  # the same for every pass
-                tables[(DocClass.INTRA, Li)] = _ring_table(ctx, Li, intra_sizes, rate)
-            member, need, hide_nv, _, wait, _, _ = tables[(DocClass.INTRA, Li)]
-            if aligned:  # the coarse variant also charges a ring's unhidden transfers
-                member = member + wait
-            ok = hide_nv | forced
-            if not ok.any():
-                ok = intra_sizes == 2
-            cand = _intra_aligned(ranks, g, intra_sizes, member, need, ok, budget) if aligned else (_INF,)
-            if cand[0] == _INF:  # free rings, or no aligned block fits
-                cand = _intra(ranks, g, intra_sizes, member, need, ok, budget)
-            if cand[0] < best[0]:
-                best, cls = cand, DocClass.INTRA
-        if (best[0] > budget or best[0] == _INF) and len(inter_sizes) and ((Li > th.intra_max and not forced_only) or best[0] == _INF):
-            if (DocClass.INTER, Li) not in tables:
-                tables[(DocClass.INTER, Li)] = _ring_table(ctx, Li, inter_sizes, rate)
-            member, need, _, hide_nic, _, wait, _ = tables[(DocClass.INTER, Li)]
-            if aligned:
-                member = member + wait
-            ok = hide_nic | (best[0] == _INF)
-            cand = _inter_aligned(ranks, g, inter_sizes, member, need, ok, budget) if aligned else (_INF,)
-            if cand[0] == _INF:
-                cand = _inter(ranks, g, inter_sizes, member, need, ok, budget)
-            if cand[0] < best[0]:
-                spanned_by_hiding |= best[0] != _INF  # a forced_only pass keeps the intra/local form
-                best, cls = cand, DocClass.INTER
-        if best[0] == _INF:
-            raise PlanError(f"document {i} ({Li} tokens) fits no ranks with room (raise "
-                            f"--zeppelin-capacity-tokens, now {ctx.capacity}, or add ranks)")
-        if cls == DocClass.LOCAL:
-            owner[i] = best[2][0]
-            ranks.add(best[2][0], ui, Li, rate)
-            continue
-        members = best[2]
-        G = len(members)
-        b = zigzag_bounds(Li, G)
-        m_att = float(tables[(cls, Li)][6][G - 2])  # == cost.ring_member_attention_s(Li, G)
-        if aligned:  # its load counts the ring's waiting too, as its choice did
-            m_att += float(tables[(cls, Li)][4 if cls == DocClass.INTRA else 5][G - 2])
-        for k, r in enumerate(members):
-            t = (b[k + 1] - b[k]) + (b[2 * G - k] - b[2 * G - 1 - k])
-            ranks.add(r, m_att + rate * t, t, rate)
-        ring_of[i] = (cls, members)
+    todo = order[:n_long]
+    for tail in (False, True):
+        if tail:  # the short documents: in batches, then one at a time from one that fits no rank
+            todo = order[n_long + ranks.place_short(*short, rate, owner):]
+        for i in todo:
+            Li, ui = L_list[i], whole_list[i]
+            loc = ranks.least_loaded(Li)
+            loc_res = loc[0] + ui if loc else _INF
+            if loc and (Li <= local_max or loc_res <= budget):
+                owner[i] = loc[1]
+                ranks.add(loc[1], ui, Li, rate)
+                continue
+            best = (loc_res, 1, (loc[1],) if loc else ())
+            cls = DocClass.LOCAL
+            forced = loc is None  # does not fit one rank whole: split whether or not steps hide
+            if g >= 2:
+                if (DocClass.INTRA, Li) not in tables:  # the same for every pass
+                    tables[(DocClass.INTRA, Li)] = _ring_table(ctx, Li, intra_sizes, rate)
+                member, need, hide_nv, _, wait, _, _ = tables[(DocClass.INTRA, Li)]
+                if aligned:  # the coarse variant also charges a ring's unhidden transfers
+                    member = member + wait
+                ok = hide_nv | forced
+                if not ok.any():
+                    ok = intra_sizes == 2
+                cand = _intra_aligned(ranks, g, intra_sizes, member, need, ok, budget) if aligned else (_INF,)
+                if cand[0] == _INF:  # free rings, or no aligned block fits
+                    cand = _intra(ranks, g, intra_sizes, member, need, ok, budget)
+                if cand[0] < best[0]:
+                    best, cls = cand, DocClass.INTRA
+            if (best[0] > budget or best[0] == _INF) and len(inter_sizes) and ((Li > th.intra_max and not forced_only) or best[0] == _INF):
+                if (DocClass.INTER, Li) not in tables:
+                    tables[(DocClass.INTER, Li)] = _ring_table(ctx, Li, inter_sizes, rate)
+                member, need, _, hide_nic, _, wait, _ = tables[(DocClass.INTER, Li)]
+                if aligned:
+                    member = member + wait
+                ok = hide_nic | (best[0] == _INF)
+                cand = _inter_aligned(ranks, g, inter_sizes, member, need, ok, budget) if aligned else (_INF,)
+                if cand[0] == _INF:
+                    cand = _inter(ranks, g, inter_sizes, member, need, ok, budget)
+                if cand[0] < best[0]:
+                    spanned_by_hiding |= best[0] != _INF  # a forced_only pass keeps the intra/local form
+                    best, cls = cand, DocClass.INTER
+            if best[0] == _INF:
+                raise PlanError(f"document {i} ({Li} tokens) fits no ranks with room (raise "
+                                f"--zeppelin-capacity-tokens, now {ctx.capacity}, or add ranks)")
+            if cls == DocClass.LOCAL:
+                owner[i] = best[2][0]
+                ranks.add(best[2][0], ui, Li, rate)
+                continue
+            members = best[2]
+            G = len(members)
+            b = zigzag_bounds(Li, G)
+            m_att = float(tables[(cls, Li)][6][G - 2])  # == cost.ring_member_attention_s(Li, G)
+            if aligned:  # its load counts the ring's waiting too, as its choice did
+                m_att += float(tables[(cls, Li)][4 if cls == DocClass.INTRA else 5][G - 2])
+            for k, r in enumerate(members):
+                t = (b[k + 1] - b[k]) + (b[2 * G - k] - b[2 * G - 1 - k])
+                ranks.add(r, m_att + rate * t, t, rate)
+            ring_of[i] = (cls, members)
     return ring_of, owner, _estimate(ranks, g), spanned_by_hiding
 
 
@@ -460,20 +482,19 @@ def _local_doc(i: int, length: int, owner: int) -> DocPlan:
     return d
 
 
-def _placement(lengths, ctx, order, ring_of, owner, th, meta) -> Placement:
-    """Docs and rings; documents on the same ranks and class share one ring (in visiting order)."""
+def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
+    """Docs and rings; documents on the same ranks and class share one ring (in visiting order: the
+    greedy fills ``ring_of`` in that order)."""
     ring_id: Dict[Tuple[str, Tuple[int, ...]], int] = {}
     ring_docs: List[List[int]] = []
-    for i in order.tolist():
-        key = ring_of.get(i)
-        if key is None:
-            continue
+    for i, key in ring_of.items():
         if key not in ring_id:
             ring_id[key] = len(ring_docs)
             ring_docs.append([])
         ring_docs[ring_id[key]].append(i)
     rings = [Ring(id=k, ranks=key[1], cls=key[0], docs=tuple(ring_docs[k])) for key, k in ring_id.items()]
-    docs = [_local_doc(i, Li, owner[i]) if i in owner else
+    get = owner.get
+    docs = [_local_doc(i, Li, o) if (o := get(i)) is not None else
             DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
             for i, Li in enumerate(map(int, lengths))]
     return Placement(docs=docs, rings=rings, thresholds=th, remap=ctx.config.remap,

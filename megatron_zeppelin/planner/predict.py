@@ -27,7 +27,7 @@ from .cost_model import LINEAR_PASSES, CostModel
 from .moe_cost import moe_pass_s
 from .program import AttentionWork, Compute, Post, attention_program, exchange_phases
 from .remap import linear_tokens
-from .types import CommOp, DocPlan, Move, RankCost, Ring, Segment
+from .types import CommOp, DocPlan, Move, RankCost, Ring, Segment, ring_documents
 from ..words import MIRROR, DocClass, Link, Stage
 
 
@@ -252,12 +252,13 @@ def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequenc
 
 
 def attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int) -> np.ndarray:
-    """Tokens per rank in the attention layout (local documents on their owners, ring members' chunks)."""
-    tok = np.zeros(world)
-    dmap, local = {d.doc: d for d in docs}, DocClass.LOCAL
-    for d in docs:
-        if d.cls == local:
-            tok[d.owner] += d.length
+    """Tokens per rank in the attention layout (local documents on their owners, ring members' chunks),
+    as floats (exact: integers)."""
+    local = DocClass.LOCAL
+    loc = [d for d in docs if d.cls == local]
+    owners = np.fromiter([d.owner for d in loc], dtype=np.int64, count=len(loc))
+    tok = np.bincount(owners, [d.length for d in loc], minlength=world) if loc else np.zeros(world)
+    dmap = ring_documents(docs, rings)
     for r in rings:
         g2 = 2 * r.size
         for d in r.docs:

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .types import CommOp, DocPlan, Ring
+from .types import CommOp, DocPlan, Ring, ring_documents
 from ..words import RING_QUEUES, STAGES, Comm, DocClass, Stage
 
 
@@ -326,7 +326,7 @@ class AttentionWork:
     host CPU per rank with which each pass starts (cost.pack_s of its own ring rows; 0 on GPUs)."""
 
     def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int):
-        dmap = {d.doc: d for d in docs if d.ring >= 0}  # ring documents: what ring_blocks and packing read
+        dmap = ring_documents(docs, rings)  # what ring_blocks and packing read
         b = ring_blocks(rings, dmap)
         ids = np.array([r.id for r in rings], dtype=np.int64)
         self.ring_id = ids[b.ring] if len(b.q) else b.ring
@@ -337,9 +337,9 @@ class AttentionWork:
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
         self.members = {r.id: r.ranks for r in rings}
         local = DocClass.LOCAL  # bound once per call (words.py)
-        loc = [(d.length, d.owner) for d in docs if d.cls == local]
-        L = np.array([x[0] for x in loc], dtype=np.float64)
-        own = np.array([x[1] for x in loc], dtype=np.int64)
+        loc = [d for d in docs if d.cls == local]
+        L = np.fromiter([d.length for d in loc], dtype=np.float64, count=len(loc))
+        own = np.fromiter([d.owner for d in loc], dtype=np.int64, count=len(loc))
         ranks = np.unique(own)
         self.local = {}
         for bw in (False, True):  # bincount adds in document order, as np.add.at did

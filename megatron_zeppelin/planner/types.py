@@ -93,6 +93,26 @@ class Ring:
         return len(self.ranks)
 
 
+def ring_documents(docs, rings) -> Dict[int, DocPlan]:
+    """The DocPlans of the rings' documents, by id (what the layout, the schedule and the prices read):
+    looked up by position where ``docs`` holds document k at index k (a Plan's documents: a few ring
+    documents among thousands need no scan of them all), else by a scan.
+
+    >>> docs = [DocPlan(0, 4, DocClass.INTRA, 0, -1, (0, 1, 2, 3, 4)), DocPlan(1, 3, DocClass.LOCAL, -1, 0, (0, 3))]
+    >>> ring = Ring(0, (0, 1), DocClass.INTRA, (0,))
+    >>> ring_documents(docs, [ring]) == ring_documents(docs[::-1], [ring]) == {0: docs[0]}
+    True
+    """
+    n, out = len(docs), {}
+    for r in rings:
+        for i in r.docs:
+            d = docs[i] if 0 <= i < n else None
+            if d is None or d.doc != i:
+                return {d.doc: d for d in docs if d.ring >= 0}
+            out[i] = d
+    return out
+
+
 @dataclass(frozen=True)
 class Move:
     """Remap, forward direction (attention layout -> linear layout): ``src`` sends ``segments``
