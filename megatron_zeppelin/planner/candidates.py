@@ -50,14 +50,17 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext):
     world, cost = ctx.topology.world_size, ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
     own = cost.doc_attention_np(L) + cost.proj_s_np(L)  # a document's work that stays with its ranks
-    movable = movable_linear_s(int(L.sum()), cost)
     out = []
     for cp in cp_sizes(world):
         # A zigzag member's attention is at least 1/cp of the whole document's (its blocks are
         # smaller, so no faster), its projections 1/cp of the document's: each group's share per
-        # member, then the MLP wherever it runs best (the remap may move it), bounds the plan.
-        per_group = np.bincount(cp_assignment(lengths, world // cp), weights=own, minlength=world // cp)
-        out.append((f"cp{cp}", BOUND_SLACK * water_level(np.repeat(per_group / cp, cp), movable),
+        # member, then the MLP wherever it runs best in its node (the remap moves it inside nodes),
+        # bounds the plan.
+        groups = cp_assignment(lengths, world // cp)
+        per_group = np.bincount(groups, weights=own, minlength=world // cp)
+        tokens = np.bincount(groups, weights=L, minlength=world // cp)
+        rows = node_rows(np.repeat(per_group / cp, cp), np.repeat(tokens / cp, cp), ctx)
+        out.append((f"cp{cp}", BOUND_SLACK * water_level(*rows),
                     (lambda cp=cp: cp_placement(lengths, ctx, cp, Comm.P2P))))
     small = len(lengths) <= SMALL_BATCH * world
     if small or len(lengths) <= HYBRID_DOCS:
@@ -104,27 +107,36 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
     """A cheap lower bound of a placement's predicted iteration from compute alone (a rank computes
     one thing at a time; communication and waiting only add): per rank its attention (whole local
     documents, zigzag ring shares) and its projections (they run on the attention layout), then the
-    MLP and vocab head spread as evenly as can be (the remap may move them anywhere), times
-    BOUND_SLACK. A candidate whose bound is above the best plan so far need not be assembled."""
+    MLP and vocab head of each node's tokens spread as evenly as can be over its ranks (the remap
+    moves them inside nodes: node_rows), times BOUND_SLACK. A candidate whose bound is above the
+    best plan so far need not be assembled."""
     import numpy as np
 
     from .predict import attention_tokens
     cost, world = ctx.cost, ctx.topology.world_size
-    att = [0.0] * world
-    memo, length, local = {}, {d.doc: d.length for d in placement.docs}, DocClass.LOCAL
-    for d in placement.docs:
-        if d.cls == local:
-            att[d.owner] += cost.doc_attention_s(d.length)
-    for r in placement.rings:
-        for i in r.docs:
-            L = length[i]
-            key = (L, r.size)
-            if key not in memo:
-                memo[key] = cost.ring_member_attention_s(L, r.size)
-            for rank in r.ranks:
-                att[rank] += memo[key]
-    own = np.asarray(att) + cost.proj_s_np(attention_tokens(placement.docs, placement.rings, world))
-    return BOUND_SLACK * water_level(own, movable_linear_s(sum(length.values()), cost))
+    length, local = {d.doc: d.length for d in placement.docs}, DocClass.LOCAL
+    loc = [d for d in placement.docs if d.cls == local]
+    owners = np.fromiter([d.owner for d in loc], dtype=np.int64, count=len(loc))
+    att = (np.bincount(owners, cost.doc_attention_np([d.length for d in loc]), minlength=world) if loc
+           else np.zeros(world))
+    pairs = [(length[i], r) for r in placement.rings for i in r.docs]  # each document of each ring
+    if pairs:
+        member = cost.ring_member_attention_np([L for L, _ in pairs], [r.size for _, r in pairs])
+        for (_, r), t in zip(pairs, member.tolist()):
+            att[list(r.ranks)] += t
+    tokens = attention_tokens(placement.docs, placement.rings, world)
+    own = att + cost.proj_s_np(tokens)
+    return BOUND_SLACK * water_level(*node_rows(own, tokens, ctx))
+
+
+def node_rows(own, tokens, ctx: PlanContext):
+    """Per node, its ranks' ``own`` seconds and the movable seconds of its ``tokens``: the remap of
+    every Zeppelin candidate keeps each node's tokens (node_time_targets, or no remap), so the MLP
+    and head of a node's tokens run inside it."""
+    import numpy as np
+    g, cost = ctx.topology.gpus_per_node, ctx.cost
+    node_tokens = np.asarray(tokens, dtype=np.float64).reshape(-1, g).sum(axis=1)
+    return (np.asarray(own).reshape(-1, g), [movable_linear_s(int(round(t)), cost) for t in node_tokens])
 
 
 def movable_linear_s(tokens: int, cost) -> float:
@@ -133,21 +145,26 @@ def movable_linear_s(tokens: int, cost) -> float:
     return 0.0 if cost.model.is_moe else cost.mlp_s(tokens)
 
 
-def water_level(own, movable: float) -> float:
+def water_level(own, movable) -> float:
     """The least possible busiest rank when each rank has ``own`` seconds and ``movable`` seconds may
-    go anywhere: fill the least busy ranks up to one level.
+    go anywhere: fill the least busy ranks up to one level. With ``own`` as rows (nodes) and one
+    ``movable`` per row, each row's seconds move only inside it: the busiest row's level.
 
     >>> water_level([1.0, 2.0, 6.0], 3.0)  # the first two fill up to 3: the busiest keeps its 6
     6.0
     >>> water_level([1.0, 2.0, 6.0], 11.0), water_level([4.0], 0.0)  # (11 + 9) / 3
     (6.666666666666667, 4.0)
+    >>> water_level([[1.0, 2.0], [0.0, 0.0]], [3.0, 1.0])  # node 0: (3 + 3) / 2; node 1: 0.5
+    3.0
     """
     import numpy as np
-    a = np.sort(np.asarray(own, dtype=np.float64))
-    filled = np.cumsum(a)
-    need = np.arange(1, len(a) + 1) * a - filled  # movable seconds that bring the k least busy to a[k-1]
-    k = int(np.searchsorted(need, movable, side="right"))
-    return max(float(a[-1]), (movable + float(filled[k - 1])) / k)
+    a = np.sort(np.atleast_2d(np.asarray(own, dtype=np.float64)), axis=1)
+    m = np.broadcast_to(np.asarray(movable, dtype=np.float64), (a.shape[0],))
+    filled = np.cumsum(a, axis=1)
+    need = np.arange(1, a.shape[1] + 1) * a - filled  # movable seconds that bring the k least busy to a[k-1]
+    k = np.count_nonzero(need <= m[:, None], axis=1)  # need is non-decreasing and need[0] = 0: k >= 1
+    level = (m + filled[np.arange(len(a)), k - 1]) / k
+    return float(max(a[:, -1].max(), level.max()))
 
 
 def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:

@@ -90,21 +90,31 @@ class _Round:
         self.free = [True] * world
         self.groups: List[Tuple[int, ...]] = []  # in creation order
         self.docs: Dict[Tuple[int, ...], List[Tuple[int, int]]] = {}
+        self._members: Dict[Tuple[int, int], List[int]] = {}  # member_tokens(L, g): asked per block
+        self._blocks: Dict[int, List[Tuple[int, ...]]] = {}  # aligned_blocks(g, world)
 
     def room(self, block, L) -> bool:
         """Megatron's rule (this round's tokens per rank <= mslpr) and the plan's capacity (all rounds)."""
         g = len(block)
-        return all(self.round_tok[r] + L / g <= self.mslpr and self.tok[r] + t <= self.cap
-                   for r, t in zip(block, member_tokens(L, g)))
+        share, key = L / g, (L, g)
+        if key not in self._members:
+            self._members[key] = member_tokens(L, g)
+        rt, tok, mslpr, cap = self.round_tok, self.tok, self.mslpr, self.cap
+        for r, t in zip(block, self._members[key]):
+            if rt[r] + share > mslpr or tok[r] + t > cap:
+                return False
+        return True
 
     def placeable(self, g: int) -> bool:
         return any(len(b) == g for b in self.groups) or self._new_block(g, None) is not None
 
     def _new_block(self, g: int, L):
-        best = None
-        for b in aligned_blocks(g, self.world):
-            if all(self.free[r] for r in b) and (L is None or self.room(b, L)):
-                key = (max(self.load[r] for r in b), b[0])
+        best, free, load = None, self.free, self.load
+        if g not in self._blocks:
+            self._blocks[g] = aligned_blocks(g, self.world)
+        for b in self._blocks[g]:
+            if all([free[r] for r in b]) and (L is None or self.room(b, L)):
+                key = (max([load[r] for r in b]), b[0])
                 best = min(best, (key, b)) if best else (key, b)
         return best
 
