@@ -4,7 +4,9 @@ schedule, prediction) and the quality of Zeppelin's plans on the paper's workloa
 Latency cases (issue 2): 1k documents for 64 ranks (8 nodes x 8) and 16k documents for 1024 ranks
 (128 nodes x 8), and a small batch of 100 documents for 64 ranks; a800 profile, llama-7b; lengths
 lognormal (median e^7.5 ~ 1.8k tokens, sigma 1.3, seed 0) clipped to [1, 64K]. Median (and min) of
-``--repeats`` runs after one warm-up.
+``--repeats`` runs after one warm-up, of ``plan_batch`` (everything built per call) and of one
+``Planner`` planning the batch again and again (a run's steady state: its cost model and crossover
+lengths built once).
 
 Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M tokens, seeds
 ``--seeds``) at 4 nodes x 8 A800, llama-7b, every strategy: predicted iteration, imbalance
@@ -62,10 +64,23 @@ def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -
         plan = plan_batch(lengths, topo, prof, model, strategy=strategy)
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    return {"strategy": strategy, "docs": n_docs, "ranks": topo.world_size, "tokens": int(lengths.sum()),
-            "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "repeats": repeats,
-            "cpu_median_ms": 1e3 * statistics.median(cpu), "load_average": os.getloadavg()[0],
-            "classes": plan.class_counts(), "ops": len(plan.schedule), "moves": len(plan.remap)}
+    out = {"strategy": strategy, "docs": n_docs, "ranks": topo.world_size, "tokens": int(lengths.sum()),
+           "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "repeats": repeats,
+           "cpu_median_ms": 1e3 * statistics.median(cpu), "load_average": os.getloadavg()[0],
+           "classes": plan.class_counts(), "ops": len(plan.schedule), "moves": len(plan.remap)}
+    try:  # a run's steady state: one Planner for every batch (older trees have plan_batch only)
+        from megatron_zeppelin.planner import Planner
+    except ImportError:
+        return out
+    planner = Planner(topo, prof, model)
+    planner.plan(lengths, strategy)  # the run's first batch builds what the run shares
+    steady = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        planner.plan(lengths, strategy)
+        steady.append(time.perf_counter() - t0)
+    out.update(planner_median_ms=1e3 * statistics.median(steady), planner_min_ms=1e3 * min(steady))
+    return out
 
 
 def compare(n_docs: int, nodes: int, repeats: int, rounds: int, old_src: str, args) -> dict:
@@ -87,6 +102,9 @@ def compare(n_docs: int, nodes: int, repeats: int, rounds: int, old_src: str, ar
         # its repeats): the least over the processes is the figure such a mode cannot move.
         res[f"{which}_min_ms"] = min(r["min_ms"] for r in rs)
         res[f"{which}_process_medians_ms"] = [round(r["median_ms"], 3) for r in rs]
+        if all("planner_median_ms" in r for r in rs):  # a Planner reused over the run's batches
+            res[f"{which}_planner_median_ms"] = statistics.median(r["planner_median_ms"] for r in rs)
+            res[f"{which}_planner_min_ms"] = min(r["planner_min_ms"] for r in rs)
         res[f"{which}_package"] = rs[0]["package"]
     res["ratio_wall"] = res["old_median_ms"] / res["new_median_ms"]
     res["ratio_cpu"] = res["old_cpu_median_ms"] / res["new_cpu_median_ms"]
@@ -200,6 +218,9 @@ def main(argv=None) -> int:
                   f"old/new {r['ratio_wall']:.2f}x wall, {r['ratio_cpu']:.2f}x CPU; least of all processes new "
                   f"{r['new_min_ms']:.1f}, old {r['old_min_ms']:.1f} ({r['ratio_min']:.2f}x) (load {r['load_average']:.1f})",
                   flush=True)
+            if "new_planner_median_ms" in r:
+                print(f"    new, one Planner for the run's batches: median {r['new_planner_median_ms']:.1f} ms, "
+                      f"least {r['new_planner_min_ms']:.1f}", flush=True)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
@@ -211,7 +232,8 @@ def main(argv=None) -> int:
             r = latency(n, nodes, args.repeats, s, prof, model)
             out["latency"].append(r)
             print(f"latency {s:10s} {n:6d} docs {r['ranks']:5d} ranks: median {r['median_ms']:.1f} ms "
-                  f"(min {r['min_ms']:.1f}; CPU median {r['cpu_median_ms']:.1f}; load {r['load_average']:.1f})",
+                  f"(min {r['min_ms']:.1f}; CPU median {r['cpu_median_ms']:.1f}; load {r['load_average']:.1f}); "
+                  f"one Planner for the run: median {r['planner_median_ms']:.1f} ms (min {r['planner_min_ms']:.1f})",
                   flush=True)
     if args.profile:
         for n, nodes in LATENCY_CASES:

@@ -84,7 +84,7 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
     from ..integration.runtime import build_model, init_parallel
     from ..integration.step import forward_loss_sum
     from ..model_spec import load_model
-    from ..planner import plan_batch
+    from ..planner import Planner
     from ..profile import load_profile
     from ..topology import Topology
     from .base import get_variant
@@ -109,7 +109,8 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
     for balance in spec.balance:
         strategy = "zeppelin" if balance else "packed_dp"
         cfg = ZeppelinConfig(strategy=strategy, gpus_per_node=world)
-        plans = [plan_batch([d.numel() - 1 for d in docs], topo, profile, m, cfg) for docs in batches]
+        planner = Planner(topo, profile, m, cfg)
+        plans = [planner.plan([d.numel() - 1 for d in docs]) for docs in batches]
         for name in spec.variants:
             if name == "single" and world != 1:
                 continue  # the plain single-process baseline exists at one rank only

@@ -210,6 +210,19 @@ def loss_func(label_tokens: int, output_tensor: torch.Tensor, loss_mask: Optiona
     return loss, num, {"lm loss": report}
 
 
+def _run_planner(args, topo, spec, cfg):
+    """The run's Planner (its cost model built once, not per micro-batch), kept on Megatron's args,
+    which live as long as the run; rebuilt if the topology, model or config differ."""
+    from ..planner import Planner
+    from ..profile import load_profile
+    key = (topo, spec, cfg)
+    held = getattr(args, "_zeppelin_planner", None)
+    if held is None or held[0] != key:
+        held = (key, Planner(topo, load_profile(cfg.cluster), spec, cfg))
+        args._zeppelin_planner = held
+    return held[1]
+
+
 def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     from megatron.core import parallel_state as ps
     from megatron.training import get_args
@@ -226,8 +239,6 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
 
     from ..attention.kernels import Kernel
     from ..model_spec import ModelSpec
-    from ..planner import plan_batch
-    from ..profile import load_profile
     from ..topology import Topology
     from .batch import build_rank_batch, default_engine_factory
     from .plan_check import check_plan_agreement
@@ -239,7 +250,7 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
                      heads=args.num_attention_heads, kv_heads=args.num_query_groups or args.num_attention_heads,
                      ffn=args.ffn_hidden_size, vocab=args.padded_vocab_size,
                      head_dim=args.kv_channels or args.hidden_size // args.num_attention_heads)
-    plan = plan_batch([d.numel() - 1 for d in docs], topo, load_profile(cfg.cluster), spec, cfg)
+    plan = _run_planner(args, topo, spec, cfg).plan([d.numel() - 1 for d in docs])
     if cfg.debug_plan or not getattr(forward_step, "_checked", False):
         check_plan_agreement(plan, group)
         forward_step._checked = True

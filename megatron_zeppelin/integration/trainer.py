@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ..config import ZeppelinConfig
 from ..model_spec import load_model
-from ..planner import plan_batch
+from ..planner import Planner
 from ..profile import load_profile
 from ..topology import Topology
 from ..words import Link
@@ -89,6 +89,7 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     rt = init_parallel(tp=o.tp, seed=o.seed, ep=expert_parallel_size(m, world // o.tp, o.ep))
     topo = Topology.from_world(rt.domain_size, zcfg.gpus_per_node, zcfg.nics_per_node, zcfg.gpu_nic_map)
     profile = load_profile(zcfg.cluster)
+    planner = Planner(topo, profile, m, zcfg)  # the run's cost model, built once for every step's plan
     if not o.data_path and dist.get_rank() == 0:
         default_corpus()  # built once, by one rank
     dist.barrier()
@@ -120,7 +121,7 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
     for step in range(start, o.steps):
         progress.mark_step(step + 1)  # the launcher names the step a stopped rank was in
         docs = batch_documents(ds, sampler, step)
-        plan = plan_batch([d.numel() - 1 for d in docs], topo, profile, m, zcfg)
+        plan = planner.plan([d.numel() - 1 for d in docs])
         if step == start or zcfg.debug_plan:
             check_plan_agreement(plan, rt.domain_group)
         counters = CommCounters()

@@ -1,5 +1,7 @@
 """The planner: pure and deterministic. ``plan_batch`` turns the document lengths of one global
-micro-batch into a Plan (see types.py) for a topology, hardware profile, model and strategy.
+micro-batch into a Plan (see types.py) for a topology, hardware profile, model and strategy; a
+``Planner`` does the same for every batch of a run, building what depends only on the run (the cost
+model and the crossover lengths of the class thresholds) once.
 
 No torch.distributed, no clock, no unseeded randomness; ties are broken by (length, index).
 """
@@ -21,16 +23,23 @@ from .cost_model import CostModel
 from .strategies import pick
 from .types import Plan, PlanError
 
-__all__ = ["plan_batch", "make_context", "Plan", "PlanError", "PlanContext", "Placement", "CostModel"]
+__all__ = ["plan_batch", "Planner", "make_context", "Plan", "PlanError", "PlanContext", "Placement", "CostModel"]
 
 
 def make_context(topology: Topology, profile: HardwareProfile, model: ModelSpec,
-                 config: Optional[ZeppelinConfig] = None, total_tokens: int = 0) -> PlanContext:
+                 config: Optional[ZeppelinConfig] = None, total_tokens: int = 0,
+                 cost: Optional[CostModel] = None) -> PlanContext:
+    """The context of one batch; ``cost``: a cost model of the same topology, profile, model and
+    config to reuse (a Planner's), else a new one."""
     config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
     world = topology.world_size
     capacity = config.capacity_tokens or max(1, 2 * -(-total_tokens // world))
-    cost = CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute), config.sequence_parallel)
+    cost = cost or cost_model_of(topology, profile, model, config)
     return PlanContext(topology, model, profile, config, cost, capacity)
+
+
+def cost_model_of(topology: Topology, profile: HardwareProfile, model: ModelSpec, config: ZeppelinConfig) -> CostModel:
+    return CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute), config.sequence_parallel)
 
 
 def check_lengths(lengths: Sequence[int], capacity: int, world: int, checked: bool = False) -> list:
@@ -54,25 +63,51 @@ def check_lengths(lengths: Sequence[int], capacity: int, world: int, checked: bo
 
 def plan_batch(lengths: Sequence[int], topology: Topology, profile: HardwareProfile, model: ModelSpec,
                config: Optional[ZeppelinConfig] = None, strategy: Optional[str] = None) -> Plan:
-    """Plan one global micro-batch. ``strategy`` defaults to ``config.strategy``."""
-    config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
-    name = strategy or config.strategy
-    ZeppelinConfig(strategy=name)  # validates the name with a flag-naming error
-    if hasattr(lengths, "dtype") and np.issubdtype(lengths.dtype, np.integer) and len(lengths) and lengths.min() > 0:
-        total = int(lengths.sum())
-        lengths = lengths.tolist()  # integers, all positive: check_lengths's per-element checks hold
-        checked = True
-    else:
-        lengths = lengths.tolist() if hasattr(lengths, "tolist") else lengths
-        total, checked = sum(int(x) for x in lengths), False
-    ctx = make_context(topology, profile, model, config, total_tokens=total)
-    lengths = check_lengths(lengths, ctx.capacity, topology.world_size, checked)
-    # Planning a large batch allocates tens of thousands of small objects (the Plan's documents and
-    # segments) and no cycles: the cyclic collector's passes over them are a fifth of its time.
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        return pick(name, lengths, ctx)[0]
-    finally:
-        if paused:
-            gc.enable()
+    """Plan one global micro-batch. ``strategy`` defaults to ``config.strategy``. A run planning
+    many batches keeps a Planner instead (the same Plans, without rebuilding the run's cost model)."""
+    return Planner(topology, profile, model, config).plan(lengths, strategy)
+
+
+class Planner:
+    """Plans the batches of one run (one topology, profile, model and config): the cost model, and
+    the crossover lengths it keeps (CostModel.crossover_length), are built at the first batch and
+    reused; every Plan equals plan_batch's for the same batch.
+
+    >>> from megatron_zeppelin.model_spec import load_model
+    >>> from megatron_zeppelin.profile import load_profile
+    >>> prof = load_profile("a800")
+    >>> planner = Planner(Topology(2, 8, prof.nics_per_node, prof.gpu_to_nic), prof, load_model("llama-7b"))
+    >>> batches = ([30000, 900, 1200, 4000] * 8, [8000] * 20)
+    >>> [planner.plan(b) == plan_batch(b, planner.topology, prof, planner.model) for b in batches]
+    [True, True]
+    """
+
+    def __init__(self, topology: Topology, profile: HardwareProfile, model: ModelSpec,
+                 config: Optional[ZeppelinConfig] = None):
+        self.topology, self.profile, self.model = topology, profile, model
+        self.config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
+        self.cost = cost_model_of(topology, profile, model, self.config)
+
+    def plan(self, lengths: Sequence[int], strategy: Optional[str] = None) -> Plan:
+        """The Plan of one global micro-batch; ``strategy`` defaults to the config's."""
+        config = self.config
+        name = strategy or config.strategy
+        ZeppelinConfig(strategy=name)  # validates the name with a flag-naming error
+        if hasattr(lengths, "dtype") and np.issubdtype(lengths.dtype, np.integer) and len(lengths) and lengths.min() > 0:
+            total = int(lengths.sum())
+            lengths = lengths.tolist()  # integers, all positive: check_lengths's per-element checks hold
+            checked = True
+        else:
+            lengths = lengths.tolist() if hasattr(lengths, "tolist") else lengths
+            total, checked = sum(int(x) for x in lengths), False
+        ctx = make_context(self.topology, self.profile, self.model, config, total_tokens=total, cost=self.cost)
+        lengths = check_lengths(lengths, ctx.capacity, self.topology.world_size, checked)
+        # Planning a large batch allocates tens of thousands of small objects (the Plan's documents and
+        # segments) and no cycles: the cyclic collector's passes over them are a fifth of its time.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return pick(name, lengths, ctx)[0]
+        finally:
+            if paused:
+                gc.enable()

@@ -373,12 +373,23 @@ class CostModel:
         out = np.where(nbytes > 0, self.latency(link) + nbytes * share / self.bandwidth(link), 0.0)
         return float(out) if out.ndim == 0 else out
 
+    @cached_property
+    def _crossovers(self) -> dict:  # crossover_length's answers: the model is immutable, they are too
+        return {}
+
     def crossover_length(self, ring: int, link: str, share: float = 1.0, limit: int = 1 << 26) -> int:
         """Smallest length whose ring step hides its transfer on ``link``: doubling from 2 x ring,
         then bisection (the step compute is flat over each chunk size, so near the crossover the
         predicate is not monotone and the bisection's path fixes the answer). Both price lengths
         on arrays: every doubling at once, then the midpoints of the next BISECT_LEVELS levels of
-        the bisection at once (50 scalar cost calls were a tenth of the time to plan 1k documents)."""
+        the bisection at once (50 scalar cost calls were a tenth of the time to plan 1k documents).
+        Kept per model: a run's Planner asks the same crossovers for every batch."""
+        key = (ring, link, share, limit)
+        if key not in self._crossovers:
+            self._crossovers[key] = self._crossover_length(ring, link, share, limit)
+        return self._crossovers[key]
+
+    def _crossover_length(self, ring: int, link: str, share: float, limit: int) -> int:
         if ring <= 1:
             return 0
 

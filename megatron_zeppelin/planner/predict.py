@@ -159,6 +159,9 @@ class _Attention:
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
         self.post_s = cost.post_s()  # the engine's CPU per Post (and per Wait: _host)
         self._host_costs: Dict[Tuple[bool, str], Tuple[np.ndarray, np.ndarray]] = {}
+        # run()'s results by (pass, starting clocks): the remap variants of one placement start the
+        # forward attention at the same clocks (the projections of the same attention layout)
+        self._runs: Dict[Tuple[bool, bytes], Tuple[np.ndarray, list]] = {}
 
     def hops(self, backward: bool, name: str):
         """The hops of the exchange ``name`` (cached: a layer runs the same program every time)."""
@@ -178,6 +181,14 @@ class _Attention:
         max(c_0, T) + sum_{s=1}^{G-2} max(c_s, 2T) + max(c_{G-1}, T), then step G-1's dK/dV (T),
         waited at the next queue's overlap point or at the end (tests/unit/test_predict_backward.py).
         """
+        key = (backward, clock.tobytes())
+        if key in self._runs:  # the same clocks in, the same clocks out; busy gets the same adds
+            end, adds = self._runs[key]
+            clock[:] = end
+            for t in adds:
+                busy[:] += t
+            return
+        adds = []
         done: Dict[str, Dict[int, float]] = {}
         landing: Dict[str, np.ndarray] = {}  # per exchange in flight, the engine's CPU at its Wait, per rank
         clock += self.work.pack  # the engine packs its own ring rows first (shared hosts; 0 on GPUs)
@@ -186,6 +197,7 @@ class _Attention:
                 t = self.work.seconds(x, backward)
                 clock[:] += t
                 busy[:] += t
+                adds.append(t)
             elif isinstance(x, Post):
                 h = self.hops(backward, x.name)
                 if not h:
@@ -207,6 +219,7 @@ class _Attention:
                         clock[r] = t
                     if land is not None:  # then the engine lands the messages (shared hosts)
                         clock[r] += land[r]
+        self._runs[key] = (clock.copy(), adds)
 
     def _host(self, key, hops) -> Tuple[np.ndarray, np.ndarray]:
         """(the ranks an exchange involves: senders and receivers of its hops, proxies included;
