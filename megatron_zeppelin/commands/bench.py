@@ -206,7 +206,8 @@ def run_validation(args) -> int:
               f"+{prof.attn_split_fwd_us:.0f}/{prof.attn_split_bwd_us:.0f} us + {prof.attn_split_row_fwd_us:.2f}/"
               f"{prof.attn_split_row_bwd_us:.2f} us per row, "
               f"GEMM {prof.gemm_tflops * 1e3:.1f} GFLOP/s, p2p {prof.nvlink_GBps:.2f} GB/s + "
-              f"{prof.nvlink_latency_us:.0f} us; {prof.host_cores:.2f} host cores, copies "
+              f"{prof.nvlink_latency_us:.0f} us; {prof.host_cores:.2f} host cores (samples "
+              f"{', '.join(f'{c:.2f}' for c in vrows[0]['host_cores_per_sample']) if vrows else '-'}), copies "
               f"{prof.host_copy_GBps:.1f} GB/s; engine {prof.host_post_us:.0f} us per Post, "
               f"{prof.host_wait_us:.0f} us per Wait + landing {prof.host_land_GBps:.1f} GB/s, packing "
               f"{prof.host_pack_GBps:.1f} GB/s; wrote {path}")
@@ -234,7 +235,8 @@ def run_validation(args) -> int:
                        "the timed repeats); `profiles` holds each world's. `error_at_calibration`: the same against each "
                        "repeat's time scaled by the host's speed around it (`host_speed`: a reference round on "
                        "every rank before and after the pass, against the rounds around the calibrations; "
-                       "calibrate/host_speed.py).",
+                       "calibrate/host_speed.py). `host_cores_per_sample`: each calibration's own host_cores "
+                       "(the profile's is the median over all their rounds).",
                "command": " ".join(["zeppelin bench --validate-cpu"] + [f"--world {w}" for w in worlds] +
                                    [f"--repeat {args.repeat}", f"--json {args.json}"]),
                "rows": rows, "profiles": profiles}

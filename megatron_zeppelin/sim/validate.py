@@ -80,7 +80,7 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
 
     from ..attention.engine import AttentionEngine
     from ..planner import plan_batch
-    from ..calibrate.concurrent import measure, profile_from
+    from ..calibrate.concurrent import host_cores, measure, profile_from
     from ..calibrate.host_speed import reference, reference_round
 
     from ..calibrate.heap import keep_heap
@@ -133,7 +133,10 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
         if i in (repeat // 2, repeat):  # the whole calibration again mid-way and at the end
             samples.append(sample())
     profile = profile_from(samples, world)  # the profile simulated: medians over the three samples
-    return ((planned.to_dict(), profile.to_dict()) if rank == 0 else None), times, calib_ref
+    # each sample's own host_cores beside the profile's median: a sample on a stretch where the host
+    # delivered fewer cores (benchmarks/bench_host_cores.py) shows here
+    per_sample = [host_cores([x]) for x in samples]
+    return ((planned.to_dict(), profile.to_dict(), per_sample) if rank == 0 else None), times, calib_ref
 
 
 def host_busy_s() -> float:
@@ -167,7 +170,8 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
     from ..planner import plan_batch
     lengths = make_batch(seed, tokens_per_rank * world, tokens_per_rank)
     res = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
-    planned, profile = (HardwareProfile.from_dict(d) for d in res[0][0])
+    planned_d, profile_d, cores_per_sample = res[0][0]
+    planned, profile = HardwareProfile.from_dict(planned_d), HardwareProfile.from_dict(profile_d)
     calib_ref = [max(res[r][2][i] for r in range(world)) for i in range(len(res[0][2]))]  # slowest rank
     topo = cpu_topology(world)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -193,6 +197,7 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
                      "measured_min_s": min(per_iter[i] for i in keep), "predicted_s": predicted,
                      "error": predicted / measured - 1.0, "host_speed": speed,
                      "measured_at_calibration_s": at_calib, "error_at_calibration": predicted / at_calib - 1.0,
+                     "host_cores_per_sample": cores_per_sample,
                      "measured_cpu_s": measured_cpu,
                      "simulated_cpu_s": simulated_cpu, "simulated_work_s": g.cpu_seconds(),
                      "cpu_error": simulated_cpu / measured_cpu - 1.0,

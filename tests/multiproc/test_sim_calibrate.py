@@ -25,6 +25,9 @@ def test_calibrate_and_validate_world_2(tmp_path):
         assert len(r["host_speed"]) == 1 and r["host_speed"][0] > 0
         assert r["measured_at_calibration_s"] == r["repeats"][0] * r["host_speed"][0]
         assert r["error_at_calibration"] == r["predicted_s"] / r["measured_at_calibration_s"] - 1.0
+        # every calibration sample's own host_cores (before, mid-way, after), the profile's is their rounds' median
+        cores = r["host_cores_per_sample"]
+        assert len(cores) == 3 and all(0 < c <= 2 for c in cores)
 
 
 def test_bench_validate_cpu_command(tmp_path, capsys):
