@@ -58,26 +58,42 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost), tokens)
 
 
+def remapped(ctx: PlanContext, placement: Placement, pre: Prepared) -> Tuple[tuple, tuple]:
+    """(linear layout, moves) of a prepared placement: its remap, or the attention layout unmoved."""
+    topo, cost = ctx.topology, ctx.cost
+    if not placement.remap:
+        return pre.attention_layout, ()
+    caps = None
+    if placement.balance_linear:
+        # Ranks busier with attention + exposed communication + their projections (which run on
+        # the attention layout and so cannot move) get fewer linear tokens: only the MLP-side
+        # work (MLP and vocab head) is movable by the remap.
+        tokens, parts = pre.att_tokens, pre.parts
+        busy = (np.asarray(parts[0]) + np.asarray(parts[1]) + cost.proj_s_np(np.asarray(tokens))).tolist()
+        limit = memory_caps(tokens, topo.gpus_per_node, *activation_weights(cost), ctx.capacity)
+        caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), limit)
+    lin, moves = plan_remap(pre.attention_layout, topo, cost=cost, capacities=caps, tokens=pre.att_tokens)
+    return lin, tuple(moves)
+
+
+def least_iteration_s(ctx: PlanContext, pre: Prepared, moved: Tuple[tuple, tuple]) -> float:
+    """A lower bound of the predicted iteration of a prepared placement with ``moved`` (its
+    ``remapped``), at a fraction of assembling it (predict's ``least``)."""
+    lin, moves = moved
+    return max(c.total_s for c in predict(pre.docs, pre.rings, lin, pre.ops, moves, ctx.cost, parts=pre.parts,
+                                          att_tokens=pre.att_tokens, least=True))
+
+
 def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
-             prepared: Optional[Prepared] = None, lower_bound_s: Optional[float] = None) -> Plan:
+             prepared: Optional[Prepared] = None, lower_bound_s: Optional[float] = None,
+             moved: Optional[Tuple[tuple, tuple]] = None) -> Plan:
     """The Plan of ``placement``; ``prepared``: its prepare() when shared with other candidates;
-    ``lower_bound_s``: the batch's lower_bound when the caller assembles several candidates."""
+    ``lower_bound_s``: the batch's lower_bound when the caller assembles several candidates;
+    ``moved``: its ``remapped`` when the caller has it."""
     topo, cost = ctx.topology, ctx.cost
     pre = prepared or prepare(ctx, placement)
     docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
-    if placement.remap:
-        caps = None
-        if placement.balance_linear:
-            # Ranks busier with attention + exposed communication + their projections (which run on
-            # the attention layout and so cannot move) get fewer linear tokens: only the MLP-side
-            # work (MLP and vocab head) is movable by the remap.
-            tokens = pre.att_tokens
-            busy = (np.asarray(parts[0]) + np.asarray(parts[1]) + cost.proj_s_np(np.asarray(tokens))).tolist()
-            limit = memory_caps(tokens, topo.gpus_per_node, *activation_weights(cost), ctx.capacity)
-            caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), limit)
-        lin, moves = plan_remap(att, topo, cost=cost, capacities=caps, tokens=pre.att_tokens)
-    else:
-        lin, moves = att, ()
+    lin, moves = moved if moved is not None else remapped(ctx, placement, pre)
     rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens)
     if ctx.config.capacity_tokens:  # a set capacity is memory: every strategy must fit it
         _check_fits(strategy, att, lin, ctx.config.capacity_tokens)

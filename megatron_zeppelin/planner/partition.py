@@ -277,6 +277,7 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
     from .assemble import prepare  # late: assemble consumes Placements
 
     seen, placed, memo = [], {}, {}
+    offs = {}  # free rings: each placement's remap-off candidate, which its time variant is weighed against
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
             continue  # --no-remap: the linear layout is the attention layout
@@ -294,8 +295,16 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                 pl0.remap = False
                 placed[pk].append((pl0, prepare(ctx, pl0)))
         for pl0, pre in placed[pk]:
+            if remap == "off" and id(pl0) in offs:
+                yield offs.pop(id(pl0))
+                continue
             pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-            yield Candidate(pl, "/".join(map(str, VARIANTS[k])), prepared=pre)
+            versus = None
+            if remap == "time" and rings == "free":  # its off variant comes later in VARIANTS for sure
+                off = VARIANTS.index((rate_kind, inter, rings, "off"))
+                versus = offs[id(pl0)] = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)),
+                                                   "/".join(map(str, VARIANTS[off])), prepared=pre)
+            yield Candidate(pl, "/".join(map(str, VARIANTS[k])), prepared=pre, versus=versus)
     yield from _fixed_shapes(lengths, ctx, search)  # the baselines' shapes: never predicted slower
 
 
@@ -332,9 +341,12 @@ def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candida
         if bound >= (1 + MEMORY_SLACK) * search.best_s:
             break
         pre = prepare(ctx, pl0)
-        for remap in (("time", "off") if ctx.config.remap else ("off",)):
-            pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-            yield Candidate(pl, f"{label}/{remap}", prepared=pre)
+        off = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)), f"{label}/off",
+                        prepared=pre)
+        if ctx.config.remap:  # time first (ties keep it), weighed against the off variant that follows
+            pl = dc_replace(pl0, remap=True, balance_linear=True, meta=dict(pl0.meta))
+            yield Candidate(pl, f"{label}/time", prepared=pre, versus=off)
+        yield off
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:

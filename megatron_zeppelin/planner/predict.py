@@ -162,6 +162,7 @@ class _Attention:
         # run()'s results by (pass, starting clocks): the remap variants of one placement start the
         # forward attention at the same clocks (the projections of the same attention layout)
         self._runs: Dict[Tuple[bool, bytes], Tuple[np.ndarray, list]] = {}
+        self._least: Dict[bool, Tuple[np.ndarray, np.ndarray]] = {}  # least(): (clock step, compute) per pass
 
     def hops(self, backward: bool, name: str):
         """The hops of the exchange ``name`` (cached: a layer runs the same program every time)."""
@@ -220,6 +221,16 @@ class _Attention:
                     if land is not None:  # then the engine lands the messages (shared hosts)
                         clock[r] += land[r]
         self._runs[key] = (clock.copy(), adds)
+
+    def least(self, clock: np.ndarray, backward: bool, busy: np.ndarray) -> None:
+        """run()'s clocks at least, whatever they start at: the pass's packing and compute alone (no
+        ring waits, no engine CPU per exchange); ``busy`` gets the same adds (predict least=True)."""
+        if backward not in self._least:
+            t = [self.work.seconds(x, backward) for x in self.program[backward] if isinstance(x, Compute)]
+            self._least[backward] = (self.work.pack + sum(t), sum(t))
+        step, compute = self._least[backward]
+        clock += step
+        busy += compute
 
     def _host(self, key, hops) -> Tuple[np.ndarray, np.ndarray]:
         """(the ranks an exchange involves: senders and receivers of its hops, proxies included;
@@ -282,14 +293,19 @@ def attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int)
 
 
 def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Sequence[Sequence[Segment]],
-            schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel, parts=None, att_tokens=None
-            ) -> Tuple[RankCost, ...]:
+            schedule: Sequence[CommOp], moves: Sequence[Move], cost: CostModel, parts=None, att_tokens=None,
+            least: bool = False) -> Tuple[RankCost, ...]:
     """Per-rank predicted costs: RankCost(attention, linear (projections on the attention layout, MLP
     and vocab head on the linear layout), exposed ring communication and waiting for partners, remap
     (its transfers and the wait for its partners)); ``total_s`` is when the rank finishes.
     ``parts``: ``ring_costs``'s result when the caller already has it (its attention model is reused);
     ``att_tokens``: the attention layout's tokens per rank when the caller has counted them (the
-    linear layout's then follow from the moves)."""
+    linear layout's then follow from the moves).
+
+    ``least``: a lower bound of every rank's ``total_s``, cheaply, by the same program: each core
+    attention pass advances a rank by its own compute alone (no ring waits, no engine CPU), and each
+    remap hop takes its own bytes at its link's rate (no link shared); every step only adds or takes
+    a max, so no clock can run ahead of the exact one (the pick skips a remap variant with it)."""
     world = cost.topology.world_size
     L = cost.model.layers
     att = parts.attention if isinstance(parts, RingParts) else _Attention(docs, rings, schedule, cost)
@@ -319,28 +335,36 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
             moved[mv.src] = moved[mv.dst] = 1.0
     sp_att, sp_lin = cost.sp_allgather_s(r_att) * moved, cost.sp_allgather_s(r_lin) * moved
 
-    remap_f = [_hop(Stage.DIRECT, mv.src, mv.dst, mv.tokens * cost.hidden_bytes_per_token,
-                    cost.link_of(mv.src, mv.dst), cost.topology.nic_of(mv.src), cost) for mv in moves if mv.tokens]
-    topo = cost.topology
-    remap_b = [_hop(Stage.DIRECT, x[2], x[1], x[3], x[5], topo.nic_of(x[2]) if x[5] != Link.NVLINK else -1, cost) for x in remap_f]
     attn_busy, lin_busy, remap_t = np.zeros(world), np.zeros(world), np.zeros(world)
+    if least:
+        remap_f, remap_b = _least_hops(moves, cost) if any(m.tokens for m in moves) else ((), ())
+        run_attention, exchange = att.least, _least_exchange
+    else:
+        remap_f = [_hop(Stage.DIRECT, mv.src, mv.dst, mv.tokens * cost.hidden_bytes_per_token,
+                        cost.link_of(mv.src, mv.dst), cost.topology.nic_of(mv.src), cost) for mv in moves if mv.tokens]
+        topo = cost.topology
+        remap_b = [_hop(Stage.DIRECT, x[2], x[1], x[3], x[5], topo.nic_of(x[2]) if x[5] != Link.NVLINK else -1, cost)
+                   for x in remap_f]
+        prepared = {id(h): _prepared_exchange(h, cost) for h in (remap_f, remap_b) if h}
+        run_attention = att.run
+
+        def exchange(hops, clock):
+            for r, t in _exchange(hops, clock, cost, prepared=prepared[id(hops)]).items():
+                clock[r] = max(clock[r], t)
 
     def lin(clock, t):
         clock += t
         lin_busy[:] += t
 
-    prepared = {id(h): _prepared_exchange(h, cost) for h in (remap_f, remap_b) if h}
-
     def remap(clock, hops):
-        if hops:
+        if len(hops):
             before = clock.copy()
-            for r, t in _exchange(hops, clock, cost, prepared=prepared[id(hops)]).items():
-                clock[r] = max(clock[r], t)
+            exchange(hops, clock)
             remap_t[:] += clock - before
 
     def forward(c):
         lin(c, qkv)
-        att.run(c, False, attn_busy)
+        run_attention(c, False, attn_busy)
         lin(c, out + tp_ar(t_att) + sp_att)
         remap(c, remap_f)
         lin(c, mlp + tp_ar(t_lin) + sp_lin)
@@ -357,8 +381,8 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
         remap(c, remap_b)
         lin(c, 2 * out)
         if rc.has("core_attn") and not rc.full:  # a ring-split document's K/V exchanges again
-            att.run(c, False, attn_busy)
-        att.run(c, True, attn_busy)
+            run_attention(c, False, attn_busy)
+        run_attention(c, True, attn_busy)
         lin(c, 2 * qkv + tp_ar(t_att))
 
     def share(w, run):  # one layer's pass, its clock and busy times weighted by w (its share of layers)
@@ -379,6 +403,31 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     a, li, rm = attn_busy * L, lin_busy * L + head, remap_t * L
     exp = np.maximum(0.0, total - a - li - rm)
     return tuple(RankCost(float(a[r]), float(li[r]), float(exp[r]), float(rm[r])) for r in range(world))
+
+
+def _least_hops(moves: Sequence[Move], cost: CostModel):
+    """predict(least=True)'s remap hops, forward and back: (src, dst, latency + own bytes / rate)."""
+    mv = [m for m in moves if m.tokens]
+    src = np.fromiter((m.src for m in mv), dtype=np.int64, count=len(mv))
+    dst = np.fromiter((m.dst for m in mv), dtype=np.int64, count=len(mv))
+    links = {}  # (src, dst) -> (bytes per second, latency): a handful of link classes
+    sec = np.empty(len(mv))
+    for k, m in enumerate(mv):
+        link = cost.link_of(m.src, m.dst)
+        if link not in links:
+            links[link] = (cost.bandwidth(link), cost.latency(link))
+        bw, lat = links[link]
+        sec[k] = lat + m.tokens * cost.hidden_bytes_per_token / bw
+    return (src, dst, sec), (dst, src, sec)
+
+
+def _least_exchange(hops, clock: np.ndarray) -> None:
+    """A remap's clocks at least (predict least=True): each hop starts when both its ends have posted,
+    and both wait for it (as ``_exchange`` runs a direct hop, its link alone)."""
+    src, dst, sec = hops
+    t = np.maximum(clock[src], clock[dst]) + sec
+    np.maximum.at(clock, src, t)
+    np.maximum.at(clock, dst, t)
 
 
 def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:

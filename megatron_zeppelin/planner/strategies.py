@@ -5,7 +5,9 @@ A strategy proposes: given the lengths and the PlanContext it returns ``Candidat
 (assemble.py) and keeps the least predicted one: a strategy never assembles, so every Plan of
 every strategy is built and chosen the same way. A strategy that searches (Zeppelin) reads the
 ``Search`` it is given (the best prediction so far) to stop early or skip what cannot win; a
-candidate's ``bound`` (a lower bound of its prediction) lets ``pick`` skip it unassembled.
+candidate's ``bound`` (a lower bound of its prediction) lets ``pick`` skip it unassembled, and a
+remap variant's ``versus`` (the same placement without its remap, proposed later) lets ``pick``
+assemble that one first and skip the variant on its least prediction (assemble.least_iteration_s).
 
 Strategies register themselves with ``@strategy(name, order)`` where they are defined;
 ``names()`` (what --zeppelin-strategy accepts, config.py) is the registry's list in ``order``:
@@ -49,13 +51,17 @@ class Candidate:
     shares with other candidates of the same placement (assemble.prepare). ``setting``: the
     run-level value it was made with, as (PlanMeta field, value), e.g. ("cp_size", 4): the winner's
     ``<field>_predicted_s`` then lists every assembled setting's prediction. ``error``: why this
-    setting has no placement (e.g. over capacity); it is skipped, and named if none is left."""
+    setting has no placement (e.g. over capacity); it is skipped, and named if none is left.
+    ``versus``: a candidate the strategy proposes later for sure (this placement, remap off): it
+    is assembled first, and this one (a remap variant, with ``prepared``) is not assembled where
+    even its least prediction could not be picked against it or the best so far."""
     placement: Optional[Placement]
     label: str = ""
     bound: float = 0.0
     prepared: Optional[object] = None
     setting: Optional[Tuple[str, int]] = None
     error: Optional[PlanError] = None
+    versus: Optional["Candidate"] = None
 
 
 @dataclass
@@ -123,14 +129,35 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     a candidate whose bound is at or above the best so far is not assembled. Candidates
     whose assembly raises PlanError (over a set capacity) are skipped; if none is left the last
     error is raised. The winner's label becomes its ``variant``."""
-    from .assemble import assemble  # late: assemble imports the planner's other parts
-    from .memory_choice import MemoryChoice
+    from .assemble import assemble, least_iteration_s, remapped  # late: assemble imports the planner's other parts
+    from .memory_choice import MEMORY_SLACK, MemoryChoice
     from .predict import lower_bound
 
     search, won, errors = Search(), None, []
     memory = MemoryChoice(ctx) if name == "zeppelin" else None  # Zeppelin's memory balance
+    # A plan up to MEMORY_SLACK slower than the best can still be picked for its memory balance
+    reach = 1.0 + (MEMORY_SLACK if memory is not None else 0.0)
     tried: Dict[str, list] = {}  # setting field -> (value, predicted seconds) of each assembled setting
     lower = None  # the batch's lower bound, the same for every candidate (computed at the first)
+    ahead: Dict[int, object] = {}  # id of a ``versus`` candidate -> its Plan, None (skipped) or PlanError
+
+    def build(c: Candidate, ref_s: float) -> Optional[Plan]:
+        """c's Plan, or None where even its least prediction could not be picked against ref_s
+        (beyond ties and the memory slack): a prepared candidate is weighed before it is assembled."""
+        nonlocal lower
+        if id(c) in ahead:
+            got = ahead.pop(id(c))
+            if isinstance(got, PlanError):
+                raise got
+            return got
+        moved = None
+        if c.prepared is not None and ref_s < float("inf"):
+            moved = remapped(ctx, c.placement, c.prepared)  # kept for the assembly
+            if faster(reach * ref_s, least_iteration_s(ctx, c.prepared, moved)):
+                return None
+        lower = lower_bound(lengths, ctx.cost) if lower is None else lower
+        return assemble(name, lengths, ctx, c.placement, prepared=c.prepared, lower_bound_s=lower, moved=moved)
+
     for c in propose(lengths, ctx, search):
         if c.error is not None:  # a setting with no placement
             errors.append((c.setting, c.error))
@@ -138,10 +165,21 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
         if c.bound >= search.best_s:
             continue
         try:
-            lower = lower_bound(lengths, ctx.cost) if lower is None else lower
-            plan = assemble(name, lengths, ctx, c.placement, prepared=c.prepared, lower_bound_s=lower)
+            ref_s = search.best_s
+            if c.versus is not None:  # the later candidate first: this one is weighed against it too
+                v = c.versus
+                if id(v) not in ahead:
+                    try:
+                        ahead[id(v)] = build(v, search.best_s)
+                    except PlanError as e:
+                        ahead[id(v)] = e
+                if isinstance(ahead[id(v)], Plan):
+                    ref_s = min(ref_s, ahead[id(v)].predicted_iteration_s)
+            plan = build(c, ref_s)
         except PlanError as e:
             errors.append((c.setting, e))
+            continue
+        if plan is None:
             continue
         if c.setting is not None:
             tried.setdefault(c.setting[0], []).append((c.setting[1], plan.predicted_iteration_s))
