@@ -38,7 +38,7 @@ import os
 import random
 import statistics
 import time
-from typing import List, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 from ..config import STRATEGIES, ZeppelinConfig
 from ..profile import HardwareProfile
@@ -50,6 +50,23 @@ from .iteration import attention_graph
 
 BACKGROUND_MAX = 0.25  # cores of other processes above which a timed repeat is not used
 REF_ROUNDS = 3  # reference rounds before and after each calibration sample (calibrate/host_speed.py)
+
+
+class TimedPass(NamedTuple):
+    """One rank's record of one timed pass (``_rank``)."""
+    seconds: float  # from the common barrier to this rank's end of the backward
+    cpu_s: float  # this rank's CPU seconds, barrier to barrier (gloo's transport threads included)
+    host_busy_s: float  # the host's busy seconds meanwhile (/proc/stat; rank 0's is the one read)
+    window_s: float  # wall seconds from the barrier to the one closing the pass
+    ref_before: float  # the reference round right before the pass (calibrate/host_speed.py)
+    ref_after: float  # and right after
+
+
+class RankRun(NamedTuple):
+    """What one rank of the validation's spawned run returns."""
+    profiles: Optional[tuple]  # rank 0: (planned profile, simulated profile, host_cores per sample), as dicts
+    passes: List[List[TimedPass]]  # [strategy][repeat], the warm-up left out
+    calib_ref: List[float]  # this rank's reference rounds around each calibration sample
 
 
 def make_batch(seed: int, tokens: int, longest: int) -> List[int]:
@@ -129,14 +146,14 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
             window = (time.process_time() - c0, host_busy_s() - b0, time.perf_counter() - t0)
             after = reference_round(ref)
             if i:
-                times[j].append((dt,) + window + (before, after))
+                times[j].append(TimedPass(dt, *window, before, after))
         if i in (repeat // 2, repeat):  # the whole calibration again mid-way and at the end
             samples.append(sample())
     profile = profile_from(samples, world)  # the profile simulated: medians over the three samples
     # each sample's own host_cores beside the profile's median: a sample on a stretch where the host
     # delivered fewer cores (benchmarks/bench_host_cores.py) shows here
     per_sample = [host_cores([x]) for x in samples]
-    return ((planned.to_dict(), profile.to_dict(), per_sample) if rank == 0 else None), times, calib_ref
+    return RankRun((planned.to_dict(), profile.to_dict(), per_sample) if rank == 0 else None, times, calib_ref)
 
 
 def host_busy_s() -> float:
@@ -150,17 +167,17 @@ def host_busy_s() -> float:
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def background_cores(per_rank: Sequence[Sequence[float]]) -> float:
+def background_cores(per_rank: Sequence[TimedPass]) -> float:
     """Cores that other processes kept busy during one timed repeat: the host's busy seconds minus
-    the ranks' own CPU seconds, over the window (``per_rank[r]`` = (time, cpu_s, host_busy_s,
-    window_s, ...) of rank r, as _rank records it with the reference rounds after; the host figures
-    are rank 0's). /proc/stat counts in 10 ms ticks.
+    the ranks' own CPU seconds, over the window (``per_rank[r]``: rank r's record of the pass; the
+    host figures are rank 0's). /proc/stat counts in 10 ms ticks.
 
-    >>> round(background_cores([(0.1, 0.1, 0.3, 0.2), (0.1, 0.1, 0.0, 0.2)]), 6)  # 0.1 s of others in 0.2 s
+    >>> a, b = TimedPass(0.1, 0.1, 0.3, 0.2, 1.0, 1.0), TimedPass(0.1, 0.1, 0.0, 0.2, 1.0, 1.0)
+    >>> round(background_cores([a, b]), 6)  # 0.1 s of others in 0.2 s
     0.5
     """
-    own = sum(r[1] for r in per_rank)
-    return max(0.0, per_rank[0][2] - own) / per_rank[0][3]
+    own = sum(r.cpu_s for r in per_rank)
+    return max(0.0, per_rank[0].host_busy_s - own) / per_rank[0].window_s
 
 
 def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3, calib_repeat: int = 5,
@@ -169,23 +186,23 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
     from ..distributed.launch import run_distributed
     from ..planner import plan_batch
     lengths = make_batch(seed, tokens_per_rank * world, tokens_per_rank)
-    res = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
-    planned_d, profile_d, cores_per_sample = res[0][0]
+    res: List[RankRun] = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
+    planned_d, profile_d, cores_per_sample = res[0].profiles
     planned, profile = HardwareProfile.from_dict(planned_d), HardwareProfile.from_dict(profile_d)
-    calib_ref = [max(res[r][2][i] for r in range(world)) for i in range(len(res[0][2]))]  # slowest rank
+    calib_ref = [max(x) for x in zip(*(r.calib_ref for r in res))]  # slowest rank
     topo = cpu_topology(world)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rows = []
     for j, s in enumerate(strategies):  # the plans the ranks ran, simulated on the whole run's profile
         plan = plan_batch(lengths, topo, planned, CPU_MODEL, cpu_config(topo, s), strategy=s)
-        per_iter = [max(res[r][1][j][i][0] for r in range(world)) for i in range(repeat)]  # slowest rank
-        cpu = [sum(res[r][1][j][i][1] for r in range(world)) for i in range(repeat)]  # all ranks' CPU
-        bg = [background_cores([res[r][1][j][i] for r in range(world)]) for i in range(repeat)]
+        passes = [[r.passes[j][i] for r in res] for i in range(repeat)]  # per repeat, every rank's record
+        per_iter = [max(x.seconds for x in p) for p in passes]  # slowest rank
+        cpu = [sum(x.cpu_s for x in p) for p in passes]  # all ranks' CPU
+        bg = [background_cores(p) for p in passes]
         clean = [i for i, b in enumerate(bg) if not b > BACKGROUND_MAX]  # nan (no /proc): kept
         keep = clean or list(range(repeat))
         measured = statistics.median(per_iter[i] for i in keep)
-        speed = [host_speed(calib_ref, [max(res[r][1][j][i][k] for r in range(world)) for k in (4, 5)])
-                 for i in range(repeat)]
+        speed = [host_speed(calib_ref, [max(x.ref_before for x in p), max(x.ref_after for x in p)]) for p in passes]
         at_calib = statistics.median(at_calibration(per_iter[i], speed[i]) for i in keep)
         g, links = attention_graph(plan, profile, CPU_MODEL)
         sim = g.run(links.capacity)
