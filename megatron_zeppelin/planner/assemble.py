@@ -23,7 +23,9 @@ from .predict import attention_tokens, lower_bound, predict, ring_costs
 from .remap import plan_remap
 from .schedule import ring_ops
 from .types import Plan, PlanError, PlanMeta, ring_documents
-from ..words import CLASSES
+from ..words import CLASSES, DocClass
+
+_DOC = attrgetter("doc")
 
 
 @dataclass(frozen=True)
@@ -44,17 +46,26 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     # Queue order: inter rings first, then intra; stable within a class; ids renumbered.
     order = sorted(range(len(placement.rings)),
                    key=lambda i: (CLASSES.index(placement.rings[i].cls), i))
-    new_id = {placement.rings[i].id: k for k, i in enumerate(order)}
-    rings = tuple(replace(placement.rings[i], id=new_id[placement.rings[i].id]) for i in order)
-    docs = tuple(sorted((replace(d, ring=new_id[d.ring]) if d.ring >= 0 else d for d in placement.docs),
-                        key=attrgetter("doc")))
-    att = attention_layout(docs, rings, topo.world_size)
+    if all(placement.rings[i].id == k for k, i in enumerate(order)):  # already so (the partitioner's)
+        rings = tuple(placement.rings)
+        docs = placement.docs
+        if list(map(_DOC, docs)) != list(range(len(docs))):
+            docs = sorted(docs, key=_DOC)
+        docs = tuple(docs)
+    else:
+        new_id = {placement.rings[i].id: k for k, i in enumerate(order)}
+        rings = tuple(replace(placement.rings[i], id=new_id[placement.rings[i].id]) for i in order)
+        docs = tuple(sorted((replace(d, ring=new_id[d.ring]) if d.ring >= 0 else d for d in placement.docs),
+                            key=_DOC))
+    local_ = DocClass.LOCAL  # bound once (words.py)
+    local = [d for d in docs if d.cls == local_]  # in document order: both per-rank views read them
+    att = attention_layout(docs, rings, topo.world_size, local)
     dmap = ring_documents(docs, rings)  # ring_ops reads ring documents only
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of)
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
-    tokens = tuple(attention_tokens(docs, rings, topo.world_size).astype(np.int64).tolist())
+    tokens = tuple(attention_tokens(docs, rings, topo.world_size, local).astype(np.int64).tolist())
     return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost), tokens)
 
 

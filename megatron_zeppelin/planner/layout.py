@@ -19,7 +19,7 @@ True
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .types import DocPlan, Ring, Segment, ring_documents
 from ..words import DocClass
@@ -40,8 +40,9 @@ def zigzag_bounds(length: int, ring_size: int) -> Tuple[int, ...]:
     return tuple((j * length) // n for j in range(n + 1))
 
 
-def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
+def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int, local: Optional[List[DocPlan]] = None
                      ) -> Tuple[Tuple[Segment, ...], ...]:
+    """``local``: the local documents in document order, where the caller has them."""
     dmap: Dict[int, DocPlan] = ring_documents(docs, rings)
     out: List[List[Segment]] = [[] for _ in range(world)]
     for ring in rings:
@@ -54,8 +55,11 @@ def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int
                     segs.append(fast_segment(d, b[i], b[i + 1]))
                 if b[g2 - i] > b[g2 - 1 - i]:
                     segs.append(fast_segment(d, b[g2 - 1 - i], b[g2 - i]))
-    local, new, put = DocClass.LOCAL, _new, _set  # bound once per call (words.py)
-    for d in sorted((d for d in docs if d.cls == local), key=attrgetter("doc")):
+    if local is None:
+        cls = DocClass.LOCAL  # bound once per call (words.py)
+        local = sorted((d for d in docs if d.cls == cls), key=attrgetter("doc"))
+    new, put = _new, _set
+    for d in local:
         s = new(Segment)  # fast_segment inlined: one per local document
         put(s, "__dict__", {"doc": d.doc, "start": 0, "stop": d.length})
         out[d.owner].append(s)

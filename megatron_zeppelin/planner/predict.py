@@ -18,6 +18,7 @@ all-reduce is the Plan's own term (``Plan.allreduce_s``), not in the per-rank co
 from __future__ import annotations
 
 from collections import defaultdict
+from operator import attrgetter
 
 import numpy as np
 from typing import Dict, List, Sequence, Tuple
@@ -29,6 +30,9 @@ from .program import AttentionWork, Compute, Post, attention_program, exchange_p
 from .remap import linear_tokens
 from .types import CommOp, DocPlan, Move, RankCost, Ring, Segment, ring_documents
 from ..words import MIRROR, DocClass, Link, Stage
+
+
+_OWNER, _LENGTH = attrgetter("owner"), attrgetter("length")
 
 
 def _link_keys(op: CommOp, cost: CostModel):
@@ -275,13 +279,16 @@ def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequenc
     return out
 
 
-def attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int) -> np.ndarray:
+def attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int, local=None) -> np.ndarray:
     """Tokens per rank in the attention layout (local documents on their owners, ring members' chunks),
-    as floats (exact: integers)."""
-    local = DocClass.LOCAL
-    loc = [d for d in docs if d.cls == local]
-    owners = np.fromiter([d.owner for d in loc], dtype=np.int64, count=len(loc))
-    tok = np.bincount(owners, [d.length for d in loc], minlength=world) if loc else np.zeros(world)
+    as floats (exact: integers). ``local``: the local documents, where the caller has them."""
+    if local is None:
+        cls = DocClass.LOCAL
+        local = [d for d in docs if d.cls == cls]
+    loc = local
+    owners = np.fromiter(map(_OWNER, loc), dtype=np.int64, count=len(loc))
+    tok = np.bincount(owners, np.fromiter(map(_LENGTH, loc), dtype=np.float64, count=len(loc)),
+                      minlength=world) if loc else np.zeros(world)
     dmap = ring_documents(docs, rings)
     for r in rings:
         g2 = 2 * r.size
