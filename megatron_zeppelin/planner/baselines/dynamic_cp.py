@@ -109,20 +109,24 @@ class _Round:
         return any(len(b) == g for b in self.groups) or self._new_block(g, None) is not None
 
     def _new_block(self, g: int, L):
-        best, free, load = None, self.free, self.load
+        """The least loaded free aligned block of g ranks (ties: the lowest) with room for L (None:
+        any): the free blocks in that order, room asked until one has it (room is the costly test)."""
+        free, load = self.free, self.load
         if g not in self._blocks:
             self._blocks[g] = aligned_blocks(g, self.world)
-        for b in self._blocks[g]:
-            if all([free[r] for r in b]) and (L is None or self.room(b, L)):
-                key = (max([load[r] for r in b]), b[0])
-                best = min(best, (key, b)) if best else (key, b)
-        return best
+        if g == 1:  # most documents: one rank each
+            cands = [((load[b[0]], b[0]), b) for b in self._blocks[1] if free[b[0]]]
+        else:
+            cands = [((max([load[r] for r in b]), b[0]), b) for b in self._blocks[g] if all([free[r] for r in b])]
+        if L is None:
+            return min(cands) if cands else None
+        cands.sort()
+        return next((c for c in cands if self.room(c[1], L)), None)
 
     def place(self, i: int, L: int) -> bool:
         g = gpus_needed(L, self.mslpr)
-        old = [(max(self.load[r] for r in b), n, b) for n, b in enumerate(self.groups)
-               if len(b) == g and self.room(b, L)]
-        best = min(old) if old else None
+        old = sorted((max(self.load[r] for r in b), n, b) for n, b in enumerate(self.groups) if len(b) == g)
+        best = next((o for o in old if self.room(o[2], L)), None)  # the least of those with room
         new = self._new_block(g, L)
         if new is not None and (best is None or new[0][0] < best[0]):
             block = new[1]
