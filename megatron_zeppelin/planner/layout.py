@@ -37,7 +37,7 @@ def fast_segment(doc: int, start: int, stop: int) -> Segment:
 
 def zigzag_bounds(length: int, ring_size: int) -> Tuple[int, ...]:
     n = 2 * ring_size
-    return tuple((j * length) // n for j in range(n + 1))
+    return tuple([(j * length) // n for j in range(n + 1)])  # a list first: half a generator's cost
 
 
 def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int, local: Optional[List[DocPlan]] = None
