@@ -52,7 +52,8 @@ def cp_sizes(world: int) -> List[int]:
 
 
 def ring_class(ranks: Sequence[int], topo) -> str:
-    return DocClass.INTRA if len({topo.node_of(r) for r in ranks}) == 1 else DocClass.INTER
+    # a node's ranks are consecutive (topology.node_of), so the lowest and highest rank tell
+    return DocClass.INTRA if topo.same_node(min(ranks), max(ranks)) else DocClass.INTER
 
 
 def member_tokens(length: int, g: int) -> List[int]:

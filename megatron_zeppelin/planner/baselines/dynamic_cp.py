@@ -125,7 +125,8 @@ class _Round:
 
     def place(self, i: int, L: int) -> bool:
         g = gpus_needed(L, self.mslpr)
-        old = sorted((max(self.load[r] for r in b), n, b) for n, b in enumerate(self.groups) if len(b) == g)
+        load = self.load
+        old = sorted([(max([load[r] for r in b]), n, b) for n, b in enumerate(self.groups) if len(b) == g])
         best = next((o for o in old if self.room(o[2], L)), None)  # the least of those with room
         new = self._new_block(g, L)
         if new is not None and (best is None or new[0][0] < best[0]):

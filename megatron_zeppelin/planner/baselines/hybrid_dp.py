@@ -92,7 +92,7 @@ def _balanced_block(L: int, f: float, sizes, world: int, load, tok, cap, share: 
         block = _best_block(L, g, world, load, tok, cap)
         if block is None:
             continue
-        peak = max(load[r] for r in block) + f / g
+        peak = max([load[r] for r in block]) + f / g
         if peak <= share:
             return block
         if best is None or peak < best[0]:
@@ -107,7 +107,7 @@ def _best_block(L: int, g: int, world: int, load, tok, cap):
     for block in aligned_blocks(g, world):
         if any(tok[r] + t > cap for r, t in zip(block, shares)):
             continue
-        key = (max(load[r] for r in block), block[0])
+        key = (max([load[r] for r in block]), block[0])
         if best is None or key < best[0]:
             best = (key, block)
     return None if best is None else best[1]
