@@ -417,7 +417,7 @@ def _least_hops(moves: Sequence[Move], cost: CostModel):
     mv = [m for m in moves if m.tokens]
     src = np.fromiter((m.src for m in mv), dtype=np.int64, count=len(mv))
     dst = np.fromiter((m.dst for m in mv), dtype=np.int64, count=len(mv))
-    links = {}  # (src, dst) -> (bytes per second, latency): a handful of link classes
+    links = {}  # link class -> (bytes per second, latency): a handful per batch
     sec = np.empty(len(mv))
     for k, m in enumerate(mv):
         link = cost.link_of(m.src, m.dst)
