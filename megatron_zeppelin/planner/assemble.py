@@ -20,6 +20,7 @@ from .context import Placement, PlanContext
 from .layout import attention_layout
 from .levels import linear_level, smallest_level
 from .predict import attention_tokens, lower_bound, predict, ring_costs
+from .program import local_arrays
 from .remap import plan_remap
 from .schedule import ring_ops
 from .types import Plan, PlanError, PlanMeta, ring_documents
@@ -65,8 +66,9 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     if placement.routing:
         from .routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
-    tokens = tuple(attention_tokens(docs, rings, topo.world_size, local).astype(np.int64).tolist())
-    return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost), tokens)
+    arrays = local_arrays(docs, local)  # the attention tokens and the ring costs both read them
+    tokens = tuple(attention_tokens(docs, rings, topo.world_size, arrays).astype(np.int64).tolist())
+    return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost, arrays), tokens)
 
 
 def remapped(ctx: PlanContext, placement: Placement, pre: Prepared) -> Tuple[tuple, tuple]:

@@ -81,15 +81,20 @@ class CostModel:
         """FLOP/s of attention blocks with ``q`` query rows: the profile's causal table, or its
         full-block table for full blocks when it has one (a kernel that does not skip masked tiles
         makes the two differ); interpolated in log2(length) and clamped, as ``profile.attn_tflops``."""
-        p = self.profile
-        xs = np.log2(np.asarray(p.attn_seqlen, dtype=np.float64))
+        xs, causal_table, full_table = self._attn_tables[backward]
         x = np.log2(np.maximum(np.asarray(q, dtype=np.float64), 1.0))
-        rate = np.interp(x, xs, np.asarray(p.attn_bwd_tflops if backward else p.attn_fwd_tflops, dtype=np.float64))
-        if p.attn_full_fwd_tflops:
-            full = np.interp(x, xs, np.asarray(p.attn_full_bwd_tflops if backward else p.attn_full_fwd_tflops,
-                                               dtype=np.float64))
-            rate = np.where(causal, rate, full)
+        rate = np.interp(x, xs, causal_table)
+        if full_table is not None:
+            rate = np.where(causal, rate, np.interp(x, xs, full_table))
         return rate * 1e12
+
+    @cached_property
+    def _attn_tables(self):  # per pass: (log2 lengths, causal TFLOP/s, full TFLOP/s or None), as arrays
+        p, f = self.profile, np.float64
+        xs = np.log2(np.asarray(p.attn_seqlen, dtype=f))
+        full = (p.attn_full_fwd_tflops, p.attn_full_bwd_tflops) if p.attn_full_fwd_tflops else (None, None)
+        return {bw: (xs, np.asarray(p.attn_bwd_tflops if bw else p.attn_fwd_tflops, dtype=f),
+                     None if full[bw] is None else np.asarray(full[bw], dtype=f)) for bw in (False, True)}
 
     def block_flops_s(self, q, kv, causal, backward: bool = False):
         """Seconds of the FLOPs of attention blocks in one layer, one pass (forward, or backward:

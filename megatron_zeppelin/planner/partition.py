@@ -63,24 +63,33 @@ from .types import DocPlan, PlanError, Ring
 from ..words import DocClass, Link
 
 _INF = float("inf")
+_TABLES_AHEAD = 32  # documents whose intra ring tables one pricing pass takes (_ring_tables)
 _LOCAL = DocClass.LOCAL  # bound once: _local_doc runs per document (words.py)
 
 
 def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     """Per ring size G in ``sizes``: member time (attention + linear of its tokens), most tokens
     a member holds, and whether a ring step hides its NVLink / routed NIC transfer (one layer)."""
+    return _ring_tables(ctx, [length], sizes, rate)[0]
+
+
+def _ring_tables(ctx: PlanContext, lengths: Sequence[int], sizes: np.ndarray, rate: float) -> list:
+    """``_ring_table`` of each of ``lengths``, priced in one vectorised pass (the greedy asks for
+    the longest documents' tables one after the other: numpy's cost is per call, not per entry)."""
     cost = ctx.cost
-    G = sizes.astype(np.float64)
+    length = np.asarray(lengths, dtype=np.int64)[:, None]
+    G = sizes.astype(np.float64)[None, :]
     c = np.maximum(1, length // (2 * sizes)).astype(np.float64)  # zigzag chunk tokens
     # One pricing call per pass for the full blocks and the diagonal (causal) ones of every size.
-    n, cc, causal = len(c), np.concatenate([c, c]), np.arange(2 * len(c)) >= len(c)
+    n = c.shape[1]
+    cc, causal = np.concatenate([c, c], axis=1), np.arange(2 * n) >= n
     fwd, bwd = cost.block_pass_s(cc, cc, causal), cost.block_pass_s(cc, cc, causal, backward=True)
-    blk_c = 2 * fwd[:n]  # forward blocks of one ring step (2 full blocks, one layer)
-    blk_b = 2 * bwd[:n]
+    blk_c = 2 * fwd[:, :n]  # forward blocks of one ring step (2 full blocks, one layer)
+    blk_b = 2 * bwd[:, :n]
     step_c, step_b = blk_c + cost.call_s(), blk_b + cost.call_s(True)  # in one kernel call
     full = (blk_c + blk_b) / 2 * cost.model.layers
     calls = G * (cost.call_s() + cost.call_s(True)) * cost.model.layers  # a call per ring step
-    member_att = 2 * ((fwd[n:] + bwd[n:]) * cost.model.layers) + (2 * G - 1) * full + calls  # block_s_np(c, c, True)
+    member_att = 2 * ((fwd[:, n:] + bwd[:, n:]) * cost.model.layers) + (2 * G - 1) * full + calls  # block_s_np(c, c, True)
     need = 2 * -(-length // (2 * sizes))  # tokens of a member's two chunks, at most
     nbytes = cost.kv_bytes_per_token * length / G
     x_nv = cost.latency(Link.NVLINK) + nbytes / cost.bandwidth(Link.NVLINK)
@@ -91,7 +100,8 @@ def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
     steps = cost.model.layers * (G - 1)
     wait_nv = steps * (np.maximum(0, x_nv - step_c) + np.maximum(0, 2 * x_nv - step_b))
     wait_nic = steps * (np.maximum(0, x_nic - step_c) + np.maximum(0, 2 * x_nic - step_b))
-    return member_att + rate * need, need, hide_nv, hide_nic, wait_nv, wait_nic, member_att
+    cols = (member_att + rate * need, need, hide_nv, hide_nic, wait_nv, wait_nic, member_att)
+    return [tuple(a[k] for a in cols) for k in range(len(length))]
 
 
 class _Ranks:
@@ -427,7 +437,7 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, n_long: int, short, th,
     for tail in (False, True):
         if tail:  # the short documents: in batches, then one at a time from one that fits no rank
             todo = order[n_long + ranks.place_short(*short, rate, owner):]
-        for i in todo:
+        for at, i in enumerate(todo):
             Li, ui = L_list[i], whole_list[i]
             loc = ranks.least_loaded(Li)
             loc_res = loc[0] + ui if loc else _INF
@@ -440,7 +450,11 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, n_long: int, short, th,
             forced = loc is None  # does not fit one rank whole: split whether or not steps hide
             if g >= 2:
                 if (DocClass.INTRA, Li) not in tables:  # the same for every pass
-                    tables[(DocClass.INTRA, Li)] = _ring_table(ctx, Li, intra_sizes, rate)
+                    # this and the next documents in visiting order (longest first) at once
+                    ahead = [x for x in dict.fromkeys(L_list[j] for j in todo[at:at + _TABLES_AHEAD])
+                             if (DocClass.INTRA, x) not in tables]
+                    for x, row in zip(ahead, _ring_tables(ctx, ahead, intra_sizes, rate)):
+                        tables[(DocClass.INTRA, x)] = row
                 member, need, hide_nv, _, wait, _, _ = tables[(DocClass.INTRA, Li)]
                 if aligned:  # the coarse variant also charges a ring's unhidden transfers
                     member = member + wait
@@ -505,8 +519,10 @@ def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
             ring_docs.append([])
         ring_docs[ring_id[key]].append(i)
     rings = [Ring(id=k, ranks=key[1], cls=key[0], docs=tuple(ring_docs[k])) for key, k in ring_id.items()]
-    get = owner.get
-    docs = [_local_doc(i, Li, o) if (o := get(i)) is not None else
+    get, new, put, local = owner.get, object.__new__, object.__setattr__, _LOCAL
+    # A local document is _local_doc(i, Li, o), written out: a call per document is a sixth of this.
+    docs = [(put(d := new(DocPlan), "__dict__", {"doc": i, "length": Li, "cls": local, "ring": -1, "owner": o,
+                                                  "bounds": (0, Li)}) or d) if (o := get(i)) is not None else
             DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
             for i, Li in enumerate(map(int, lengths))]
     return Placement(docs=docs, rings=rings, thresholds=th, remap=ctx.config.remap,

@@ -18,7 +18,6 @@ all-reduce is the Plan's own term (``Plan.allreduce_s``), not in the per-rank co
 from __future__ import annotations
 
 from collections import defaultdict
-from operator import attrgetter
 
 import numpy as np
 from typing import Dict, List, Sequence, Tuple
@@ -26,13 +25,12 @@ from typing import Dict, List, Sequence, Tuple
 from ..topology import link_ports
 from .cost_model import LINEAR_PASSES, CostModel
 from .moe_cost import moe_pass_s
-from .program import AttentionWork, Compute, Post, attention_program, exchange_phases
+from .program import AttentionWork, Compute, Post, attention_program, exchange_phases, local_arrays
 from .remap import linear_tokens
 from .types import CommOp, DocPlan, Move, RankCost, Ring, Segment, ring_documents
-from ..words import MIRROR, DocClass, Link, Stage
+from ..words import MIRROR, Link, Stage
 
 
-_OWNER, _LENGTH = attrgetter("owner"), attrgetter("length")
 
 
 def _link_keys(op: CommOp, cost: CostModel):
@@ -149,14 +147,14 @@ class _Attention:
     """The core attention of one layer on every rank (forward or backward), advancing per-rank
     clocks: the layer program (program.py) priced by the cost model and ``_exchange``."""
 
-    def __init__(self, docs, rings, schedule, cost: CostModel):
+    def __init__(self, docs, rings, schedule, cost: CostModel, local=None):
         self.cost, self.world = cost, cost.topology.world_size
-        self.work = AttentionWork(cost, docs, rings, self.world)
+        local = local_arrays(docs) if local is None else local
+        self.work = AttentionWork(cost, docs, rings, self.world, local)
         self.ops: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
         for o in schedule:
             self.ops[(o.queue, o.step)].append(o)
-        local = DocClass.LOCAL  # bound once per call (words.py)
-        has_local = any(d.cls == local for d in docs)
+        has_local = len(local[0]) > 0
         self.program = {bw: attention_program(rings, has_local, bw) for bw in (False, True)}
         self._hops: Dict[Tuple[bool, str], list] = {}
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
@@ -255,12 +253,13 @@ class RingParts(tuple):
     attention: "_Attention"
 
 
-def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequence[CommOp], cost: CostModel
-               ) -> Tuple[List[float], List[float]]:
+def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequence[CommOp], cost: CostModel,
+               local=None) -> Tuple[List[float], List[float]]:
     """Per rank (attention seconds, exposed communication seconds) of one iteration of the core
     attention alone (every rank starting each layer's forward and backward together): what the
-    attention layout and the routed schedule cost, before the linear modules and the remap."""
-    att = _Attention(docs, rings, schedule, cost)
+    attention layout and the routed schedule cost, before the linear modules and the remap.
+    ``local``: ``local_arrays(docs)``, where the caller has it."""
+    att = _Attention(docs, rings, schedule, cost, local)
     L, world = cost.model.layers, cost.topology.world_size
     busy, total = np.zeros(world), np.zeros(world)
     att.run(total, False, busy)
@@ -281,14 +280,9 @@ def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequenc
 
 def attention_tokens(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int, local=None) -> np.ndarray:
     """Tokens per rank in the attention layout (local documents on their owners, ring members' chunks),
-    as floats (exact: integers). ``local``: the local documents, where the caller has them."""
-    if local is None:
-        cls = DocClass.LOCAL
-        local = [d for d in docs if d.cls == cls]
-    loc = local
-    owners = np.fromiter(map(_OWNER, loc), dtype=np.int64, count=len(loc))
-    tok = np.bincount(owners, np.fromiter(map(_LENGTH, loc), dtype=np.float64, count=len(loc)),
-                      minlength=world) if loc else np.zeros(world)
+    as floats (exact: integers). ``local``: ``local_arrays(docs)``, where the caller has it."""
+    owners, lengths = local_arrays(docs) if local is None else local
+    tok = np.bincount(owners, lengths, minlength=world) if len(owners) else np.zeros(world)
     dmap = ring_documents(docs, rings)
     for r in rings:
         g2 = 2 * r.size
@@ -409,7 +403,16 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     total = total * L + head
     a, li, rm = attn_busy * L, lin_busy * L + head, remap_t * L
     exp = np.maximum(0.0, total - a - li - rm)
-    return tuple(RankCost(float(a[r]), float(li[r]), float(exp[r]), float(rm[r])) for r in range(world))
+    return tuple(map(_rank_cost, a.tolist(), li.tolist(), exp.tolist(), rm.tolist()))
+
+
+def _rank_cost(attention_s: float, linear_s: float, comm_exposed_s: float, remap_s: float) -> RankCost:
+    """``RankCost(...)`` without the frozen dataclass's per-field ``__setattr__`` (one per rank per
+    prediction: a tenth of predict's time at 64 ranks)."""
+    c = object.__new__(RankCost)
+    object.__setattr__(c, "__dict__", {"attention_s": attention_s, "linear_s": linear_s,
+                                       "comm_exposed_s": comm_exposed_s, "remap_s": remap_s})
+    return c
 
 
 def _least_hops(moves: Sequence[Move], cost: CostModel):

@@ -23,6 +23,7 @@ chunks 0 and 3 (1 + 2 tokens), member 1 chunks 1 and 2 (2 + 1 tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -318,6 +319,20 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
     return prog
 
 
+_OWNER, _LENGTH = attrgetter("owner"), attrgetter("length")
+
+
+def local_arrays(docs: Sequence[DocPlan], local: Optional[Sequence[DocPlan]] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """(owners, lengths as floats) of the local documents in document order; ``local``: those
+    documents, where the caller has them (the attention tokens and the compute both read them)."""
+    if local is None:
+        cls = DocClass.LOCAL  # bound once per call (words.py)
+        local = [d for d in docs if d.cls == cls]
+    n = len(local)
+    return (np.fromiter(map(_OWNER, local), dtype=np.int64, count=n),
+            np.fromiter(map(_LENGTH, local), dtype=np.float64, count=n))
+
+
 class AttentionWork:
     """The compute of a plan's core attention priced once by the cost model: every ring block and
     every local document, forward and backward; ``seconds`` gives a Compute's seconds per rank
@@ -325,21 +340,20 @@ class AttentionWork:
     that has any: the engine packs them, runner.py; a local document is one sequence); ``pack`` the
     host CPU per rank with which each pass starts (cost.pack_s of its own ring rows; 0 on GPUs)."""
 
-    def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int):
+    def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int, local=None):
+        """``local``: ``local_arrays(docs)``, where the caller has it."""
         dmap = ring_documents(docs, rings)  # what ring_blocks and packing read
         b = ring_blocks(rings, dmap)
         ids = np.array([r.id for r in rings], dtype=np.int64)
         self.ring_id = ids[b.ring] if len(b.q) else b.ring
+        self._top_id = int(ids.max(initial=-1)) + 1
         self.step, self.rank, self.seq, self.causal, self.q = b.step, b.rank, b.seq, b.causal, b.q
         self.cost, self.splits = cost, cost.splits
         self.sec = {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) for bw in (False, True)}
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
         self.members = {r.id: r.ranks for r in rings}
-        local = DocClass.LOCAL  # bound once per call (words.py)
-        loc = [d for d in docs if d.cls == local]
-        L = np.fromiter([d.length for d in loc], dtype=np.float64, count=len(loc))
-        own = np.fromiter([d.owner for d in loc], dtype=np.int64, count=len(loc))
+        own, L = local_arrays(docs) if local is None else local
         ranks = np.unique(own)
         self.local = {}
         for bw in (False, True):  # bincount adds in document order, as np.add.at did
@@ -369,13 +383,16 @@ class AttentionWork:
         out = self._seconds.get(key)
         if out is None:
             out = np.zeros(self.world)
+            # c's rings as a lookup over ring ids (np.isin costs more on a layer's small arrays)
+            mine = np.zeros(self._top_id, dtype=bool)
+            mine[[r for r in c.rings if r < self._top_id]] = True
             if len(c.steps) == 1:  # a zigzag step: only that step's blocks (kept in block order)
                 idx = self._step_blocks(c.steps[0])
-                m = idx[np.isin(self.ring_id[idx], c.rings)]
+                m = idx[mine[self.ring_id[idx]]]
             else:
-                m = np.isin(self.ring_id, c.rings) & np.isin(self.step, c.steps)
+                m = mine[self.ring_id] & np.isin(self.step, c.steps)
             out += np.bincount(self.rank[m], self.sec[backward][m], minlength=self.world)
-            out[np.unique(self.rank[m])] += self.call[backward]  # all its blocks in one call per rank
+            out[np.bincount(self.rank[m], minlength=self.world) > 0] += self.call[backward]  # one call per rank
             if self.per_seq[backward]:  # each query chunk's blocks of the call: one sequence
                 out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.causal[m], self.world)
             if self.splits:  # those mixing full keys and a causal run: their merge

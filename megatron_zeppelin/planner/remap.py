@@ -58,6 +58,7 @@ import numpy as np
 
 from ..errors import ZeppelinError
 from ..topology import Topology
+from .layout import fast_segment
 from .types import Move, Segment, segment_tokens
 from ..words import Link
 
@@ -178,8 +179,8 @@ def _take_tail(segs: List[Segment], n: int) -> List[Segment]:
             n -= size
         else:
             cut = s.stop - n
-            segs.append(Segment(s.doc, s.start, cut))
-            tail.append(Segment(s.doc, cut, s.stop))
+            segs.append(fast_segment(s.doc, s.start, cut))
+            tail.append(fast_segment(s.doc, cut, s.stop))
             n = 0
     tail.reverse()
     return tail
@@ -227,10 +228,10 @@ def linear_tokens(att_tokens, moves: Sequence[Move]) -> np.ndarray:
     [4.0, 4.0]
     """
     out = np.array(att_tokens, dtype=np.float64)
-    if moves:
+    if moves:  # integers as floats: sums exact in any order
         n = np.array([mv.tokens for mv in moves], dtype=np.float64)
-        np.subtract.at(out, np.array([mv.src for mv in moves]), n)
-        np.add.at(out, np.array([mv.dst for mv in moves]), n)
+        out -= np.bincount(np.array([mv.src for mv in moves]), n, minlength=len(out))
+        out += np.bincount(np.array([mv.dst for mv in moves]), n, minlength=len(out))
     return out
 
 
