@@ -354,7 +354,7 @@ class AttentionWork:
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
         self.members = {r.id: r.ranks for r in rings}
         own, L = local_arrays(docs) if local is None else local
-        ranks = np.unique(own)
+        ranks = np.flatnonzero(np.bincount(own, minlength=world))  # np.unique(own), without its sort
         self.local = {}
         for bw in (False, True):  # bincount adds in document order, as np.add.at did
             t = np.bincount(own, cost.block_pass_s(L, L, True, bw), minlength=world) if len(own) else np.zeros(world)
