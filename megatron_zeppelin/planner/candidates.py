@@ -105,28 +105,92 @@ BOUND_SLACK = 0.97  # the bounds below are the prediction's own compute terms; s
 
 def compute_bound(placement: Placement, ctx: PlanContext) -> float:
     """A cheap lower bound of a placement's predicted iteration from compute alone (a rank computes
-    one thing at a time; communication and waiting only add): per rank its attention (whole local
-    documents, zigzag ring shares) and its projections (they run on the attention layout), then the
-    MLP and vocab head of each node's tokens spread as evenly as can be over its ranks (the remap
-    moves them inside nodes: node_rows), times BOUND_SLACK. A candidate whose bound is above the
-    best plan so far need not be assembled."""
+    one thing at a time; communication and waiting only add), times BOUND_SLACK, for both variants
+    a candidate is assembled in. Per rank its attention (whole local documents, zigzag ring shares)
+    and its projections (they run on the attention layout), then the MLP and vocab head:
+
+    - remap off: on the rank's own attention-layout tokens;
+    - time-balanced remap: each node's tokens spread over its ranks as evenly as they can be within
+      the memory caps the remap honours (assemble.memory_caps: node_time_targets never gives a rank
+      more; the remap keeps node totals), the capped water level of ``capped_level``.
+
+    The lesser of the two bounds the candidate. A candidate whose bound is above the best plan so
+    far need not be assembled."""
     import numpy as np
 
+    from .assemble import activation_weights, memory_caps
     from .predict import attention_tokens
+    cost, world = ctx.cost, ctx.topology.world_size
+    att = _attention(placement, ctx)
+    tokens = attention_tokens(placement.docs, placement.rings, world)
+    own = att + cost.proj_s_np(tokens)
+    rate = movable_linear_s(1, cost)  # per token (linear in tokens)
+    again, rate_again = recomputed_s(placement, ctx, tokens)
+    own, rate = own + again, rate + rate_again
+    off = float((own + rate * tokens).max())
+    if not ctx.config.remap or rate == 0.0:  # no remap variant, or nothing it can move (MoE)
+        return BOUND_SLACK * off
+    g = ctx.topology.gpus_per_node
+    caps = memory_caps(tokens.astype(np.int64), g, *activation_weights(cost), ctx.capacity)
+    return BOUND_SLACK * min(off, capped_level(own.reshape(-1, g), rate, caps.reshape(-1, g),
+                                               tokens.reshape(-1, g).sum(axis=1)))
+
+
+def _attention(placement: Placement, ctx: PlanContext, passes=(False, True)):
+    """Per rank the attention seconds of its whole local documents and its zigzag ring shares
+    (``passes``: both, or the forward alone), all layers."""
+    import numpy as np
     cost, world = ctx.cost, ctx.topology.world_size
     length, local = {d.doc: d.length for d in placement.docs}, DocClass.LOCAL
     loc = [d for d in placement.docs if d.cls == local]
     owners = np.fromiter([d.owner for d in loc], dtype=np.int64, count=len(loc))
-    att = (np.bincount(owners, cost.doc_attention_np([d.length for d in loc]), minlength=world) if loc
-           else np.zeros(world))
+    att = (np.bincount(owners, cost.ring_member_attention_np([d.length for d in loc], [1] * len(loc), passes),
+                       minlength=world) if loc else np.zeros(world))
     pairs = [(length[i], r) for r in placement.rings for i in r.docs]  # each document of each ring
     if pairs:
-        member = cost.ring_member_attention_np([L for L, _ in pairs], [r.size for _, r in pairs])
+        member = cost.ring_member_attention_np([L for L, _ in pairs], [r.size for _, r in pairs], passes)
         for (_, r), t in zip(pairs, member.tolist()):
             att[list(r.ranks)] += t
-    tokens = attention_tokens(placement.docs, placement.rings, world)
-    own = att + cost.proj_s_np(tokens)
-    return BOUND_SLACK * water_level(*node_rows(own, tokens, ctx))
+    return att
+
+
+def recomputed_s(placement: Placement, ctx: PlanContext, tokens):
+    """What activation recompute runs again in the backward (``cost.recompute``, as predict and
+    lower_bound price it): per rank the forward of its core attention (ring members' shares, local
+    documents whole) and of its projections, and per linear-layout token the forward MLP; (per-rank
+    seconds, seconds per movable token)."""
+    import numpy as np
+    cost, world = ctx.cost, ctx.topology.world_size
+    per_rank, per_token = np.zeros(world), 0.0
+    layers = cost.model.layers
+    for n, rc in cost.recompute.groups(layers):
+        if rc.has("core_attn"):
+            per_rank += n / layers * _attention(placement, ctx, passes=(False,))
+        if rc.has("mlp") and not cost.model.is_moe:
+            per_token += n * float(cost.gemm_s(1, "mlp"))
+        if rc.full:
+            per_rank += n * (cost.gemm_s(tokens, "qkv") + cost.gemm_s(tokens, "out"))
+    return per_rank, per_token
+
+
+def capped_level(own, rate: float, caps, need) -> float:
+    """The least possible busiest rank when each node (row) spreads its ``need`` tokens over its
+    ranks, ``rate`` seconds each, a rank taking at most its ``caps`` and keeping its ``own`` seconds:
+    per node the level T with sum(clip((T - own) / rate, 0, caps)) = need (levels.linear_level), or
+    its busiest ``own`` where that is higher; the busiest node's.
+
+    >>> import numpy as np
+    >>> capped_level(np.array([[1.0, 2.0]]), 1.0, np.array([[10, 10]]), np.array([3]))  # (3 + 3) / 2
+    3.0
+    >>> capped_level(np.array([[1.0, 2.0]]), 1.0, np.array([[1, 10]]), np.array([3]))   # rank 0 takes 1 token
+    4.0
+    """
+    import numpy as np
+
+    from .levels import linear_level
+    own = np.asarray(own, dtype=np.float64)
+    level = linear_level(own, rate, np.asarray(caps, dtype=np.float64), np.asarray(need, dtype=np.float64))
+    return float(max(level.max(), own.max()))
 
 
 def node_rows(own, tokens, ctx: PlanContext):

@@ -437,20 +437,27 @@ class CostModel:
         calls = ring * (self.call_s() + self.call_s(True)) * self.model.layers  # a call per ring step
         return 2 * self.block_s(c, c, True) + (2 * ring - 1) * self.block_s(c, c, False) + calls
 
-    def ring_member_attention_np(self, lengths, rings) -> np.ndarray:
-        """``ring_member_attention_s`` for arrays of lengths and ring sizes (the same arithmetic).
+    def ring_member_attention_np(self, lengths, rings, passes=(False, True)) -> np.ndarray:
+        """``ring_member_attention_s`` for arrays of lengths and ring sizes (the same arithmetic);
+        ``passes``: (False,) for the forward alone (what recompute runs again), (True,) the backward.
 
         >>> from megatron_zeppelin.planner.testing import toy_context
         >>> c = toy_context().cost
         >>> c.ring_member_attention_np([1000, 8000], [1, 4]).tolist() == [c.ring_member_attention_s(1000, 1),
         ...                                                              c.ring_member_attention_s(8000, 4)]
         True
+        >>> f, b = (c.ring_member_attention_np([8000], [4], passes=(p,)) for p in (False, True))
+        >>> bool(abs(f + b - c.ring_member_attention_np([8000], [4]))[0] < 1e-15)
+        True
         """
         L, G = np.asarray(lengths, dtype=np.int64), np.asarray(rings, dtype=np.int64)
         c = np.maximum(1, L // (2 * np.maximum(G, 1)))
-        calls = G * (self.call_s() + self.call_s(True)) * self.model.layers
-        ring = 2 * self.block_s_np(c, c, True) + (2 * G - 1) * self.block_s_np(c, c, False) + calls
-        return np.where(G <= 1, self.doc_attention_np(L), ring)
+
+        def blocks(q, causal):  # block_s_np for both passes: (forward + backward) x layers
+            return sum(self.block_pass_s(q, q, causal, p) for p in passes) * self.model.layers
+        calls = G * sum(self.call_s(p) for p in passes) * self.model.layers
+        ring = 2 * blocks(c, True) + (2 * G - 1) * blocks(c, False) + calls
+        return np.where(G <= 1, blocks(L, True), ring)
 
     def remap_s_per_token(self, link: str) -> float:
         """Iteration seconds to remap one token over ``link`` (4 exchanges per layer: there and back,
