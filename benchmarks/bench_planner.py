@@ -8,6 +8,11 @@ lognormal (median e^7.5 ~ 1.8k tokens, sigma 1.3, seed 0) clipped to [1, 64K]. M
 ``Planner`` planning the batch again and again (a run's steady state: its cost model and crossover
 lengths built once).
 
+Run cases (``RUN_CASES``): the matrix's own runs (sim/runs.py's RunSpec, its first 3 batches) at
+16K tokens per GPU with the activation recompute a user would run there, planned by one Planner per
+run as the Megatron-LM forward step holds it: a few hundred long documents on 32 GPUs, where the
+search also weighs the baselines' fixed shapes (candidates.py). Median over the batches and repeats.
+
 Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M tokens, seeds
 ``--seeds``) at 4 nodes x 8 A800, llama-7b, every strategy: predicted iteration, imbalance
 (max/mean per-rank time) and the ratio to the lower bound.
@@ -49,6 +54,10 @@ from megatron_zeppelin.topology import Topology
 # (documents, nodes of 8): the issue's two cases, and a small batch (1.6 documents per rank), where the
 # search also weighs the baselines' fixed shapes (candidates.py), each a ring schedule to prepare.
 LATENCY_CASES = ((1000, 8), (16000, 128), (100, 8))
+# (cluster, model, TP, dataset, context, nodes of 8, tokens per GPU, recompute): 16K-per-GPU runs of the matrix
+RUN_CASES = (("a800", "llama-7b", 1, "prolong64k", 65536, 4, 16384, "full"),
+             ("h200", "llama-13b", 2, "arxiv", 65536, 4, 16384, "full"),
+             ("h200", "llama-30b", 4, "github", 16384, 4, 16384, "selective:core_attn,mlp"))
 
 
 def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -> dict:
@@ -83,18 +92,46 @@ def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -
     return out
 
 
-def compare(n_docs: int, nodes: int, repeats: int, rounds: int, old_src: str, args) -> dict:
-    """Latency of this tree's planner and of ``old_src``'s in alternating fresh processes (zeppelin)."""
+def run_latency(case: int, repeats: int) -> dict:
+    """Zeppelin on the first 3 batches of run ``RUN_CASES[case]``, one Planner for the run (its first
+    plan of each batch is a warm-up): wall and CPU time per plan, median over batches and repeats."""
+    from megatron_zeppelin.config import ZeppelinConfig
+    from megatron_zeppelin.planner import Planner
+    from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
+    cl, model_name, tp, dataset, context, nodes, per_gpu, recompute = RUN_CASES[case]
+    prof, model = load_profile(cl), load_model(model_name)
+    topo = domain_topology(prof, nodes)
+    spec = RunSpec("latency", cl, model_name, tp, dataset, context, nodes, per_gpu, batches=3, recompute=recompute)
+    config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
+                            gpu_nic_map=topo.gpu_to_nic, cluster=cl, recompute=recompute, tp=tp)
+    planner, batches = Planner(topo, prof, model, config), run_lengths(spec, topo.world_size)
+    for b in batches:
+        planner.plan(b)
+    times, cpu = [], []
+    for _ in range(repeats):
+        for b in batches:
+            t0, c0 = time.perf_counter(), time.process_time()
+            planner.plan(b)
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    return {"run": "/".join(map(str, RUN_CASES[case])), "docs": [len(b) for b in batches], "ranks": topo.world_size,
+            "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "repeats": repeats,
+            "cpu_median_ms": 1e3 * statistics.median(cpu), "load_average": os.getloadavg()[0]}
+
+
+def compare(case: list, info: dict, repeats: int, rounds: int, old_src: str, args) -> dict:
+    """Latency of this tree's planner and of ``old_src``'s in alternating fresh processes (zeppelin);
+    ``case``: the child's arguments (``--one-case DOCS NODES`` or ``--one-run K``)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     runs = {"old": [], "new": []}
     for _ in range(rounds):
         for which, src in (("old", old_src), ("new", here)):
             env = dict(os.environ, PYTHONPATH=src)
-            cmd = [sys.executable, os.path.abspath(__file__), "--one-case", str(n_docs), str(nodes),
+            cmd = [sys.executable, os.path.abspath(__file__), *case,
                    "--repeats", str(repeats), "--cluster", args.cluster, "--model", args.model]
             out = subprocess.run(cmd, env=env, cwd=src, capture_output=True, text=True, check=True, timeout=1800)
             runs[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    res = {"docs": n_docs, "ranks": nodes * 8, "rounds": rounds, "repeats": repeats, "old_src": old_src}
+    res = dict(info, rounds=rounds, repeats=repeats, old_src=old_src)
     for which, rs in runs.items():
         for key in ("median_ms", "cpu_median_ms"):
             res[f"{which}_{key}"] = statistics.median(r[key] for r in rs)
@@ -200,20 +237,28 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-contexts", type=int, nargs="+", default=[65536, 131072, 262144])
     ap.add_argument("--compare-src", default=None, help="a tree with another megatron_zeppelin: latency old / new")
     ap.add_argument("--rounds", type=int, default=3, help="alternating old/new processes per case (--compare-src)")
+    ap.add_argument("--skip-runs", action="store_true", help="leave out the matrix's runs (RUN_CASES)")
     ap.add_argument("--one-case", type=int, nargs=2, metavar=("DOCS", "NODES"), help=argparse.SUPPRESS)
+    ap.add_argument("--one-run", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     prof, model = load_profile(args.cluster), load_model(args.model)
-    if args.one_case:  # a child of --compare-src: one latency case, JSON on stdout
+    if args.one_case or args.one_run is not None:  # a child of --compare-src: one case, JSON on stdout
         import megatron_zeppelin
-        r = latency(args.one_case[0], args.one_case[1], args.repeats, "zeppelin", prof, model)
+        r = (run_latency(args.one_run, args.repeats) if args.one_case is None else
+             latency(args.one_case[0], args.one_case[1], args.repeats, "zeppelin", prof, model))
         print(json.dumps(dict(r, package=os.path.dirname(megatron_zeppelin.__file__))))
         return 0
     if args.compare_src:
         out = {"cluster": args.cluster, "model": args.model, "compare": []}
-        for n, nodes in LATENCY_CASES:
-            r = compare(n, nodes, args.repeats, args.rounds, os.path.abspath(args.compare_src), args)
+        cases = [(["--one-case", str(n), str(nodes)], {"docs": n, "ranks": nodes * 8}, f"{n:6d} docs")
+                 for n, nodes in LATENCY_CASES]
+        cases += [] if args.skip_runs else [(["--one-run", str(k)], {"run": "/".join(map(str, c)), "ranks": c[5] * 8},
+                                             "run " + "/".join(map(str, c)))
+                                            for k, c in enumerate(RUN_CASES)]
+        for case, info, name in cases:
+            r = compare(case, info, args.repeats, args.rounds, os.path.abspath(args.compare_src), args)
             out["compare"].append(r)
-            print(f"zeppelin {n:6d} docs {r['ranks']:5d} ranks: new median {r['new_median_ms']:.1f} ms (CPU "
+            print(f"zeppelin {name} {r['ranks']:5d} ranks: new median {r['new_median_ms']:.1f} ms (CPU "
                   f"{r['new_cpu_median_ms']:.1f}), old {r['old_median_ms']:.1f} ms (CPU {r['old_cpu_median_ms']:.1f}): "
                   f"old/new {r['ratio_wall']:.2f}x wall, {r['ratio_cpu']:.2f}x CPU; least of all processes new "
                   f"{r['new_min_ms']:.1f}, old {r['old_min_ms']:.1f} ({r['ratio_min']:.2f}x) (load {r['load_average']:.1f})",
@@ -235,6 +280,11 @@ def main(argv=None) -> int:
                   f"(min {r['min_ms']:.1f}; CPU median {r['cpu_median_ms']:.1f}; load {r['load_average']:.1f}); "
                   f"one Planner for the run: median {r['planner_median_ms']:.1f} ms (min {r['planner_min_ms']:.1f})",
                   flush=True)
+    for k in (() if args.skip_latency or args.skip_runs else range(len(RUN_CASES))):
+        r = run_latency(k, args.repeats)
+        out["latency"].append(r)
+        print(f"latency zeppelin   run {r['run']} ({r['ranks']} ranks, {r['docs']} docs): median {r['median_ms']:.1f} "
+              f"ms (min {r['min_ms']:.1f}; CPU median {r['cpu_median_ms']:.1f}; load {r['load_average']:.1f})", flush=True)
     if args.profile:
         for n, nodes in LATENCY_CASES:
             rows = where_time_goes(n, nodes, prof, model)
