@@ -8,10 +8,13 @@ lognormal (median e^7.5 ~ 1.8k tokens, sigma 1.3, seed 0) clipped to [1, 64K]. M
 ``Planner`` planning the batch again and again (a run's steady state: its cost model and crossover
 lengths built once).
 
-Run cases (``RUN_CASES``): the matrix's own runs (sim/runs.py's RunSpec, its first 3 batches) at
-16K tokens per GPU with the activation recompute a user would run there, planned by one Planner per
-run as the Megatron-LM forward step holds it: a few hundred long documents on 32 GPUs, where the
-search also weighs the baselines' fixed shapes (candidates.py). Median over the batches and repeats.
+Run cases (``RUN_CASES``): the matrix's own runs (sim/runs.py's RunSpec, its first 3 batches), at
+16K tokens per GPU with the activation recompute a user would run there, or memory-bound (the batch
+each GPU's memory allows, sim/matrix.py), planned by one Planner per run as the Megatron-LM forward
+step holds it: tens to hundreds of long documents on 32 GPUs, where the search also weighs the
+baselines' fixed shapes (candidates.py). Median over the batches and repeats, beside each batch's
+predicted iteration (with the DP all-reduce): the forward step plans before every forward, so the
+planning time adds to the iteration.
 
 Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M tokens, seeds
 ``--seeds``) at 4 nodes x 8 A800, llama-7b, every strategy: predicted iteration, imbalance
@@ -54,10 +57,13 @@ from megatron_zeppelin.topology import Topology
 # (documents, nodes of 8): the issue's two cases, and a small batch (1.6 documents per rank), where the
 # search also weighs the baselines' fixed shapes (candidates.py), each a ring schedule to prepare.
 LATENCY_CASES = ((1000, 8), (16000, 128), (100, 8))
-# (cluster, model, TP, dataset, context, nodes of 8, tokens per GPU, recompute): 16K-per-GPU runs of the matrix
-RUN_CASES = (("a800", "llama-7b", 1, "prolong64k", 65536, 4, 16384, "full"),
-             ("h200", "llama-13b", 2, "arxiv", 65536, 4, 16384, "full"),
-             ("h200", "llama-30b", 4, "github", 16384, 4, 16384, "selective:core_attn,mlp"))
+# (cluster, model, TP, dataset, context, nodes of 8, tokens per GPU or "memory", recompute): runs of the matrix
+# ("auto": the fastest recompute whose capacity holds the batch, which then binds, as the matrix runs it)
+RUN_CASES = (("a800", "llama-7b", 1, "prolong64k", 65536, 4, 16384, "auto"),
+             ("h200", "llama-13b", 2, "arxiv", 65536, 4, 16384, "auto"),
+             ("h200", "llama-30b", 4, "github", 16384, 4, 16384, "auto"),
+             ("h800", "llama-13b", 2, "github", 65536, 4, "memory", "none"),
+             ("h200", "llama-7b", 1, "github", 16384, 4, "memory", "none"))
 
 
 def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -> dict:
@@ -97,16 +103,19 @@ def run_latency(case: int, repeats: int) -> dict:
     plan of each batch is a warm-up): wall and CPU time per plan, median over batches and repeats."""
     from megatron_zeppelin.config import ZeppelinConfig
     from megatron_zeppelin.planner import Planner
+    from megatron_zeppelin.sim.matrix import batch_and_recompute
     from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
     cl, model_name, tp, dataset, context, nodes, per_gpu, recompute = RUN_CASES[case]
+    per_gpu, capacity, recompute = batch_and_recompute(cl, model_name, tp, nodes, per_gpu, recompute)
     prof, model = load_profile(cl), load_model(model_name)
     topo = domain_topology(prof, nodes)
-    spec = RunSpec("latency", cl, model_name, tp, dataset, context, nodes, per_gpu, batches=3, recompute=recompute)
+    spec = RunSpec("latency", cl, model_name, tp, dataset, context, nodes, per_gpu, capacity=capacity, batches=3,
+                   recompute=recompute)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
-                            gpu_nic_map=topo.gpu_to_nic, cluster=cl, recompute=recompute, tp=tp)
+                            gpu_nic_map=topo.gpu_to_nic, cluster=cl, recompute=recompute, tp=tp,
+                            capacity_tokens=capacity)
     planner, batches = Planner(topo, prof, model, config), run_lengths(spec, topo.world_size)
-    for b in batches:
-        planner.plan(b)
+    iteration = [planner.plan(b).predicted_with_allreduce_s for b in batches]
     times, cpu = [], []
     for _ in range(repeats):
         for b in batches:
@@ -116,7 +125,9 @@ def run_latency(case: int, repeats: int) -> dict:
             cpu.append(time.process_time() - c0)
     return {"run": "/".join(map(str, RUN_CASES[case])), "docs": [len(b) for b in batches], "ranks": topo.world_size,
             "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "repeats": repeats,
-            "cpu_median_ms": 1e3 * statistics.median(cpu), "load_average": os.getloadavg()[0]}
+            "cpu_median_ms": 1e3 * statistics.median(cpu), "load_average": os.getloadavg()[0],
+            "batch_ms": [1e3 * statistics.median(times[k::len(batches)]) for k in range(len(batches))],
+            "predicted_iteration_s": iteration}
 
 
 def compare(case: list, info: dict, repeats: int, rounds: int, old_src: str, args) -> dict:
@@ -284,7 +295,9 @@ def main(argv=None) -> int:
         r = run_latency(k, args.repeats)
         out["latency"].append(r)
         print(f"latency zeppelin   run {r['run']} ({r['ranks']} ranks, {r['docs']} docs): median {r['median_ms']:.1f} "
-              f"ms (min {r['min_ms']:.1f}; CPU median {r['cpu_median_ms']:.1f}; load {r['load_average']:.1f})", flush=True)
+              f"ms (min {r['min_ms']:.1f}; CPU median {r['cpu_median_ms']:.1f}; load {r['load_average']:.1f}); per "
+              "batch " + ", ".join(f"{t:.0f} ms of a {s:.2f} s iteration" for t, s in
+                                   zip(r["batch_ms"], r["predicted_iteration_s"])), flush=True)
     if args.profile:
         for n, nodes in LATENCY_CASES:
             rows = where_time_goes(n, nodes, prof, model)
