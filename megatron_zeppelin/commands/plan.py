@@ -57,6 +57,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="keep the attention layout for the linear modules (no remapping layer)")
     g.add_argument("--capacity-tokens", "--zeppelin-capacity-tokens", type=token_count, default=0,
                    help="per-rank attention-token capacity (0 = 2x the mean tokens per rank)")
+    g.add_argument("--balance-memory", "--zeppelin-balance-memory", action="store_true",
+                   help="plan Zeppelin with every rank within 1.10x the mean tokens (balanced activation "
+                        "memory, for some predicted time and planning time)")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the results as JSON")
     g.add_argument("--plot", metavar="FILE", help="write a PNG: length histogram and per-rank bars")
@@ -99,7 +102,8 @@ def run(args) -> int:
     config = ZeppelinConfig(strategy=args.strategy, gpus_per_node=topo.gpus_per_node,
                             nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic,
                             cluster=args.cluster, routing=args.routing, remap=args.remap,
-                            capacity_tokens=batch_flags.capacity, cp_size=args.cp_size, tp=args.tp)
+                            capacity_tokens=batch_flags.capacity, cp_size=args.cp_size, tp=args.tp,
+                            balance_memory=args.balance_memory)
     source = load_source(args.dataset, tokenizer=tokenizer)
     names = STRATEGIES if args.compare else (args.strategy,)
 
@@ -122,9 +126,9 @@ def run(args) -> int:
     report.print_header(out, batch, topo, profile, model, args, dom)
     if batch_flags.note:
         print(f"batch size: {batch_flags.note}", file=out)
-    report.print_plan(out, main, args.ranks)
+    report.print_plan(out, main, args.ranks, model, args.tp)
     if args.compare:
-        report.print_compare(out, plans, report.per_batch_note(args.cp_size))
+        report.print_compare(out, plans, report.per_batch_note(args.cp_size), model, args.tp)
     if spread:
         report.print_spread(out, spread, args.seed, args.seeds)
         if not args.compare and args.strategy in ("static_cp", "allgather_cp") and report.per_batch_note(args.cp_size):

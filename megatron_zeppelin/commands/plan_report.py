@@ -83,7 +83,13 @@ def remap_tokens(plan: Plan) -> int:
     return sum(m.tokens for m in plan.remap if m.src != m.dst)
 
 
-def print_plan(out, plan: Plan, max_ranks: int = 16) -> None:
+def memory_balance(plan: Plan, model, tp: int = 1) -> dict:
+    """The plan's per-rank peak activation memory (dp/memory.py, both layouts, its recompute)."""
+    from ..dp.memory import plan_memory_balance
+    return plan_memory_balance(plan, model, tp, plan.meta.recompute or None)
+
+
+def print_plan(out, plan: Plan, max_ranks: int = 16, model=None, tp: int = 1) -> None:
     con = _console(out)
     print(f"\nstrategy {plan.strategy} (plan digest {plan.digest()})", file=out)
     print(_thresholds_line(plan), file=out)
@@ -103,6 +109,12 @@ def print_plan(out, plan: Plan, max_ranks: int = 16) -> None:
           f"ratio to lower bound {plan.predicted_iteration_s / lb:.3f}", file=out)
     print(f"  both without the DP gradient all-reduce after the backward ({plan.allreduce_s:.4g} s, the same for "
           f"every strategy): {plan.predicted_with_allreduce_s:.4g} s with it", file=out)
+    if model is not None:
+        m = memory_balance(plan, model, tp)
+        cap = (f"; planned within {plan.meta.token_cap} tokens per rank (--zeppelin-balance-memory)"
+               if plan.meta.token_cap else "")
+        print(f"activation memory per rank (peak, attention and linear layouts): max {m['max_bytes'] / 1e9:.2f} GB, "
+              f"max/mean {m['imbalance']:.3f}{cap}", file=out)
     nic = sum(o.nbytes for o in plan.schedule if o.link == Link.NIC)
     nvl = sum(o.nbytes for o in plan.schedule if o.link == Link.NVLINK)
     print(f"remap moves {remap_tokens(plan)} tokens; ring schedule: {len(plan.schedule)} ops, "
@@ -136,27 +148,31 @@ def _print_ranks(con: Console, plan: Plan, max_ranks: int) -> None:
     con.print(t)
 
 
-def print_compare(out, plans: Dict[str, object], cp_note: str = "") -> None:
+def print_compare(out, plans: Dict[str, object], cp_note: str = "", model=None, tp: int = 1) -> None:
     con = _console(out)
     z = plans.get("zeppelin")
-    t = _table("strategy", "iteration s", "imbalance", "x lower bound", "zeppelin speedup",
+    mem = ("memory imbalance",) if model is not None else ()
+    t = _table("strategy", "iteration s", "imbalance", *mem, "x lower bound", "zeppelin speedup",
                "local/intra/inter", "cp size", title="all strategies on the same batch")
     missing = []
     for name, p in plans.items():
         if isinstance(p, str):
-            t.add_row(name, "-", "-", "-", "-", "-", "-")
+            t.add_row(name, "-", "-", *("-" for _ in mem), "-", "-", "-", "-")
             missing.append(f"  {name}: {p}")
             continue
         cc = p.class_counts()
         sp = f"{p.predicted_iteration_s / z.predicted_iteration_s:.2f}x" if isinstance(z, Plan) else "-"
         t.add_row(name, _s(p.predicted_iteration_s), f"{p.imbalance:.3f}",
+                  *((f"{memory_balance(p, model, tp)['imbalance']:.3f}",) if mem else ()),
                   f"{p.predicted_iteration_s / p.lower_bound_s:.3f}", sp,
                   f"{cc['local']}/{cc['intra']}/{cc['inter']}", dict(p.meta).get("cp_size", "-"))
     con.print(t)
     for line in missing:
         print(line, file=out)
     print("zeppelin speedup = strategy's predicted iteration / zeppelin's; x lower bound = predicted / "
-          "(perfectly balanced work, all communication hidden)", file=out)
+          "(perfectly balanced work, all communication hidden)"
+          + ("; imbalance = max/mean per-rank time, memory imbalance = max/mean per-rank peak activation memory"
+             if mem else ""), file=out)
     if cp_note:
         print(cp_note, file=out)
 
@@ -262,7 +278,7 @@ def _explain_routing(out, plan, lengths, topo, cost, config) -> None:
     print(f"  {e['text']}", file=out)
 
 
-def strategy_record(p: Plan, zeppelin) -> dict:
+def strategy_record(p: Plan, zeppelin, model=None, tp: int = 1) -> dict:
     c = p.cost
     rec = {"predicted_iteration_s": p.predicted_iteration_s, "imbalance": p.imbalance,
            "ratio_to_lower_bound": p.predicted_iteration_s / p.lower_bound_s, "lower_bound_s": p.lower_bound_s,
@@ -280,12 +296,16 @@ def strategy_record(p: Plan, zeppelin) -> dict:
            "allreduce_s": p.allreduce_s, "meta": dict(p.meta), "digest": p.digest()}
     if isinstance(zeppelin, Plan):
         rec["zeppelin_speedup"] = p.predicted_iteration_s / zeppelin.predicted_iteration_s
+    if model is not None:
+        m = memory_balance(p, model, tp)
+        rec.update(memory_imbalance=m["imbalance"], peak_activation_GB=m["max_bytes"] / 1e9)
     return rec
 
 
 def json_document(plans: Dict[str, object], main: Plan, batch: dict, topo, profile, model, args) -> dict:
     z = plans.get("zeppelin")
-    strategies = {n: ({"error": p} if isinstance(p, str) else strategy_record(p, z)) for n, p in plans.items()}
+    strategies = {n: ({"error": p} if isinstance(p, str) else strategy_record(p, z, model, getattr(args, "tp", 1)))
+                  for n, p in plans.items()}
     return {"strategies": strategies, "strategy": main.strategy,
             "thresholds": {"local_max": main.thresholds.local_max, "intra_max": main.thresholds.intra_max,
                            "reason": main.thresholds.reason},

@@ -88,9 +88,10 @@ REGIMES = (("memory-bound batches (every GPU holds what its memory allows)",
 
 def _doc(matrix: str, records) -> dict:
     """The report's results document: the runs, the overall summary (every study but the ablations,
-    whose baselines are not at their best setting), one summary per regime, and per study."""
+    whose baselines are not at their best setting, and those planning Zeppelin with
+    --zeppelin-balance-memory, a different Zeppelin), one summary per regime, and per study."""
     from ..sim.matrix import summarize, summarize_by_study
-    best = [r for r in records if not r["study"].startswith("ablation")]
+    best = [r for r in records if not r["study"].startswith("ablation") and not r.get("balance_memory")]
     overall = summarize(best)
     regimes = {}
     for title, member in REGIMES:
@@ -213,4 +214,11 @@ Zeppelin weighs their shapes too (planner/candidates.py: uniform CP groups of ev
 or not; hybrid_dp's groups for batches of up to 256 documents or 4 per rank, dynamic_cp's for up
 to 4 documents per rank; the search stops once a plan is predicted within 2% of the lower bound),
 so its prediction is not above theirs on a batch but by that margin; the simulator may still
-disagree with the prediction."""
+disagree with the prediction.
+
+Memory balance (the imbalance tables: per-rank peak activation memory, max / mean): Zeppelin's
+default search takes a plan within 1.10x only where it costs at most 3% predicted time, so a batch
+whose long documents' ring members hold few tokens stays imbalanced (every rank still fits the
+capacity). The study `balance_memory` (if in this report) plans Zeppelin with
+`--zeppelin-balance-memory`: every rank capped at 1.10x the batch's mean tokens in both layouts
+(planner/memory_choice.py), its memory balanced by construction, its speed what that costs."""

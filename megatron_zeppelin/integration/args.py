@@ -57,6 +57,11 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Keep the attention layout for the linear modules.")
     g.add_argument("--zeppelin-capacity-tokens", type=token_count, default=0,
                    help="Per-rank attention-layout token capacity (0 = twice the mean).")
+    g.add_argument("--zeppelin-balance-memory", action="store_true",
+                   help="When Zeppelin's fastest plan leaves a rank's activation memory above 1.10x the mean, "
+                        "also plan with each rank capped at 1.10x the mean tokens and take that plan if it is "
+                        "at most 3%% slower (predicted): balanced memory for more planning time per batch "
+                        "(docs/partitioner.md).")
     g.add_argument("--zeppelin-cp-size", type=int, default=0,
                    help="CP group size for the static_cp / allgather_cp baselines (0 = auto).")
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
@@ -116,6 +121,7 @@ def config_from_args(args) -> ZeppelinConfig:
         gpu_nic_map=tuple(_get(args, "zeppelin_gpu_nic_map", ())), cluster=_get(args, "zeppelin_cluster", "h200"),
         routing=_get(args, "zeppelin_routing", "auto"), remap=bool(_get(args, "zeppelin_remap", True)),
         capacity_tokens=int(_get(args, "zeppelin_capacity_tokens", 0)), cp_size=int(_get(args, "zeppelin_cp_size", 0)),
+        balance_memory=bool(_get(args, "zeppelin_balance_memory", False)),
         min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
         tp=tp,

@@ -107,6 +107,9 @@ class Planner:
         paused = gc.isenabled()
         gc.disable()
         try:
+            if config.balance_memory and name == "zeppelin":
+                from .memory_choice import plan_memory_first
+                return plan_memory_first(lengths, ctx)
             return pick(name, lengths, ctx)[0]
         finally:
             if paused:

@@ -108,8 +108,9 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
     docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
     lin, moves = moved if moved is not None else remapped(ctx, placement, pre)
     rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens)
-    if ctx.config.capacity_tokens:  # a set capacity is memory: every strategy must fit it
-        _check_fits(strategy, att, lin, ctx.config.capacity_tokens)
+    fits = ctx.capacity if ctx.memory_first else ctx.config.capacity_tokens
+    if fits:  # a set capacity is memory: every strategy must fit it
+        _check_fits(strategy, att, lin, fits)
     return Plan(strategy=strategy, topology=topo, lengths=tuple(map(int, lengths)), docs=docs,
                 rings=rings, attention_layout=att, linear_layout=lin, remap=tuple(moves),
                 schedule=tuple(ops), cost=rank_cost,

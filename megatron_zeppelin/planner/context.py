@@ -21,6 +21,9 @@ class PlanContext:
     config: ZeppelinConfig
     cost: CostModel
     capacity: int  # per-rank attention-layout token capacity
+    # --zeppelin-balance-memory (memory_choice.plan_memory_first): ``capacity`` is the memory-balance
+    # cap, which both layouts of every candidate must fit, as a set --zeppelin-capacity-tokens
+    memory_first: bool = False
 
 
 @dataclass

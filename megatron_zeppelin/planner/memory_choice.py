@@ -53,6 +53,50 @@ class MemoryChoice:
         return f
 
 
+def memory_cap(lengths, ctx: PlanContext) -> int:
+    """The per-rank token cap of --zeppelin-balance-memory: MEMORY_BALANCE x the batch's mean tokens
+    per rank, within memory's own capacity.
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> memory_cap([4000, 3000, 1000], toy_context(nodes=1, gpus=4))   # 1.1 x 2000
+    2200
+    """
+    return min(ctx.capacity, int(MEMORY_BALANCE * sum(lengths) / ctx.topology.world_size))
+
+
+def plan_memory_first(lengths, ctx: PlanContext):
+    """Zeppelin's Plan with --zeppelin-balance-memory: planned with both layouts of every rank within
+    ``memory_cap`` tokens, the same search under a tighter capacity (the greedy then tops a long
+    document's ring members up with short documents, or gives the document a wider ring). A rank's
+    activation memory is a_bytes x its attention-layout tokens + l_bytes x its linear-layout tokens,
+    and both layouts hold the batch's tokens, so the mean is (a + l) x the mean tokens and no rank
+    is above MEMORY_BALANCE x it. Its price is predicted time (docs/partitioner.md) and planning
+    time; where no plan fits under the cap (a batch of few long documents), the plan without it.
+    The Plan's ``token_cap`` says which.
+
+    >>> from megatron_zeppelin.planner.strategies import pick
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> ctx, L = toy_context(nodes=1, gpus=4, capacity=8000), [4000, 1500, 1000, 900, 700, 500, 400, 300]
+    >>> [pick("zeppelin", L, ctx)[0].tokens(r) for r in range(4)]  # the fastest: 2600 > 1.1 x 2325
+    [2150, 2050, 2500, 2600]
+    >>> plan = plan_memory_first(L, ctx)
+    >>> plan.meta.token_cap, [plan.tokens(r) for r in range(4)], [plan.tokens(r, "linear") for r in range(4)]
+    (2557, [2500, 2000, 2300, 2500], [2500, 2000, 2300, 2500])
+    """
+    from dataclasses import replace
+
+    from .strategies import pick
+    from .types import PlanError
+    cap = memory_cap(lengths, ctx)
+    if cap < ctx.capacity:
+        try:
+            plan = pick("zeppelin", lengths, replace(ctx, capacity=cap, memory_first=True))[0]
+            return replace(plan, meta=replace(plan.meta, token_cap=cap))
+        except PlanError:
+            pass  # no placement holds the batch under the cap
+    return pick("zeppelin", lengths, ctx)[0]
+
+
 def memory_imbalance(plan, prepared, weights) -> float:
     """Per-rank peak activation memory, max / mean: attention tokens from the prepared placement
     (or the plan's layout), linear tokens after the remap's moves."""

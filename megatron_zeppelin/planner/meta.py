@@ -30,6 +30,9 @@ class PlanMeta:
     budget_s: Optional[float] = None
     target: Optional[float] = None
     estimate_s: Optional[float] = None
+    # With --zeppelin-balance-memory (memory_choice.plan_memory_first): the per-rank token cap it was
+    # planned under (unset: none, or no plan fit under it).
+    token_cap: Optional[int] = None
     # Fixed-CP baselines (static_cp, allgather_cp): the CP size, DP replicas, each size's prediction.
     cp_size: Optional[int] = None
     dp_size: Optional[int] = None
@@ -75,7 +78,7 @@ class PlanMeta:
                                        if getattr(self, f.name) not in (None, "", ())) + ")"
 
 
-_INTS = ("cp_size", "dp_size", "max_seqlen_per_dp_cp_rank", "hdp_rounds", "hdp_round")
+_INTS = ("token_cap", "cp_size", "dp_size", "max_seqlen_per_dp_cp_rank", "hdp_rounds", "hdp_round")
 _FLOATS = {"budget_s": ".6g", "estimate_s": ".6g", "flops_share": ".6g", "target": "g"}  # as strategies write them
 _TRIED = ("cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s")
 

@@ -88,6 +88,7 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
         cps = tuple(int(x) for x in st.get("cp_sizes", default_cp))
         batches = int(st.get("batches", default_batches))
         rc_want = str(st.get("recompute", default_rc))
+        balanced = bool(st.get("balance_memory", False))  # Zeppelin with --zeppelin-balance-memory
         if batches < 1:
             raise MatrixError(f"{path}: study {study} has batches {batches}: a run needs at least one batch")
         bad = [v for v in variants if v not in VARIANTS]
@@ -105,7 +106,7 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
                 regime = "memory" if str(per_gpu) == "memory" else "fixed"
                 per_tok, cap, rc = batch_and_recompute(str(cl), model, tp, int(nodes), per_gpu, rc_want, fill)
                 items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_tok, seed, cap,
-                                      batches, rc, regime), variants, cps))
+                                      batches, rc, regime, balanced), variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None
     return items, doc

@@ -137,7 +137,8 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
     for title, part in doc.get("regimes", {}).items():
         L += [f"## Summary: {title}", ""] + _summary_table(part) + ["", "Where Zeppelin loses:", ""] + _losses(part)
         L += [""]
-    L += ["## Summary: all studies together (but the ablations, whose baselines are not at their best setting)", ""]
+    L += ["## Summary: all studies together (but the ablations, whose baselines are not at their best setting, "
+          "and `balance_memory`, whose Zeppelin trades time for memory)", ""]
     L += _summary_table(doc)
     L += ["", "### Where Zeppelin loses", ""] + _losses(doc)
     first = ("memory", "memory_scaling", "ablation_memory", "main", "context", "scaling", "ablation")

@@ -69,11 +69,13 @@ class RunSpec:
     batches: int = DEFAULT_BATCHES  # batches of the run
     recompute: str = "none"  # activation recompute of the run (recompute.py), the same for every strategy
     regime: str = "fixed"  # "memory": the batch memory allows (capacity binds); "fixed": tokens_per_gpu as set
+    balance_memory: bool = False  # Zeppelin planned with --zeppelin-balance-memory (memory_choice.plan_memory_first)
 
     def key(self) -> str:
         regime = "/memory" if self.regime == "memory" else ""
+        balanced = "/balance-memory" if self.balance_memory else ""
         return (f"{self.study}/{self.cluster}/{self.model}-tp{self.tp}/{self.dataset}/ctx{self.context // 1024}K/"
-                f"{self.nodes}n{regime}/seed{self.seed}")
+                f"{self.nodes}n{regime}{balanced}/seed{self.seed}")
 
     def label(self) -> str:
         """Short, distinguishable label for plots and tables."""
@@ -268,7 +270,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     runs = run_lengths(spec, topo.world_size)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp,
-                            capacity_tokens=spec.capacity, recompute=spec.recompute)
+                            capacity_tokens=spec.capacity, recompute=spec.recompute,
+                            balance_memory=spec.balance_memory)
     capacity = spec.capacity or 2 * spec.tokens_per_gpu  # the planner's default: twice the mean per rank
     out = []
     for v in variants:
