@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from .layout import attention_layout
 from .levels import linear_level, smallest_level
 from .predict import attention_tokens, lower_bound, predict, ring_costs
 from .program import local_arrays
-from .remap import plan_remap
+from .remap import RemapError, remap_flows, remap_moves
 from .schedule import ring_ops
 from .types import Plan, PlanError, PlanMeta, ring_documents
 from ..words import CLASSES, DocClass
@@ -71,11 +71,38 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost, arrays), tokens)
 
 
-def remapped(ctx: PlanContext, placement: Placement, pre: Prepared) -> Tuple[tuple, tuple]:
-    """(linear layout, moves) of a prepared placement: its remap, or the attention layout unmoved."""
+class Flow(NamedTuple):
+    """Tokens ``src`` sends ``dst`` in a remap, before its segments are cut: all a least prediction
+    reads of a Move (``tokens``, ``src``, ``dst``)."""
+    src: int
+    dst: int
+    tokens: int
+
+
+class Remap:
+    """A prepared placement's remap: its ``flows`` (remap.remap_flows) at once, its linear layout and
+    moves (``layout()``, segments cut once) only when the plan is assembled: a variant that its least
+    prediction rules out never needs them."""
+
+    def __init__(self, attention_layout: tuple, flows: Optional[dict]):
+        self.flows, self._att, self._layout = flows, attention_layout, None
+
+    @property
+    def counted(self) -> Tuple[Flow, ...]:
+        return tuple(Flow(s, d, n) for (s, d), n in (self.flows or {}).items())
+
+    def layout(self) -> Tuple[tuple, tuple]:
+        """(linear layout, moves): the attention layout unmoved without a remap."""
+        if self._layout is None:
+            self._layout = (self._att, ()) if self.flows is None else remap_moves(self._att, self.flows)
+        return self._layout
+
+
+def remapped(ctx: PlanContext, placement: Placement, pre: Prepared) -> Remap:
+    """The remap of a prepared placement (flows None: none, the attention layout stays)."""
     topo, cost = ctx.topology, ctx.cost
     if not placement.remap:
-        return pre.attention_layout, ()
+        return Remap(pre.attention_layout, None)
     caps = None
     if placement.balance_linear:
         # Ranks busier with attention + exposed communication + their projections (which run on
@@ -85,28 +112,29 @@ def remapped(ctx: PlanContext, placement: Placement, pre: Prepared) -> Tuple[tup
         busy = (np.asarray(parts[0]) + np.asarray(parts[1]) + cost.proj_s_np(np.asarray(tokens))).tolist()
         limit = memory_caps(tokens, topo.gpus_per_node, *activation_weights(cost), ctx.capacity)
         caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), limit)
-    lin, moves = plan_remap(pre.attention_layout, topo, cost=cost, capacities=caps, tokens=pre.att_tokens)
-    return lin, tuple(moves)
+    if len(pre.attention_layout) != topo.world_size:
+        raise RemapError(f"attention layout has {len(pre.attention_layout)} ranks but the topology has "
+                         f"{topo.world_size} ({topo.describe()})")
+    return Remap(pre.attention_layout, remap_flows(list(pre.att_tokens), topo, cost=cost, capacities=caps))
 
 
-def least_iteration_s(ctx: PlanContext, pre: Prepared, moved: Tuple[tuple, tuple]) -> float:
-    """A lower bound of the predicted iteration of a prepared placement with ``moved`` (its
-    ``remapped``), at a fraction of assembling it (predict's ``least``)."""
-    lin, moves = moved
-    return max(c.total_s for c in predict(pre.docs, pre.rings, lin, pre.ops, moves, ctx.cost, parts=pre.parts,
-                                          att_tokens=pre.att_tokens, least=True))
+def least_iteration_s(ctx: PlanContext, pre: Prepared, remap: Remap) -> float:
+    """A lower bound of the predicted iteration of a prepared placement with ``remap`` (its
+    ``remapped``), at a fraction of assembling it (predict's ``least``; no segment cut)."""
+    return max(c.total_s for c in predict(pre.docs, pre.rings, (), pre.ops, remap.counted, ctx.cost,
+                                          parts=pre.parts, att_tokens=pre.att_tokens, least=True))
 
 
 def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
              prepared: Optional[Prepared] = None, lower_bound_s: Optional[float] = None,
-             moved: Optional[Tuple[tuple, tuple]] = None) -> Plan:
+             moved: Optional[Remap] = None) -> Plan:
     """The Plan of ``placement``; ``prepared``: its prepare() when shared with other candidates;
     ``lower_bound_s``: the batch's lower_bound when the caller assembles several candidates;
     ``moved``: its ``remapped`` when the caller has it."""
     topo, cost = ctx.topology, ctx.cost
     pre = prepared or prepare(ctx, placement)
     docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
-    lin, moves = moved if moved is not None else remapped(ctx, placement, pre)
+    lin, moves = (moved if moved is not None else remapped(ctx, placement, pre)).layout()
     rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens)
     fits = ctx.capacity if ctx.memory_first else ctx.config.capacity_tokens
     if fits:  # a set capacity is memory: every strategy must fit it

@@ -327,14 +327,16 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
 
     # Megatron TP: per layer and pass an all-reduce after attention and after the MLP, or with
     # sequence parallelism an all-gather before and a reduce-scatter after each (cost_model.tp_comm_s)
-    tp_ar = cost.tp_comm_s
+    tp_ar = cost.tp_comm_s if cost.tp > 1 else _no_tp  # (adding 0.0 or an array of zeros: the same sums)
     # With sequence parallelism each remap first all-gathers its source layout over TP (on the
     # ranks whose layouts differ), in the forward and in the backward
-    moved = np.zeros(world)
-    for mv in moves:
-        if mv.tokens and cost.sp and cost.tp > 1:
-            moved[mv.src] = moved[mv.dst] = 1.0
-    sp_att, sp_lin = cost.sp_allgather_s(r_att) * moved, cost.sp_allgather_s(r_lin) * moved
+    sp_att = sp_lin = 0.0
+    if cost.sp and cost.tp > 1:
+        moved = np.zeros(world)
+        for mv in moves:
+            if mv.tokens:
+                moved[mv.src] = moved[mv.dst] = 1.0
+        sp_att, sp_lin = cost.sp_allgather_s(r_att) * moved, cost.sp_allgather_s(r_lin) * moved
 
     attn_busy, lin_busy, remap_t = np.zeros(world), np.zeros(world), np.zeros(world)
     if least:
@@ -406,6 +408,11 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     return tuple(map(_rank_cost, a.tolist(), li.tolist(), exp.tolist(), rm.tolist()))
 
 
+def _no_tp(tokens) -> float:
+    """Megatron's TP communication without TP: none."""
+    return 0.0
+
+
 def _rank_cost(attention_s: float, linear_s: float, comm_exposed_s: float, remap_s: float) -> RankCost:
     """``RankCost(...)`` without the frozen dataclass's per-field ``__setattr__`` (one per rank per
     prediction: a tenth of predict's time at 64 ranks)."""
@@ -418,16 +425,18 @@ def _rank_cost(attention_s: float, linear_s: float, comm_exposed_s: float, remap
 def _least_hops(moves: Sequence[Move], cost: CostModel):
     """predict(least=True)'s remap hops, forward and back: (src, dst, latency + own bytes / rate)."""
     mv = [m for m in moves if m.tokens]
-    src = np.fromiter((m.src for m in mv), dtype=np.int64, count=len(mv))
-    dst = np.fromiter((m.dst for m in mv), dtype=np.int64, count=len(mv))
-    links = {}  # link class -> (bytes per second, latency): a handful per batch
-    sec = np.empty(len(mv))
-    for k, m in enumerate(mv):
-        link = cost.link_of(m.src, m.dst)
-        if link not in links:
-            links[link] = (cost.bandwidth(link), cost.latency(link))
-        bw, lat = links[link]
-        sec[k] = lat + m.tokens * cost.hidden_bytes_per_token / bw
+    n = len(mv)
+    src = np.fromiter((m.src for m in mv), dtype=np.int64, count=n)
+    dst = np.fromiter((m.dst for m in mv), dtype=np.int64, count=n)
+    tok = np.fromiter((m.tokens for m in mv), dtype=np.float64, count=n)
+    g = cost.topology.gpus_per_node
+    link = np.full(n, Link.NVLINK, dtype=object)
+    for k in np.nonzero(src // g != dst // g)[0].tolist():  # across nodes: the level that holds both
+        link[k] = cost.link_of(int(src[k]), int(dst[k]))
+    sec = np.empty(n)
+    for name in set(link.tolist()):
+        at = link == name
+        sec[at] = cost.latency(name) + tok[at] * cost.hidden_bytes_per_token / cost.bandwidth(name)
     return (src, dst, sec), (dst, src, sec)
 
 

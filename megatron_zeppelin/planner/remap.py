@@ -186,25 +186,22 @@ def _take_tail(segs: List[Segment], n: int) -> List[Segment]:
     return tail
 
 
-def plan_remap(attention_layout: Sequence[Sequence[Segment]], topo: Topology, *, cost=None,
-               capacities: Optional[Sequence[int]] = None, tokens: Optional[Sequence[int]] = None
-               ) -> Tuple[Tuple[Tuple[Segment, ...], ...], Tuple[Move, ...]]:
-    """(linear layout, moves) at minimum remap cost. ``cost``: a CostModel for the NVLink/NIC
-    per-token costs (default: NIC 8x NVLink); ``capacities``: per-rank linear-layout token caps
-    (caps that sum to the batch's tokens are exact per-rank targets); ``tokens``: the attention
-    layout's tokens per rank, when the caller has them (assembly does)."""
-    if len(attention_layout) != topo.world_size:
-        raise RemapError(f"attention layout has {len(attention_layout)} ranks but the topology has "
-                         f"{topo.world_size} ({topo.describe()})")
-    counts = list(tokens) if tokens is not None else [segment_tokens(r) for r in attention_layout]
-    targets = balanced_targets(counts, topo, capacities, link_costs(cost))
-    flows = transfer_matrix(counts, targets, topo)
+def remap_flows(counts: Sequence[int], topo: Topology, *, cost=None, capacities: Optional[Sequence[int]] = None
+                ) -> Dict[Tuple[int, int], int]:
+    """Tokens src -> dst of the remap at minimum cost (facts 1 and 2): what its prediction needs,
+    before any segment is cut (``remap_moves``)."""
+    return transfer_matrix(counts, balanced_targets(counts, topo, capacities, link_costs(cost)), topo)
+
+
+def remap_moves(attention_layout: Sequence[Sequence[Segment]], flows: Dict[Tuple[int, int], int]
+                ) -> Tuple[Tuple[Tuple[Segment, ...], ...], Tuple[Move, ...]]:
+    """(linear layout, moves) carrying ``flows`` (``remap_flows``): each sender gives its tail away,
+    the last destination getting the very end (destinations stay in order)."""
     by_src: Dict[int, List[int]] = {}
     for (s, d) in flows:
         by_src.setdefault(s, []).append(d)
     kept: List = list(attention_layout)  # rows stay tuples unless they send or receive
     moves: List[Move] = []
-    # Each sender gives its tail away: the last destination gets the very end (dsts stay in order).
     for src, dsts in by_src.items():
         segs = list(kept[src])
         for dst in reversed(dsts):
@@ -216,6 +213,20 @@ def plan_remap(attention_layout: Sequence[Sequence[Segment]], topo: Topology, *,
             kept[m.dst] = list(kept[m.dst])
         kept[m.dst].extend(m.segments)
     return tuple(tuple(r) for r in kept), tuple(moves)
+
+
+def plan_remap(attention_layout: Sequence[Sequence[Segment]], topo: Topology, *, cost=None,
+               capacities: Optional[Sequence[int]] = None, tokens: Optional[Sequence[int]] = None
+               ) -> Tuple[Tuple[Tuple[Segment, ...], ...], Tuple[Move, ...]]:
+    """(linear layout, moves) at minimum remap cost. ``cost``: a CostModel for the NVLink/NIC
+    per-token costs (default: NIC 8x NVLink); ``capacities``: per-rank linear-layout token caps
+    (caps that sum to the batch's tokens are exact per-rank targets); ``tokens``: the attention
+    layout's tokens per rank, when the caller has them (assembly does)."""
+    if len(attention_layout) != topo.world_size:
+        raise RemapError(f"attention layout has {len(attention_layout)} ranks but the topology has "
+                         f"{topo.world_size} ({topo.describe()})")
+    counts = list(tokens) if tokens is not None else [segment_tokens(r) for r in attention_layout]
+    return remap_moves(attention_layout, remap_flows(counts, topo, cost=cost, capacities=capacities))
 
 
 # --- what a remap costs (used by predict.py and the tests) ------------------------------------------
