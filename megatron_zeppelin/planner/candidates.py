@@ -34,10 +34,12 @@ SMALL_BATCH = 4  # documents per rank up to which hybrid_dp's and dynamic_cp's s
 HYBRID_DOCS = 256
 
 
-def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext):
+def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: float = float("inf")):
     """(label, bound, build) of every baseline shape of this batch: ``bound`` a cheap lower bound of
     its predicted time (None: only known once built), ``build`` raises PlanError when the shape does
-    not fit the capacity. hybrid_dp's and dynamic_cp's own groupings take seconds to build on
+    not fit the capacity; a CP size whose mean per-rank work alone is at or above ``reach`` gets that
+    bound without its groups (thousands of documents: its packing was most of the time to weigh it).
+    hybrid_dp's and dynamic_cp's own groupings take seconds to build on
     thousands of documents, so they are candidates only for batches of up to SMALL_BATCH documents
     per rank (where those baselines' shapes differ most from Zeppelin's greedy), and hybrid_dp's
     also for batches of up to HYBRID_DOCS documents."""
@@ -49,19 +51,26 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext):
     from .baselines.static_cp import cp_assignment, cp_placement
     world, cost = ctx.topology.world_size, ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
-    own = cost.doc_attention_np(L) + cost.proj_s_np(L)  # a document's work that stays with its ranks
     out = []
     for cp in cp_sizes(world):
-        # A zigzag member's attention is at least 1/cp of the whole document's (its blocks are
-        # smaller, so no faster), its projections 1/cp of the document's: each group's share per
-        # member, then the MLP wherever it runs best in its node (the remap moves it inside nodes),
-        # bounds the plan.
+        # Every member of a CP group computes the same attention of each of its documents (zigzag:
+        # ring_member_attention, as compute_bound prices the built placement), and the group's
+        # projections and recompute split evenly at best; the MLP then runs wherever it runs best in
+        # its node (the remap moves it inside nodes). Bounds the plan before it is built.
+        member = cost.ring_member_attention_np(L, np.full(len(L), cp))
+        build = (lambda cp=cp: cp_placement(lengths, ctx, cp, Comm.P2P))
+        # The busiest node's level is at least the mean over ranks: every member's documents, all
+        # projections, recompute and MLP (0.999: the water level rounds node tokens)
+        mean = 0.999 * BOUND_SLACK * _mean_work(L, member, cp, ctx)
+        if mean >= reach:
+            out.append((f"cp{cp}", mean, build))
+            continue
         groups = cp_assignment(lengths, world // cp)
-        per_group = np.bincount(groups, weights=own, minlength=world // cp)
-        tokens = np.bincount(groups, weights=L, minlength=world // cp)
-        rows = node_rows(np.repeat(per_group / cp, cp), np.repeat(tokens / cp, cp), ctx)
-        out.append((f"cp{cp}", BOUND_SLACK * water_level(*rows),
-                    (lambda cp=cp: cp_placement(lengths, ctx, cp, Comm.P2P))))
+        tokens = np.bincount(groups, weights=L, minlength=world // cp) / cp
+        own = np.bincount(groups, weights=member, minlength=world // cp) + cost.proj_s_np(tokens)
+        again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx)
+        rows = node_rows(np.repeat(own + again, cp), np.repeat(tokens, cp), ctx, rate_again)
+        out.append((f"cp{cp}", BOUND_SLACK * (1 - 1e-9) * water_level(*rows), build))  # (1 - 1e-9: sums in another order)
     small = len(lengths) <= SMALL_BATCH * world
     if small or len(lengths) <= HYBRID_DOCS:
         out.append(("hybrid_dp", None, lambda: plan_hybrid_dp(lengths, ctx)))
@@ -84,7 +93,7 @@ def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float
     remap off (the caller adds it)."""
     from dataclasses import replace
     routing = ctx.config.routing_enabled(ctx.topology.nodes)
-    for label, bound, build in fixed_shape_candidates(lengths, ctx):
+    for label, bound, build in fixed_shape_candidates(lengths, ctx, best_s):
         if bound is not None and bound >= best_s:
             continue
         try:
@@ -173,6 +182,53 @@ def recomputed_s(placement: Placement, ctx: PlanContext, tokens):
     return per_rank, per_token
 
 
+def _mean_work(L, member, cp: int, ctx: PlanContext) -> float:
+    """Per rank on average, what a CP placement of size ``cp`` computes: each document's ``member``
+    attention on its cp members, the projections, recompute and MLP of every token."""
+    cost, world = ctx.cost, ctx.topology.world_size
+    total = float(L.sum())
+    w_att, w_proj, rate_again = _recompute_terms(ctx)
+    again = 0.0
+    if w_att:
+        again += w_att * cp * float(cost.ring_member_attention_np(L, [cp] * len(L), passes=(False,)).sum()) / world
+    if w_proj:
+        again += w_proj * float(cost.gemm_s(total / world, "qkv") + cost.gemm_s(total / world, "out"))
+    return (cp * float(member.sum()) / world + float(cost.proj_s_np([total / world])[0]) + again
+            + movable_linear_s(total, cost) / world + rate_again * total / world)
+
+
+def _recompute_terms(ctx: PlanContext):
+    """What ``cost.recompute`` runs again, as weights (recomputed_s, summed over its layer groups):
+    of a member's forward attention (core_attn), of the projections' forward per token (full), and
+    seconds per movable token (the forward MLP)."""
+    cost, layers = ctx.cost, ctx.cost.model.layers
+    w_att = w_proj = rate = 0.0
+    for n, rc in cost.recompute.groups(layers):
+        if rc.has("core_attn"):
+            w_att += n / layers
+        if rc.has("mlp") and not cost.model.is_moe:
+            rate += n * float(cost.gemm_s(1, "mlp"))
+        if rc.full:
+            w_proj += n
+    return w_att, w_proj, rate
+
+
+def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext):
+    """``recomputed_s`` of a CP group's member before its placement is built: its documents' forward
+    member attention again (core_attn), its share ``tokens`` of projections (full); and per movable
+    token the forward MLP (mlp). (per-group seconds, seconds per movable token)."""
+    import numpy as np
+    cost = ctx.cost
+    w_att, w_proj, rate = _recompute_terms(ctx)
+    per_group = np.zeros(len(tokens))
+    if w_att:
+        fwd = cost.ring_member_attention_np(L, np.full(len(L), cp), passes=(False,))
+        per_group += w_att * np.bincount(groups, weights=fwd, minlength=len(tokens))
+    if w_proj:
+        per_group += w_proj * (cost.gemm_s(tokens, "qkv") + cost.gemm_s(tokens, "out"))
+    return per_group, rate
+
+
 def capped_level(own, rate: float, caps, need) -> float:
     """The least possible busiest rank when each node (row) spreads its ``need`` tokens over its
     ranks, ``rate`` seconds each, a rank taking at most its ``caps`` and keeping its ``own`` seconds:
@@ -193,14 +249,16 @@ def capped_level(own, rate: float, caps, need) -> float:
     return float(max(level.max(), own.max()))
 
 
-def node_rows(own, tokens, ctx: PlanContext):
-    """Per node, its ranks' ``own`` seconds and the movable seconds of its ``tokens``: the remap of
-    every Zeppelin candidate keeps each node's tokens (node_time_targets, or no remap), so the MLP
-    and head of a node's tokens run inside it."""
+def node_rows(own, tokens, ctx: PlanContext, rate_again: float = 0.0):
+    """Per node, its ranks' ``own`` seconds and the movable seconds of its ``tokens`` (and
+    ``rate_again`` per token: the MLP recompute runs again): the remap of every Zeppelin candidate
+    keeps each node's tokens (node_time_targets, or no remap), so the MLP and head of a node's
+    tokens run inside it."""
     import numpy as np
     g, cost = ctx.topology.gpus_per_node, ctx.cost
     node_tokens = np.asarray(tokens, dtype=np.float64).reshape(-1, g).sum(axis=1)
-    return (np.asarray(own).reshape(-1, g), [movable_linear_s(int(round(t)), cost) for t in node_tokens])
+    return (np.asarray(own).reshape(-1, g),
+            [movable_linear_s(int(round(t)), cost) + rate_again * t for t in node_tokens])
 
 
 def movable_linear_s(tokens: int, cost) -> float:

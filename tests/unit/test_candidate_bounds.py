@@ -106,3 +106,26 @@ def test_the_compute_bound_counts_the_recomputed_forward():
     assert [label for label, _, _ in got] == ["cp4", "cp8"]
     for label, bound, pred in got:
         assert 0.95 * pred <= bound <= pred, (label, bound, pred)
+
+
+@pytest.mark.parametrize("cluster,model,nodes,n,mu,config", CASES)
+def test_the_pre_build_cp_bounds_are_below_the_built_placements_bound(cluster, model, nodes, n, mu, config):
+    """fixed_shape_candidates' bound of a CP size (before its placement is built; its mean-work bound
+    when that alone reaches ``reach``) is below compute_bound of the built placement: a CP shape it
+    skips could not have been picked."""
+    from megatron_zeppelin.planner.candidates import compute_bound, fixed_shape_candidates
+    from megatron_zeppelin.planner.types import PlanError
+    lengths = np.random.default_rng(n).lognormal(mu, 1.3, n).clip(1, 65536).astype(np.int64).tolist()
+    ctx = _context(cluster, model, nodes, lengths, **config)
+    pre = {label: (bound, build) for label, bound, build in fixed_shape_candidates(lengths, ctx) if label.startswith("cp")}
+    mean = {label: bound for label, bound, _ in fixed_shape_candidates(lengths, ctx, reach=0.0) if label.startswith("cp")}
+    checked = 0
+    for label, (bound, build) in pre.items():
+        assert mean[label] <= bound  # reach 0: every CP size gets its mean-work bound
+        try:
+            pl = build()
+        except PlanError:
+            continue
+        assert bound <= compute_bound(replace(pl, remap=False, balance_linear=False, routing=False), ctx), label
+        checked += 1
+    assert checked  # documents of a few tokens: most CP sizes hold more ranks than tokens
