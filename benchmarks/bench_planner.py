@@ -23,6 +23,8 @@ Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M 
 Sweep (``--sweep``): Zeppelin against every baseline on the paper's other settings: clusters a800
 and h200, 2..16 nodes of 8 GPUs, 64K..256K context, 256K tokens per node per global batch, seed 0.
 
+``--balance-memory``: every plan with ``--zeppelin-balance-memory`` (docs/partitioner.md: memory balance).
+
 Against older code (``--compare-src DIR``: a tree holding another version of the
 ``megatron_zeppelin`` package, e.g. ``git archive <commit> megatron_zeppelin configs | tar -x -C DIR``):
 each latency case runs in fresh processes, alternately this tree's planner and DIR's, ``--rounds``
@@ -66,17 +68,27 @@ RUN_CASES = (("a800", "llama-7b", 1, "prolong64k", 65536, 4, 16384, "auto"),
              ("h200", "llama-7b", 1, "github", 16384, 4, "memory", "none"))
 
 
+BALANCE_MEMORY = False  # --balance-memory: every plan with --zeppelin-balance-memory
+
+
+def _config(**kw):
+    """The planner's config of a case (with --zeppelin-balance-memory under --balance-memory)."""
+    from megatron_zeppelin.config import ZeppelinConfig
+    return ZeppelinConfig(**kw, **({"balance_memory": True} if BALANCE_MEMORY else {}))
+
+
 def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -> dict:
     """Wall-clock (the target) and CPU time of plan_batch; the CPU time shows what the planner
     costs when other processes share the machine's cores."""
     rng = np.random.default_rng(0)
     lengths = rng.lognormal(7.5, 1.3, n_docs).clip(1, 65536).astype(np.int64)
     topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
-    plan_batch(lengths, topo, prof, model, strategy=strategy)  # warm-up (imports, caches)
+    config = _config(gpus_per_node=8)
+    plan_batch(lengths, topo, prof, model, config, strategy=strategy)  # warm-up (imports, caches)
     times, cpu = [], []
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
-        plan = plan_batch(lengths, topo, prof, model, strategy=strategy)
+        plan = plan_batch(lengths, topo, prof, model, config, strategy=strategy)
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     out = {"strategy": strategy, "docs": n_docs, "ranks": topo.world_size, "tokens": int(lengths.sum()),
@@ -87,7 +99,7 @@ def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -
         from megatron_zeppelin.planner import Planner
     except ImportError:
         return out
-    planner = Planner(topo, prof, model)
+    planner = Planner(topo, prof, model, config)
     planner.plan(lengths, strategy)  # the run's first batch builds what the run shares
     steady = []
     for _ in range(repeats):
@@ -101,7 +113,6 @@ def latency(n_docs: int, nodes: int, repeats: int, strategy: str, prof, model) -
 def run_latency(case: int, repeats: int) -> dict:
     """Zeppelin on the first 3 batches of run ``RUN_CASES[case]``, one Planner for the run (its first
     plan of each batch is a warm-up): wall and CPU time per plan, median over batches and repeats."""
-    from megatron_zeppelin.config import ZeppelinConfig
     from megatron_zeppelin.planner import Planner
     from megatron_zeppelin.sim.matrix import batch_and_recompute
     from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
@@ -111,9 +122,8 @@ def run_latency(case: int, repeats: int) -> dict:
     topo = domain_topology(prof, nodes)
     spec = RunSpec("latency", cl, model_name, tp, dataset, context, nodes, per_gpu, capacity=capacity, batches=3,
                    recompute=recompute)
-    config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
-                            gpu_nic_map=topo.gpu_to_nic, cluster=cl, recompute=recompute, tp=tp,
-                            capacity_tokens=capacity)
+    config = _config(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
+                     gpu_nic_map=topo.gpu_to_nic, cluster=cl, recompute=recompute, tp=tp, capacity_tokens=capacity)
     planner, batches = Planner(topo, prof, model, config), run_lengths(spec, topo.world_size)
     iteration = [planner.plan(b).predicted_with_allreduce_s for b in batches]
     times, cpu = [], []
@@ -249,9 +259,15 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-src", default=None, help="a tree with another megatron_zeppelin: latency old / new")
     ap.add_argument("--rounds", type=int, default=3, help="alternating old/new processes per case (--compare-src)")
     ap.add_argument("--skip-runs", action="store_true", help="leave out the matrix's runs (RUN_CASES)")
+    ap.add_argument("--balance-memory", action="store_true",
+                    help="plan with --zeppelin-balance-memory (its planning time; not with --compare-src)")
     ap.add_argument("--one-case", type=int, nargs=2, metavar=("DOCS", "NODES"), help=argparse.SUPPRESS)
     ap.add_argument("--one-run", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.balance_memory and args.compare_src:
+        ap.error("--balance-memory plans with a flag older trees lack: run it without --compare-src")
+    global BALANCE_MEMORY
+    BALANCE_MEMORY = args.balance_memory
     prof, model = load_profile(args.cluster), load_model(args.model)
     if args.one_case or args.one_run is not None:  # a child of --compare-src: one case, JSON on stdout
         import megatron_zeppelin
@@ -282,7 +298,8 @@ def main(argv=None) -> int:
             json.dump(out, f, indent=1)
         print(f"wrote {args.out}")
         return 0
-    out = {"cluster": args.cluster, "model": args.model, "latency": [], "quality": [], "sweep": []}
+    out = {"cluster": args.cluster, "model": args.model, "balance_memory": args.balance_memory, "latency": [],
+           "quality": [], "sweep": []}
     for n, nodes in (() if args.skip_latency else LATENCY_CASES):
         for s in ("zeppelin", "packed_dp"):
             r = latency(n, nodes, args.repeats, s, prof, model)

@@ -101,6 +101,26 @@ def _losses(doc: dict) -> List[str]:
     return out or ["- none: Zeppelin is at least as fast as every baseline, deployed and oracle, in every configuration"]
 
 
+def _against_default(runs: List[dict], study: str) -> List[str]:
+    """For a study planning Zeppelin with --zeppelin-balance-memory: its Zeppelin against the default
+    Zeppelin of the same configurations (the same batches) in the report's other studies."""
+    def same(r):
+        return tuple(r.get(k) for k in ("cluster", "model", "tp", "dataset", "context", "nodes", "tokens_per_gpu",
+                                         "capacity", "recompute", "seed", "batches"))
+    ok = [r for r in runs if r["variant"] == "zeppelin" and r.get("iteration_s") and not r.get("error")]
+    mine = [r for r in ok if r["study"] == study and r.get("balance_memory")]
+    default = {same(r): r for r in ok if not r.get("balance_memory")}
+    pairs = [(default[same(r)], r) for r in mine if same(r) in default]
+    if not pairs:
+        return []
+    t = sorted(b["iteration_s"] / a["iteration_s"] for a, b in pairs)
+    m0, m1 = [a["memory_imbalance"] for a, _ in pairs], [b["memory_imbalance"] for _, b in pairs]
+    return ["", f"Against the default Zeppelin of the same {len(pairs)} configurations (the same batches, in the other "
+            f"studies): mean simulated iteration x{sum(t) / len(t):.4f} (median x{t[len(t) // 2]:.4f}, max "
+            f"x{t[-1]:.4f}, min x{t[0]:.4f}); memory max / mean {sum(m0) / len(m0):.3f} -> {sum(m1) / len(m1):.3f} "
+            f"(worst {max(m0):.3f} -> {max(m1):.3f})."]
+
+
 def _scaling(runs: List[dict], study: str = "scaling") -> List[str]:
     recs = [r for r in runs if r["study"] == study and not r.get("error") and r.get("iteration_s")]
     if not recs:
@@ -150,8 +170,9 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
         L += _per_config(runs, study, variants)
         if "scaling" in study:
             L += ["", "Throughput:", ""] + _scaling(runs, study)
+        L += _against_default(runs, study)
         for name, path in figures.items():
-            if name.endswith(study):
+            if name.split(": ")[-1] == study:  # "speedup bars: memory" is not ablation_memory's
                 L += ["", f"![{name}]({path})"]
     for name, path in figures.items():
         if name.startswith("gantt"):

@@ -85,3 +85,17 @@ def test_the_matrix_study_plans_zeppelin_balanced_and_stays_out_of_the_overall_s
     doc = _doc("m.yaml", records)
     assert doc["summary"]["static_cp"]["deployed"]["mean_speedup"] == pytest.approx(1.5)  # main only
     assert doc["studies"]["balance_memory"]["summary"]["static_cp"]["deployed"]["losses"] == ["balance_memory/k"]
+
+
+def test_the_report_pairs_the_study_with_the_default_zeppelin_of_the_same_configurations():
+    from megatron_zeppelin.sim.report import _against_default
+    base = {"cluster": "a800", "model": "llama-7b", "tp": 1, "dataset": "arxiv", "context": 65536, "nodes": 4,
+            "tokens_per_gpu": 16384, "capacity": 34000, "recompute": "full", "seed": 0, "batches": 16,
+            "variant": "zeppelin", "error": ""}
+    runs = [dict(base, study="main", iteration_s=2.0, memory_imbalance=1.6),
+            dict(base, study="balance_memory", balance_memory=True, iteration_s=2.1, memory_imbalance=1.09),
+            dict(base, study="balance_memory", balance_memory=True, dataset="github", iteration_s=9.0,
+                 memory_imbalance=1.0)]  # no default run of it: not paired
+    line = _against_default(runs, "balance_memory")[-1]
+    assert "same 1 configurations" in line and "x1.0500" in line and "1.600 -> 1.090" in line
+    assert _against_default(runs, "main") == []

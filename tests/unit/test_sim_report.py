@@ -65,3 +65,17 @@ def test_speedup_bars_stack_wide_studies(tmp_path):
         shapes[n] = mpimg.imread(path).shape
     one, three = shapes[BARS_PER_ROW], shapes[2 * BARS_PER_ROW + 1]
     assert three[0] > 2.5 * one[0] and three[1] < 1.2 * one[1]  # three panels high, as wide as one
+
+
+def test_a_study_shows_its_own_figures_only():
+    """"speedup bars: memory" belongs to the study `memory`, not to `ablation_memory` or
+    `balance_memory`, whose names end the same."""
+    from megatron_zeppelin.sim.report import render
+    studies = ("memory", "ablation_memory", "balance_memory")
+    empty = {"summary": {}, "balance": {}}
+    doc = {"runs": [], "studies": {s: empty for s in studies}, "summary": {}, "balance": {}}
+    figures = {f"speedup bars: {s}": f"figures/speedup_{s}.png" for s in studies}
+    text = render(doc, [], figures)
+    for s in studies:
+        section = text.split(f"## Study `{s}`")[1].split("## Study")[0]
+        assert section.count("![speedup bars") == 1 and f"(figures/speedup_{s}.png)" in section
