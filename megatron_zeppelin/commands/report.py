@@ -80,6 +80,22 @@ def _gantt_case(c: dict, figdir: str, rel: str) -> dict:
     return out
 
 
+def _rounded(x):
+    """``x`` with every float at 6 significant digits: results.json holds every run of every study, and
+    results/bench/*.json (the report's inputs) keep full precision.
+
+    >>> _rounded({"a": [1.23456789, 2], "b": "c"})
+    {'a': [1.23457, 2], 'b': 'c'}
+    """
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_rounded(v) for v in x]
+    return x
+
+
 REGIMES = (("memory-bound batches (every GPU holds what its memory allows)",
             lambda r: r.get("regime") == "memory"),
            ("a set number of tokens per GPU (with the fastest activation recompute that fits)",
@@ -159,7 +175,7 @@ def run(args) -> int:
             commands.insert(len(commands) - 1, validation["command"])
     try:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
-            json.dump(doc, f, indent=1, default=float)
+            json.dump(_rounded(doc), f, separators=(",", ":"), default=float)  # every run of every study
         with open(args.out, "w") as f:
             f.write(render(doc, commands, figs, validation, notes=(_NOTES + _coverage(doc)) if paper else ""))
     except OSError as e:
