@@ -126,7 +126,7 @@ def run(args) -> int:
     report.print_header(out, batch, topo, profile, model, args, dom)
     if batch_flags.note:
         print(f"batch size: {batch_flags.note}", file=out)
-    report.print_plan(out, main, args.ranks, model, args.tp)
+    report.print_plan(out, main, args.ranks, model, args.tp, getattr(profile, "memory_GB", 0.0) or 0.0)
     if args.compare:
         report.print_compare(out, plans, report.per_batch_note(args.cp_size), model, args.tp)
     if spread:

@@ -89,7 +89,7 @@ def memory_balance(plan: Plan, model, tp: int = 1) -> dict:
     return plan_memory_balance(plan, model, tp, plan.meta.recompute or None)
 
 
-def print_plan(out, plan: Plan, max_ranks: int = 16, model=None, tp: int = 1) -> None:
+def print_plan(out, plan: Plan, max_ranks: int = 16, model=None, tp: int = 1, memory_GB: float = 0.0) -> None:
     con = _console(out)
     print(f"\nstrategy {plan.strategy} (plan digest {plan.digest()})", file=out)
     print(_thresholds_line(plan), file=out)
@@ -113,8 +113,10 @@ def print_plan(out, plan: Plan, max_ranks: int = 16, model=None, tp: int = 1) ->
         m = memory_balance(plan, model, tp)
         cap = (f"; planned within {plan.meta.token_cap} tokens per rank (--zeppelin-balance-memory)"
                if plan.meta.token_cap else "")
+        over = (f"; more than a GPU's {memory_GB:g} GB alone (activation recompute, more GPUs or a smaller batch "
+                "would fit it: zeppelin advise)" if memory_GB and m["max_bytes"] > memory_GB * 1e9 else "")
         print(f"activation memory per rank (peak, attention and linear layouts): max {m['max_bytes'] / 1e9:.2f} GB, "
-              f"max/mean {m['imbalance']:.3f}{cap}", file=out)
+              f"max/mean {m['imbalance']:.3f}{cap}{over}", file=out)
     nic = sum(o.nbytes for o in plan.schedule if o.link == Link.NIC)
     nvl = sum(o.nbytes for o in plan.schedule if o.link == Link.NVLINK)
     print(f"remap moves {remap_tokens(plan)} tokens; ring schedule: {len(plan.schedule)} ops, "

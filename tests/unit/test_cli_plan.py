@@ -258,3 +258,20 @@ def test_token_suffixes_everywhere():
     assert (a.global_batch_tokens, a.context_length) == (2 << 20, 32768)
     a = p.parse_args(["calibrate", "--lengths", "1K", "4k"])
     assert a.lengths == [1024, 4096]
+
+
+def test_every_plan_reports_its_activation_memory_and_balance_memory_caps_it(capsys, tmp_path):
+    j = tmp_path / "plan.json"
+    rc, out, err = _run(capsys, *SMALL, "--nodes", "2", "--compare", "--json", str(j))
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("activation memory per rank"))
+    assert "max/mean" in line and "balance-memory" not in line
+    assert "memory imbalance" in out  # the --compare table's column
+    doc = json.loads(j.read_text())
+    assert all(s["memory_imbalance"] >= 1.0 and s["peak_activation_GB"] > 0
+               for s in doc["strategies"].values() if "error" not in s)
+    rc, out, err = _run(capsys, *SMALL, "--nodes", "2", "--zeppelin-balance-memory")
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("activation memory per rank"))
+    imbalance = float(line.split("max/mean ")[1].split(";")[0])
+    assert imbalance <= 1.10 + 1e-9 and "(--zeppelin-balance-memory)" in line
