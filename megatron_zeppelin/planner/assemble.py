@@ -21,7 +21,7 @@ from .layout import attention_layout
 from .levels import linear_level, smallest_level
 from .predict import attention_tokens, lower_bound, predict, ring_costs
 from .program import local_arrays
-from .remap import RemapError, remap_flows, remap_moves
+from .remap import remap_flows, remap_moves
 from .schedule import ring_ops
 from .types import Plan, PlanError, PlanMeta, ring_documents
 from ..words import CLASSES, DocClass
@@ -112,9 +112,6 @@ def remapped(ctx: PlanContext, placement: Placement, pre: Prepared) -> Remap:
         busy = (np.asarray(parts[0]) + np.asarray(parts[1]) + cost.proj_s_np(np.asarray(tokens))).tolist()
         limit = memory_caps(tokens, topo.gpus_per_node, *activation_weights(cost), ctx.capacity)
         caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), limit)
-    if len(pre.attention_layout) != topo.world_size:
-        raise RemapError(f"attention layout has {len(pre.attention_layout)} ranks but the topology has "
-                         f"{topo.world_size} ({topo.describe()})")
     return Remap(pre.attention_layout, remap_flows(list(pre.att_tokens), topo, cost=cost, capacities=caps))
 
 

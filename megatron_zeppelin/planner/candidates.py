@@ -170,16 +170,13 @@ def recomputed_s(placement: Placement, ctx: PlanContext, tokens):
     seconds, seconds per movable token)."""
     import numpy as np
     cost, world = ctx.cost, ctx.topology.world_size
-    per_rank, per_token = np.zeros(world), 0.0
-    layers = cost.model.layers
-    for n, rc in cost.recompute.groups(layers):
-        if rc.has("core_attn"):
-            per_rank += n / layers * _attention(placement, ctx, passes=(False,))
-        if rc.has("mlp") and not cost.model.is_moe:
-            per_token += n * float(cost.gemm_s(1, "mlp"))
-        if rc.full:
-            per_rank += n * (cost.gemm_s(tokens, "qkv") + cost.gemm_s(tokens, "out"))
-    return per_rank, per_token
+    w_att, w_proj, rate = _recompute_terms(ctx)
+    per_rank = np.zeros(world)
+    if w_att:
+        per_rank += w_att * _attention(placement, ctx, passes=(False,))
+    if w_proj:
+        per_rank += w_proj * (cost.gemm_s(tokens, "qkv") + cost.gemm_s(tokens, "out"))
+    return per_rank, rate
 
 
 def _mean_work(L, member, cp: int, ctx: PlanContext) -> float:
@@ -198,9 +195,10 @@ def _mean_work(L, member, cp: int, ctx: PlanContext) -> float:
 
 
 def _recompute_terms(ctx: PlanContext):
-    """What ``cost.recompute`` runs again, as weights (recomputed_s, summed over its layer groups):
-    of a member's forward attention (core_attn), of the projections' forward per token (full), and
-    seconds per movable token (the forward MLP)."""
+    """What ``cost.recompute`` runs again, as weights summed over its layer groups (block recompute:
+    only its first layers): of a rank's forward attention (core_attn), of the projections' forward
+    per token (full), and seconds per movable token (the forward MLP). One place for recomputed_s
+    and the CP bounds before the build."""
     cost, layers = ctx.cost, ctx.cost.model.layers
     w_att = w_proj = rate = 0.0
     for n, rc in cost.recompute.groups(layers):
