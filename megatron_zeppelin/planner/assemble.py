@@ -47,10 +47,11 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     # Queue order: inter rings first, then intra; stable within a class; ids renumbered.
     order = sorted(range(len(placement.rings)),
                    key=lambda i: (CLASSES.index(placement.rings[i].cls), i))
+    local = placement.local  # in document order where the strategy has them, and then so are its docs
     if all(placement.rings[i].id == k for k, i in enumerate(order)):  # already so (the partitioner's)
         rings = tuple(placement.rings)
         docs = placement.docs
-        if list(map(_DOC, docs)) != list(range(len(docs))):
+        if local is None and list(map(_DOC, docs)) != list(range(len(docs))):
             docs = sorted(docs, key=_DOC)
         docs = tuple(docs)
     else:
@@ -58,8 +59,9 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
         rings = tuple(replace(placement.rings[i], id=new_id[placement.rings[i].id]) for i in order)
         docs = tuple(sorted((replace(d, ring=new_id[d.ring]) if d.ring >= 0 else d for d in placement.docs),
                             key=_DOC))
-    local_ = DocClass.LOCAL  # bound once (words.py)
-    local = [d for d in docs if d.cls == local_]  # in document order: both per-rank views read them
+    if local is None:  # in document order: both per-rank views read them
+        local_ = DocClass.LOCAL  # bound once (words.py)
+        local = [d for d in docs if d.cls == local_]
     att = attention_layout(docs, rings, topo.world_size, local)
     dmap = ring_documents(docs, rings)  # ring_ops reads ring documents only
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of)
@@ -225,15 +227,15 @@ def node_time_targets(busy: Sequence[float], tokens: Sequence[int], gpus_per_nod
     x = np.clip((hi[:, None] - b) / rate, 0.0, cap)
     out = np.floor(x).astype(np.int64)
     # Round to the node total: the largest remainders get the +1s (ties: lower rank).
-    left = n_tok - out.sum(axis=1)
+    left = (n_tok - out.sum(axis=1))[:, None]
     frac = x - out
-    for v in range(len(out)):
-        k = int(left[v])
-        if k > 0:
-            room = np.where(out[v] < cap[v], frac[v], -1.0)
-            out[v, np.lexsort((np.arange(gpus_per_node), -room))[:k]] += 1
-        elif k < 0:
-            out[v, np.lexsort((np.arange(gpus_per_node), frac[v]))[:-k]] -= 1
+    idx = np.broadcast_to(np.arange(gpus_per_node), out.shape)
+    for sign, key in ((1, lambda: -np.where(out < cap, frac, -1.0)), (-1, lambda: frac)):
+        if (sign * left > 0).any():  # each node's first sign * left ranks in (key, rank) order
+            order = np.lexsort((idx, key()), axis=-1)
+            pos = np.empty_like(order)
+            np.put_along_axis(pos, order, idx, axis=1)  # each rank's place in its node's order
+            out += sign * (pos < sign * left)
     return out.reshape(-1).tolist()
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..config import ZeppelinConfig
 from ..model_spec import ModelSpec
@@ -39,3 +39,7 @@ class Placement:
     # communication + linear time (node totals kept: NVLink moves only), not an equal token count.
     balance_linear: bool = False
     meta: Dict[str, str] = field(default_factory=dict)
+    # The local documents in document order, where the strategy has them at little cost (the
+    # partitioner, from its owners): ``docs`` are then in document order too. Assembly derives them
+    # otherwise (a pass over every document).
+    local: Optional[List[DocPlan]] = None

@@ -286,7 +286,8 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
 
     from .assemble import prepare  # late: assemble consumes Placements
 
-    seen, placed, memo = [], {}, {}
+    seen, placed = [], {}
+    memo = {} if search.lengths is None else {"arrays": (search.lengths, search.whole_s)}  # the pick's, once
     offs = {}  # free rings: each placement's remap-off candidate, which its time variant is weighed against
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
         if not ctx.config.remap and remap != "off":
@@ -371,15 +372,17 @@ def _choose(lengths, ctx: PlanContext, rate_kind: str, inter: str, rings: str = 
     arguments of _placement. Free rings: the pass of least estimate. Aligned rings: every pass, as
     their loads charge ring waiting only roughly and the honest prediction picks among them.
 
-    ``memo`` (one per plan_zeppelin call) keeps what the calls share: the batch's arrays and
+    ``memo`` (one per plan_zeppelin call) keeps what the calls share: the batch's arrays (given as
+    ``memo["arrays"]``: the lengths and each document's whole attention, where the pick has them) and
     thresholds, the ring tables per rate, and the "hide" passes in which no document spanned nodes
     by the hiding rule alone, which the "forced" pass of the same budget repeats exactly."""
     memo = {} if memo is None else memo
     cost = ctx.cost
     if "batch" not in memo:
-        L = np.asarray(lengths, dtype=np.int64)
+        L, att_whole = memo.get("arrays") or (np.asarray(lengths, dtype=np.int64), None)
+        att_whole = cost.doc_attention_np(L) if att_whole is None else att_whole
         order = np.lexsort((np.arange(len(L)), -L))  # (-length, index)
-        memo["batch"] = (L, order, order.tolist(), L.tolist(), cost.doc_attention_np(L), zeppelin_thresholds(ctx))
+        memo["batch"] = (L, order, order.tolist(), L.tolist(), att_whole, zeppelin_thresholds(ctx))
     L, order, order_list, L_list, att_whole, th = memo["batch"]
     rate = cost.linear_s(1) if rate_kind == "all" else cost.proj_s(1)
     whole = att_whole + rate * L
@@ -526,4 +529,5 @@ def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
             DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
             for i, Li in enumerate(map(int, lengths))]
     return Placement(docs=docs, rings=rings, thresholds=th, remap=ctx.config.remap,
-                     routing=ctx.config.routing_enabled(ctx.topology.nodes), balance_linear=True, meta=meta)
+                     routing=ctx.config.routing_enabled(ctx.topology.nodes), balance_linear=True, meta=meta,
+                     local=[docs[i] for i in sorted(owner)])

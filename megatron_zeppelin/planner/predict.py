@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..topology import link_ports
 from .cost_model import LINEAR_PASSES, CostModel
@@ -449,7 +449,7 @@ def _least_exchange(hops, clock: np.ndarray) -> None:
     np.maximum.at(clock, dst, t)
 
 
-def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
+def lower_bound(lengths: Sequence[int], cost: CostModel, whole_s: Optional[np.ndarray] = None) -> float:
     """Perfect balance, every document at its own (most efficient) length, all communication hidden.
 
     Still a lower bound with the split linear work: a rank's iteration time is at least its busy
@@ -462,12 +462,13 @@ def lower_bound(lengths: Sequence[int], cost: CostModel) -> float:
     pass), which run on the critical path whatever the strategy: their bandwidth term is busy time
     too (``predict``'s ``tp_ar`` without its per-call latency); sequence parallelism moves the same
     bytes (an all-gather and a reduce-scatter per all-reduce), its pad rows and remap gathers only add.
-    Recompute (``cost.recompute``) adds the forward it runs again, each document whole, the same way."""
+    Recompute (``cost.recompute``) adds the forward it runs again, each document whole, the same way.
+    ``whole_s``: ``cost.doc_attention_np`` of the lengths, where the caller has it."""
     world = cost.topology.world_size
     arr = np.asarray(lengths, dtype=np.int64)
     n = int(arr.sum())
     L = arr.astype(np.float64)
-    att = float(cost.doc_attention_np(L).sum())
+    att = float((cost.doc_attention_np(L) if whole_s is None else whole_s).sum())
     tp_ar = 4 * cost.model.layers * float(cost.tp_allreduce_s(n, latency=False))
     again = 0.0
     for layers, rc in cost.recompute.groups(cost.model.layers):  # block recompute: its layers only

@@ -23,6 +23,7 @@ chunks 0 and 3 (1 + 2 tokens), member 1 chunks 1 and 2 (2 + 1 tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -61,6 +62,23 @@ class RingBlocks:
     # one kernel call are one sequence of it (attention/kernels/pieces.py), which pays cost.seq_s once
 
 
+@lru_cache(maxsize=None)
+def _ring_grid(g: int) -> Tuple[np.ndarray, ...]:
+    """The (step, member, q chunk, kv chunk) grid of a zigzag ring of ``g`` members, in (step,
+    member, q chunk, kv chunk) order, causal pairs only (kv chunk <= q chunk): (step, member, q
+    chunk, kv chunk, diagonal) as flat arrays. The same for every ring of that size: built once."""
+    s = np.arange(g)[:, None]
+    i = np.broadcast_to(np.arange(g)[None, :], (g, g))
+    j = (i - s) % g  # kv member of member i at step s
+    shape = (g, g, 2, 2)
+    qa = np.broadcast_to(np.stack([i, 2 * g - 1 - i], -1)[:, :, :, None], shape)
+    kb = np.broadcast_to(np.stack([j, 2 * g - 1 - j], -1)[:, :, None, :], shape)
+    keep = kb <= qa
+    step = np.broadcast_to(np.arange(g)[:, None, None, None], shape)[keep]
+    member = np.broadcast_to(np.arange(g)[None, :, None, None], shape)[keep]
+    return step, member, qa[keep], kb[keep], (kb == qa)[keep]
+
+
 def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
     """Every block of ``rings``, in (ring, step, member, document, q chunk, kv chunk) order: the
     blocks ``ring_step_blocks`` lists, built with numpy one ring size at a time (a ring of G
@@ -78,21 +96,13 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
         chunk = np.diff(np.array([docs[d].bounds for ri in ris for d in rings[ri].docs], dtype=np.int64), axis=1)
         ranks = np.array([rings[ri].ranks for ri in ris], dtype=np.int64)  # [R, G]
         slot = np.repeat(np.arange(len(ris)), [len(rings[ri].docs) for ri in ris])  # pair -> row of ranks
-        s = np.arange(g)[:, None]
-        i = np.broadcast_to(np.arange(g)[None, :], (g, g))
-        j = (i - s) % g  # kv member of member i at step s
-        qa = np.stack([i, 2 * g - 1 - i], -1)[None, :, :, :, None]  # [1, s, i, 2, 1]
-        kb = np.stack([j, 2 * g - 1 - j], -1)[None, :, :, None, :]  # [1, s, i, 1, 2]
-        p = np.arange(len(pair_ring))[:, None, None, None, None]
-        shape = (len(pair_ring), g, g, 2, 2)
-        q, k = np.broadcast_to(chunk[p, qa], shape), np.broadcast_to(chunk[p, kb], shape)
-        keep = (q > 0) & (k > 0) & (kb <= qa)
-        step = np.broadcast_to(np.arange(g)[None, :, None, None, None], shape)[keep]
-        member = np.broadcast_to(np.arange(g)[None, None, :, None, None], shape)[keep]
-        pair = np.broadcast_to(p, shape)[keep]
-        causal = np.broadcast_to(kb == qa, shape)[keep]
-        seq = (pairs_before + pair) * (2 * top) + np.broadcast_to(qa, shape)[keep]
-        parts.append((q[keep], k[keep], causal, pair_ring[pair], member, step, ranks[slot[pair], member], seq))
+        step, member, qa, kb, diag = _ring_grid(g)
+        q, k = chunk[:, qa], chunk[:, kb]  # [pairs, grid]: pair-major, as the order above
+        keep = (q > 0) & (k > 0)
+        pair, at = np.nonzero(keep)
+        member = member[at]
+        seq = (pairs_before + pair) * (2 * top) + qa[at]
+        parts.append((q[keep], k[keep], diag[at], pair_ring[pair], member, step[at], ranks[slot[pair], member], seq))
         pairs_before += len(pair_ring)
     f, n, b = np.float64, np.int64, bool
     if not parts:

@@ -22,6 +22,8 @@ import importlib
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
+import numpy as np
+
 from .context import Placement, PlanContext
 from .types import Plan, PlanError
 
@@ -66,9 +68,13 @@ class Candidate:
 
 @dataclass
 class Search:
-    """What ``pick`` has found so far; strategies read it (never write it)."""
+    """What ``pick`` has found so far, and the batch as arrays it computes once for the strategies
+    and the lower bound (None where a caller builds a Search without them); strategies read it
+    (never write it)."""
     best_s: float = float("inf")
     best: Optional[Plan] = None
+    lengths: Optional[np.ndarray] = None  # the batch's lengths, int64
+    whole_s: Optional[np.ndarray] = None  # each document's attention run whole (cost.doc_attention_np)
 
     def within(self, factor: float) -> bool:
         """The best plan so far is within ``factor`` x its lower bound."""
@@ -133,7 +139,8 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     from .memory_choice import MEMORY_SLACK, MemoryChoice
     from .predict import lower_bound
 
-    search, won, errors = Search(), None, []
+    arr = np.asarray(lengths, dtype=np.int64)
+    search, won, errors = Search(lengths=arr, whole_s=ctx.cost.doc_attention_np(arr)), None, []
     memory = MemoryChoice(ctx) if name == "zeppelin" else None  # Zeppelin's memory balance
     # A plan up to MEMORY_SLACK slower than the best can still be picked for its memory balance
     reach = 1.0 + (MEMORY_SLACK if memory is not None else 0.0)
@@ -155,7 +162,7 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
             moved = remapped(ctx, c.placement, c.prepared)  # kept for the assembly
             if faster(reach * ref_s, least_iteration_s(ctx, c.prepared, moved)):
                 return None
-        lower = lower_bound(lengths, ctx.cost) if lower is None else lower
+        lower = lower_bound(search.lengths, ctx.cost, search.whole_s) if lower is None else lower
         return assemble(name, lengths, ctx, c.placement, prepared=c.prepared, lower_bound_s=lower, moved=moved)
 
     for c in propose(lengths, ctx, search):

@@ -77,3 +77,38 @@ def test_time_targets_keep_node_totals():
     busy, tokens = rng.exponential(1.0, 64), rng.integers(0, 9000, 64)
     out = np.array(node_time_targets(busy.tolist(), tokens.tolist(), 8, 1e-4, 1 << 20))
     assert (out.reshape(8, 8).sum(axis=1) == tokens.reshape(8, 8).sum(axis=1)).all()
+
+
+def _round_one_node_at_a_time(x, out, cap, n_tok, g):
+    """node_time_targets' rounding as it was written first: node by node, the largest remainders
+    (among ranks below their cap) get the +1s, or the smallest the -1s; ties to the lower rank."""
+    out, frac = out.copy(), x - out
+    for v in range(len(out)):
+        k = int(n_tok[v] - out[v].sum())
+        if k > 0:
+            room = np.where(out[v] < cap[v], frac[v], -1.0)
+            out[v, np.lexsort((np.arange(g), -room))[:k]] += 1
+        elif k < 0:
+            out[v, np.lexsort((np.arange(g), frac[v]))[:-k]] -= 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_time_targets_round_as_node_by_node(seed):
+    """The rounding to node totals, all nodes at once, gives each rank what the node-by-node
+    rounding gave, with ties (equal remainders, ranks at their cap) on coarse grids."""
+    rng = np.random.default_rng(500 + seed)
+    g, nodes = int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 6))
+    busy = np.round(rng.uniform(0, 5, g * nodes), int(rng.integers(0, 3)))
+    tokens = rng.integers(0, 60, g * nodes)
+    cap = rng.integers(0, 80, g * nodes) if seed % 2 else np.full(g * nodes, int(rng.integers(5, 200)))
+    rate = float(rng.choice([0.1, 0.25, 1.0, 0.37]))
+    got = np.array(node_time_targets(busy.tolist(), tokens.tolist(), g, rate, cap)).reshape(nodes, g)
+    # the same unrounded level per node, then the reference rounding
+    b, c = busy.reshape(nodes, g), cap.reshape(nodes, g).astype(np.float64)
+    n_tok = tokens.reshape(nodes, g).sum(axis=1)
+    lo, hi = b.min(axis=1), b.max(axis=1) + rate * n_tok + rate
+    level = smallest_level(lambda T: np.clip((T[:, None] - b) / rate, 0.0, c).sum(axis=1), n_tok, lo, hi, hi)
+    x = np.clip((level[:, None] - b) / rate, 0.0, c)
+    want = _round_one_node_at_a_time(x, np.floor(x).astype(np.int64), c, n_tok, g)
+    assert got.tolist() == want.tolist()
