@@ -101,7 +101,7 @@ def _ring_tables(ctx: PlanContext, lengths: Sequence[int], sizes: np.ndarray, ra
     wait_nv = steps * (np.maximum(0, x_nv - step_c) + np.maximum(0, 2 * x_nv - step_b))
     wait_nic = steps * (np.maximum(0, x_nic - step_c) + np.maximum(0, 2 * x_nic - step_b))
     cols = (member_att + rate * need, need, hide_nv, hide_nic, wait_nv, wait_nic, member_att)
-    return [tuple(a[k] for a in cols) for k in range(len(length))]
+    return list(zip(*cols))  # per length: its row of each column
 
 
 class _Ranks:
@@ -302,7 +302,7 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                 if any(r is chosen[0] or (r == chosen[0] and o == chosen[1]) for r, o in seen):
                     continue
                 seen.append((chosen[0], chosen[1]))
-                pl0 = _placement(lengths, ctx, *chosen)
+                pl0 = _placement(memo["batch"][3], ctx, *chosen)  # the lengths as Python ints
                 pl0.remap = False
                 placed[pk].append((pl0, prepare(ctx, pl0)))
         for pl0, pre in placed[pk]:
@@ -361,7 +361,7 @@ def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candida
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:
-    pl = _placement(lengths, ctx, *_choose(lengths, ctx, rate_kind, inter, rings)[0])
+    pl = _placement(list(map(int, lengths)), ctx, *_choose(lengths, ctx, rate_kind, inter, rings)[0])
     pl.remap = remap != "off"
     pl.balance_linear = remap == "time"
     return pl
@@ -513,7 +513,7 @@ def _local_doc(i: int, length: int, owner: int) -> DocPlan:
 
 def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
     """Docs and rings; documents on the same ranks and class share one ring (in visiting order: the
-    greedy fills ``ring_of`` in that order)."""
+    greedy fills ``ring_of`` in that order). ``lengths``: Python ints."""
     ring_id: Dict[Tuple[str, Tuple[int, ...]], int] = {}
     ring_docs: List[List[int]] = []
     for i, key in ring_of.items():
@@ -527,7 +527,7 @@ def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
     docs = [(put(d := new(DocPlan), "__dict__", {"doc": i, "length": Li, "cls": local, "ring": -1, "owner": o,
                                                   "bounds": (0, Li)}) or d) if (o := get(i)) is not None else
             DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
-            for i, Li in enumerate(map(int, lengths))]
+            for i, Li in enumerate(lengths)]
     return Placement(docs=docs, rings=rings, thresholds=th, remap=ctx.config.remap,
                      routing=ctx.config.routing_enabled(ctx.topology.nodes), balance_linear=True, meta=meta,
                      local=[docs[i] for i in sorted(owner)])

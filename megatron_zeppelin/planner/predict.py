@@ -128,18 +128,23 @@ def _prepared_exchange(hops, cost, also=()) -> list:
     the same exchanges every time): the hops in stage order as (src, dst, latency, seconds of the
     busiest link's bytes or None for a copy to itself, src owns, dst owns, piece)."""
     load: Dict[Tuple, float] = defaultdict(float)
-    for h in list(hops) + list(also):
-        for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
-            load[(h[0],) + k] += h[3]
+    for group in (hops, also):
+        for h in group:
+            for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
+                load[h[0], k] += h[3]
     by_stage: Dict[str, list] = defaultdict(list)
     for h in hops:
         by_stage[h[0]].append(h)
+    rate = {}  # per link class: (latency, bandwidth)
     out = []
     for stage in exchange_phases():  # the executor's and the simulator's one phase order
         for h in by_stage.get(stage, ()):
             _, src, dst, _, keys, link, (src_own, dst_own), piece = h
-            sec = None if src == dst else max([load[(stage,) + k] for k in keys]) / cost.bandwidth(link)
-            out.append((src, dst, cost.latency(link), sec, src_own, dst_own, piece))
+            if link not in rate:
+                rate[link] = (cost.latency(link), cost.bandwidth(link))
+            lat, bw = rate[link]
+            sec = None if src == dst else max([load[stage, k] for k in keys]) / bw
+            out.append((src, dst, lat, sec, src_own, dst_own, piece))
     return out
 
 
