@@ -49,10 +49,11 @@ class ZeppelinConfig:
     routing: str = "auto"  # --zeppelin-routing: auto = multi-nic when the domain spans nodes
     remap: bool = True  # --zeppelin-remap / --no-zeppelin-remap
     capacity_tokens: int = 0  # --zeppelin-capacity-tokens: per-rank attention tokens, 0 = 2x the mean
-    balance_memory: bool = False  # --zeppelin-balance-memory: also search memory-capped placements
+    balance_memory: bool = False  # --zeppelin-balance-memory: every rank's tokens within 1.10x the mean
     cp_size: int = 0  # --zeppelin-cp-size: CP group size for static_cp/allgather_cp, 0 = best for the batch
     min_route_bytes: int = 0  # --zeppelin-min-route-bytes: 0 = derived from the profile
     debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
+    plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
     tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
     # activation recompute (from Megatron's --recompute-granularity / --recompute-modules;
     # recompute.py): plans are predicted with the recomputed forward it runs

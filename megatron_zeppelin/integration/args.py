@@ -58,14 +58,19 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-capacity-tokens", type=token_count, default=0,
                    help="Per-rank attention-layout token capacity (0 = twice the mean).")
     g.add_argument("--zeppelin-balance-memory", action="store_true",
-                   help="When Zeppelin's fastest plan leaves a rank's activation memory above 1.10x the mean, "
-                        "also plan with each rank capped at 1.10x the mean tokens and take that plan if it is "
-                        "at most 3%% slower (predicted): balanced memory for more planning time per batch "
-                        "(docs/partitioner.md).")
+                   help="Plan Zeppelin with every rank's attention- and linear-layout tokens within 1.10x the "
+                        "batch's mean, so each rank's activation memory is within 1.10x the mean (the plan "
+                        "without the cap where none fits under it): about 1%% more predicted time and more "
+                        "planning time per batch (docs/partitioner.md).")
     g.add_argument("--zeppelin-cp-size", type=int, default=0,
                    help="CP group size for the static_cp / allgather_cp baselines (0 = auto).")
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
+    g.add_argument("--zeppelin-plan-ahead", dest="zeppelin_plan_ahead", action="store_true", default=True,
+                   help="Plan each global micro-batch on a worker thread while the one before it trains "
+                        "(default; the same plans, off the step's critical path).")
+    g.add_argument("--no-zeppelin-plan-ahead", dest="zeppelin_plan_ahead", action="store_false",
+                   help="Plan each batch in its forward step.")
     g.add_argument("--zeppelin-debug-plan", action="store_true",
                    help="Compare plan digests across the domain every step (a mismatch is an error); "
                         "the Megatron-LM entry also prints each plan's document classes on rank 0.")
@@ -124,6 +129,7 @@ def config_from_args(args) -> ZeppelinConfig:
         balance_memory=bool(_get(args, "zeppelin_balance_memory", False)),
         min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
+        plan_ahead=bool(_get(args, "zeppelin_plan_ahead", True)),
         tp=tp,
         sequence_parallel=bool(_get(args, "sequence_parallel", False)),
         # Megatron's own recompute flags, so plans are priced with the forward the backward reruns

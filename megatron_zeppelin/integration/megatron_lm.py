@@ -13,14 +13,16 @@ Used by ``scripts/pretrain_gpt_zeppelin.py`` and by ``patches/megatron-lm-zeppel
   documents cut at ``--max-position-embeddings`` (so one document may span ranks: the planner
   splits it over a ring); use with ``--dataloader-type external``. Resuming continues where the saved run stopped (the
   order depends on (seed, step) only; a step is one global micro-batch).
-- ``forward_step(data_iterator, model)``: plan the batch (every rank, same plan), build this rank's
+- ``forward_step(data_iterator, model)``: plan the batch (every rank, same plan; planned while the
+  previous batch trained, plan_ahead.py, unless --no-zeppelin-plan-ahead), build this rank's
   tensors, run the model; the loss function returns Megatron's per-token triple (sum, tokens,
   report) after Megatron's NaN / Inf / spiky-loss checks, so ``--calculate-per-token-loss``
   divides by the domain's token count.
 - ``--zeppelin-stock-spec`` (no ``--zeppelin-balance``): Megatron's stock layer spec trained on the
   same document batches, each document its own causal sample (stock_batch.py): the reference the
   Zeppelin runs are checked against.
-- ``shutdown()``: after ``pretrain(...)`` returns, destroy the process groups while Python is whole.
+- ``shutdown()``: after ``pretrain(...)`` returns, join the plan-ahead worker and destroy the
+  process groups while Python is whole.
 """
 
 from __future__ import annotations
@@ -76,7 +78,14 @@ def shutdown() -> None:
     (SIGABRT, "terminate called without an active exception": seen in CI on rank 0)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
+    from megatron.training import get_args
 
+    try:
+        ahead = getattr(get_args(), "_zeppelin_plan_ahead", None)
+    except Exception:  # Megatron's args were never parsed (a run that failed early)
+        ahead = None
+    if ahead is not None:
+        ahead.close()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():
@@ -182,7 +191,19 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     if valid_docs[1] > valid_docs[0]:
         vstart = int(getattr(args, "consumed_valid_samples", 0) or 0) // samples_per_step
         valid = DocumentBatches(args.data_path[0], tokens, max_doc_tokens(args), args.seed + 1, vstart, valid_docs)
+    if getattr(args, "zeppelin_balance", False):
+        cfg, topo, spec = _domain(args)
+        if cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)
+            from .plan_ahead import PlanAhead, PlannedBatches
+            ahead = args._zeppelin_plan_ahead = PlanAhead(_run_planner(args, topo, spec, cfg))
+            train = PlannedBatches(train, ahead, _doc_lengths)
+            valid = valid if valid is None else PlannedBatches(valid, ahead, _doc_lengths)
     return train, valid, None
+
+
+def _doc_lengths(docs) -> list:
+    """Trained tokens per document of a batch (each document holds its L + 1 tokens)."""
+    return [d.numel() - 1 for d in docs]
 
 
 def loss_func(label_tokens: int, output_tensor: torch.Tensor, loss_mask: Optional[torch.Tensor] = None):
@@ -208,6 +229,23 @@ def loss_func(label_tokens: int, output_tensor: torch.Tensor, loss_mask: Optiona
                             message="Spiky loss", tolerance=0.0, fatal=False)
     report = torch.stack([loss.detach().clone(), num.float()])
     return loss, num, {"lm loss": report}
+
+
+def _domain(args):
+    """(ZeppelinConfig, Topology, ModelSpec) of the run's DP domain, from Megatron's args."""
+    from megatron.core import parallel_state as ps
+
+    from ..model_spec import ModelSpec
+    from ..topology import Topology
+
+    cfg = config_from_args(args)
+    topo = Topology.from_world(ps.get_data_parallel_world_size(), cfg.gpus_per_node, cfg.nics_per_node,
+                               cfg.gpu_nic_map)
+    spec = ModelSpec(name="megatron", layers=args.num_layers, hidden=args.hidden_size,
+                     heads=args.num_attention_heads, kv_heads=args.num_query_groups or args.num_attention_heads,
+                     ffn=args.ffn_hidden_size, vocab=args.padded_vocab_size,
+                     head_dim=args.kv_channels or args.hidden_size // args.num_attention_heads)
+    return cfg, topo, spec
 
 
 def _run_planner(args, topo, spec, cfg):
@@ -238,26 +276,25 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         return out, partial(loss_func, b.label_tokens, loss_mask=b.loss_mask)
 
     from ..attention.kernels import Kernel
-    from ..model_spec import ModelSpec
-    from ..topology import Topology
     from .batch import build_rank_batch, default_engine_factory
     from .plan_check import check_plan_agreement
 
-    cfg = config_from_args(args)
-    topo = Topology.from_world(ps.get_data_parallel_world_size(), cfg.gpus_per_node, cfg.nics_per_node,
-                               cfg.gpu_nic_map)
-    spec = ModelSpec(name="megatron", layers=args.num_layers, hidden=args.hidden_size,
-                     heads=args.num_attention_heads, kv_heads=args.num_query_groups or args.num_attention_heads,
-                     ffn=args.ffn_hidden_size, vocab=args.padded_vocab_size,
-                     head_dim=args.kv_channels or args.hidden_size // args.num_attention_heads)
-    plan = _run_planner(args, topo, spec, cfg).plan([d.numel() - 1 for d in docs])
+    cfg, topo, spec = _domain(args)
+    planner = _run_planner(args, topo, spec, cfg)
+    ahead = getattr(args, "_zeppelin_plan_ahead", None)
+    if ahead is not None and ahead.planner is planner:  # planned while the previous batch trained
+        plan = ahead.take(_doc_lengths(docs))
+    else:
+        plan = planner.plan(_doc_lengths(docs))
     if cfg.debug_plan or not getattr(forward_step, "_checked", False):
         check_plan_agreement(plan, group)
         forward_step._checked = True
     if cfg.debug_plan and ps.get_data_parallel_rank() == 0:
         remap = any(tuple(a) != tuple(b) for a, b in zip(plan.attention_layout, plan.linear_layout))
         counts = " ".join(f"{c}={n}" for c, n in plan.class_counts().items())
-        print(f"zeppelin plan: {counts} remap={remap}", flush=True)
+        waited = "" if ahead is None else f" {'planned ahead' if ahead.ahead else 'planned in the step'}, " \
+                                          f"waited {1e3 * ahead.waited_s:.1f} ms"
+        print(f"zeppelin plan: {counts} remap={remap}{waited}", flush=True)
     kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
                              softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),

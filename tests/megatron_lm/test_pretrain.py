@@ -63,6 +63,9 @@ def test_zeppelin_matches_stock_spec_4_ranks_2x2_with_evaluation(data, stock4, t
     assert len(plans) >= 2 * ITERS  # one per micro-batch (evaluation's too)
     # ring-split documents ran (which class, intra or inter, is the planner's cost-based choice)
     assert any("inter=0" not in p or "intra=0" not in p for p in plans), plans
+    # each batch was planned on the worker while the one before it trained (plan_ahead.py): the
+    # losses above are the stock spec's, so those plans were the right ones
+    assert sum("planned ahead" in p for p in plans) == len(plans), plans
     # evaluation ran on the validation split (every 2 iterations and after training) and matches
     # the stock spec's
     val, ref = validation_losses(log), validation_losses(stock4[1])
@@ -94,9 +97,10 @@ def test_evaluation_without_validation_split_is_refused(data):
 @pytest.mark.slow
 def test_zeppelin_matches_stock_spec_2_ranks(data, tmp_path):
     ref, _ = train(data, tmp_path, "stock", 2, ["--zeppelin-stock-spec"], iters=3)
-    run, log = train(data, tmp_path, "zeppelin", 2, ZEPPELIN, iters=3)
+    run, log = train(data, tmp_path, "zeppelin", 2, ZEPPELIN + ["--no-zeppelin-plan-ahead"], iters=3)
     assert_same(run, ref, range(1, 4))
     assert any("intra=0" not in p for p in m.plan_lines(log))
+    assert not any("planned ahead" in p for p in m.plan_lines(log))  # each batch planned in its step
 
 
 @pytest.mark.slow
