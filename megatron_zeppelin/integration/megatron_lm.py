@@ -78,11 +78,11 @@ def shutdown() -> None:
     (SIGABRT, "terminate called without an active exception": seen in CI on rank 0)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.training import get_args
 
     try:
+        from megatron.training import get_args
         ahead = getattr(get_args(), "_zeppelin_plan_ahead", None)
-    except Exception:  # Megatron's args were never parsed (a run that failed early)
+    except (ImportError, AssertionError):  # megatron-core alone, or Megatron's args never parsed
         ahead = None
     if ahead is not None:
         ahead.close()
