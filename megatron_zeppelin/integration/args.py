@@ -67,10 +67,11 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
     g.add_argument("--zeppelin-plan-ahead", dest="zeppelin_plan_ahead", action="store_true", default=True,
-                   help="Plan each global micro-batch on a worker thread while the one before it trains "
-                        "(default; the same plans, off the step's critical path).")
+                   help="Megatron-LM entry: plan each global micro-batch on a worker thread while the one "
+                        "before it trains (default; the same plans, off the step's critical path). "
+                        "`zeppelin train` always plans in its step (its step times are measurements).")
     g.add_argument("--no-zeppelin-plan-ahead", dest="zeppelin_plan_ahead", action="store_false",
-                   help="Plan each batch in its forward step.")
+                   help="Megatron-LM entry: plan each batch in its forward step.")
     g.add_argument("--zeppelin-debug-plan", action="store_true",
                    help="Compare plan digests across the domain every step (a mismatch is an error); "
                         "the Megatron-LM entry also prints each plan's document classes on rank 0.")
