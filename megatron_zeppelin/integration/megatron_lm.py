@@ -284,17 +284,16 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     ahead = getattr(args, "_zeppelin_plan_ahead", None)
     if ahead is not None and ahead.planner is planner:  # planned while the previous batch trained
         plan = ahead.take(_doc_lengths(docs))
+        how = f" {'planned ahead' if ahead.ahead else 'planned in the step'}, waited {1e3 * ahead.waited_s:.1f} ms"
     else:
-        plan = planner.plan(_doc_lengths(docs))
+        plan, how = planner.plan(_doc_lengths(docs)), ""
     if cfg.debug_plan or not getattr(forward_step, "_checked", False):
         check_plan_agreement(plan, group)
         forward_step._checked = True
     if cfg.debug_plan and ps.get_data_parallel_rank() == 0:
         remap = any(tuple(a) != tuple(b) for a, b in zip(plan.attention_layout, plan.linear_layout))
         counts = " ".join(f"{c}={n}" for c, n in plan.class_counts().items())
-        waited = "" if ahead is None else f" {'planned ahead' if ahead.ahead else 'planned in the step'}, " \
-                                          f"waited {1e3 * ahead.waited_s:.1f} ms"
-        print(f"zeppelin plan: {counts} remap={remap}{waited}", flush=True)
+        print(f"zeppelin plan: {counts} remap={remap}{how}", flush=True)
     kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
                              softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),
