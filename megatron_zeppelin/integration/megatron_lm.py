@@ -235,17 +235,33 @@ def _domain(args):
     """(ZeppelinConfig, Topology, ModelSpec) of the run's DP domain, from Megatron's args."""
     from megatron.core import parallel_state as ps
 
-    from ..model_spec import ModelSpec
     from ..topology import Topology
 
     cfg = config_from_args(args)
     topo = Topology.from_world(ps.get_data_parallel_world_size(), cfg.gpus_per_node, cfg.nics_per_node,
                                cfg.gpu_nic_map)
-    spec = ModelSpec(name="megatron", layers=args.num_layers, hidden=args.hidden_size,
-                     heads=args.num_attention_heads, kv_heads=args.num_query_groups or args.num_attention_heads,
+    return cfg, topo, model_spec(args)
+
+
+def model_spec(args):
+    """The ModelSpec the planner prices, from Megatron's model flags. K/V heads are
+    ``--num-query-groups`` only with ``--group-query-attention``, as Megatron's transformer config
+    reads them (its default of 1 is not the model's otherwise, and its FLOPs counter sets it to the
+    head count after the first iteration: a spec read from it then changed, and with it the run's
+    Planner).
+
+    >>> import argparse
+    >>> a = argparse.Namespace(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=1,
+    ...                        group_query_attention=False, ffn_hidden_size=64, padded_vocab_size=128, kv_channels=None)
+    >>> model_spec(a).kv_heads, model_spec(argparse.Namespace(**{**vars(a), "group_query_attention": True})).kv_heads
+    (4, 1)
+    """
+    from ..model_spec import ModelSpec
+    gqa = getattr(args, "group_query_attention", False) and args.num_query_groups
+    return ModelSpec(name="megatron", layers=args.num_layers, hidden=args.hidden_size,
+                     heads=args.num_attention_heads, kv_heads=args.num_query_groups if gqa else args.num_attention_heads,
                      ffn=args.ffn_hidden_size, vocab=args.padded_vocab_size,
                      head_dim=args.kv_channels or args.hidden_size // args.num_attention_heads)
-    return cfg, topo, spec
 
 
 def _run_planner(args, topo, spec, cfg):
