@@ -64,7 +64,7 @@ from ..words import DocClass, Link
 
 _INF = float("inf")
 _TABLES_AHEAD = 32  # documents whose intra ring tables one pricing pass takes (_ring_tables)
-_LOCAL = DocClass.LOCAL  # bound once: _local_doc runs per document (words.py)
+_LOCAL = DocClass.LOCAL  # bound once: _placement reads it per document (words.py)
 
 
 def _ring_table(ctx: PlanContext, length: int, sizes: np.ndarray, rate: float):
@@ -502,15 +502,6 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, n_long: int, short, th,
     return ring_of, owner, _estimate(ranks, g), spanned_by_hiding
 
 
-def _local_doc(i: int, length: int, owner: int) -> DocPlan:
-    """``DocPlan(i, length, "local", -1, owner, (0, length))`` without the frozen dataclass's
-    per-field ``__setattr__`` (most documents are local; this is half their planning time)."""
-    d = object.__new__(DocPlan)
-    object.__setattr__(d, "__dict__", {"doc": i, "length": length, "cls": _LOCAL, "ring": -1, "owner": owner,
-                                       "bounds": (0, length)})
-    return d
-
-
 def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
     """Docs and rings; documents on the same ranks and class share one ring (in visiting order: the
     greedy fills ``ring_of`` in that order). ``lengths``: Python ints."""
@@ -523,7 +514,8 @@ def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
         ring_docs[ring_id[key]].append(i)
     rings = [Ring(id=k, ranks=key[1], cls=key[0], docs=tuple(ring_docs[k])) for key, k in ring_id.items()]
     get, new, put, local = owner.get, object.__new__, object.__setattr__, _LOCAL
-    # A local document is _local_doc(i, Li, o), written out: a call per document is a sixth of this.
+    # A local document is DocPlan(i, Li, LOCAL, -1, o, (0, Li)) without the frozen dataclass's per-field
+    # __setattr__, written out (most documents are local; a call per document was a sixth of this).
     docs = [(put(d := new(DocPlan), "__dict__", {"doc": i, "length": Li, "cls": local, "ring": -1, "owner": o,
                                                   "bounds": (0, Li)}) or d) if (o := get(i)) is not None else
             DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))

@@ -76,7 +76,10 @@ def _ring_grid(g: int) -> Tuple[np.ndarray, ...]:
     keep = kb <= qa
     step = np.broadcast_to(np.arange(g)[:, None, None, None], shape)[keep]
     member = np.broadcast_to(np.arange(g)[None, :, None, None], shape)[keep]
-    return step, member, qa[keep], kb[keep], (kb == qa)[keep]
+    out = (step, member, qa[keep], kb[keep], (kb == qa)[keep])
+    for a in out:  # shared by every call (cached): read only
+        a.setflags(write=False)
+    return out
 
 
 def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
