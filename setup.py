@@ -6,7 +6,9 @@ setup(
     description="Zeppelin (arXiv 2509.21841) for Megatron-Core: hierarchical sequence partitioning, "
                 "multi-NIC routing and attention/MLP remapping for variable-length data-parallel training",
     packages=find_packages(include=["megatron_zeppelin", "megatron_zeppelin.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",
+    # presets (hardware profiles, models, datasets, run matrices) are read through importlib.resources
+    package_data={"megatron_zeppelin.presets": ["*/*.yaml"]},
     install_requires=[
         "torch>=2.4",
         "megatron-core>=0.16.1",

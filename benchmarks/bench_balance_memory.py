@@ -24,11 +24,11 @@ import os
 import statistics
 import time
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.dp.memory import plan_memory_balance
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.memory import plan_memory_balance
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import Planner
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.sim.matrix import batch_and_recompute
 from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
 

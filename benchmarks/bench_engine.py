@@ -24,13 +24,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron_zeppelin.attention.engine import AttentionEngine  # noqa: E402
-from megatron_zeppelin.config import ZeppelinConfig  # noqa: E402
+from megatron_zeppelin.spec.config import ZeppelinConfig  # noqa: E402
 from megatron_zeppelin.distributed.counters import CommCounters  # noqa: E402
 from megatron_zeppelin.distributed.launch import run_distributed  # noqa: E402
-from megatron_zeppelin.model_spec import ModelSpec  # noqa: E402
+from megatron_zeppelin.spec.model import ModelSpec  # noqa: E402
 from megatron_zeppelin.planner import plan_batch  # noqa: E402
 from megatron_zeppelin.planner.testing import TOY_PROFILE  # noqa: E402
-from megatron_zeppelin.topology import Topology  # noqa: E402
+from megatron_zeppelin.spec.topology import Topology  # noqa: E402
 
 
 def make_batch(seed: int, tokens: int, longest: int):

@@ -44,7 +44,7 @@ def _worker(cpu: int, iters: int, conn, barrier) -> None:
     os.sched_setaffinity(0, {cpu})
     import torch
 
-    from megatron_zeppelin.calibrate.concurrent import CPU_MODEL
+    from megatron_zeppelin.validation.concurrent import CPU_MODEL
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(cpu)
     x, w = torch.randn(1024, CPU_MODEL.hidden, generator=g), torch.randn(CPU_MODEL.hidden, CPU_MODEL.ffn, generator=g)

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from megatron_zeppelin.calibrate.concurrent import CPU_MODEL
+    from megatron_zeppelin.validation.concurrent import CPU_MODEL
     torch.set_num_threads(1)  # one core, as each rank of the validation
     m = CPU_MODEL
     g = torch.Generator().manual_seed(0)

@@ -1,8 +1,8 @@
 """Host sharing by kind of work: the cores the CPU validation's ranks get computing at once, per plan.
 
 The simulator shares the host's cores among the ranks computing at once with one number per run,
-``host_cores`` (sim/host.py), measured by calibrate/concurrent.py's sharing probe. This benchmark asks
-whether one number fits every plan: for each strategy's plan of the validation batch (sim/validate.py:
+``host_cores`` (sim/host.py), measured by validation/concurrent.py's sharing probe. This benchmark asks
+whether one number fits every plan: for each strategy's plan of the validation batch (validation/validate.py:
 same batch, topology and config) every rank runs the layer program's Compute instructions only
 (forward then backward, no exchanges: K/V blocks of the right sizes stand in for the received ones),
 first alone (the ranks take turns) and then all at once from a barrier, ``--repeat`` times. Per
@@ -29,9 +29,9 @@ import json
 import statistics
 import time
 
-from megatron_zeppelin.calibrate.concurrent import CPU_MODEL, measure, profile_from
-from megatron_zeppelin.config import STRATEGIES
-from megatron_zeppelin.sim.validate import cpu_config, cpu_topology, make_batch
+from megatron_zeppelin.validation.concurrent import CPU_MODEL, measure, profile_from
+from megatron_zeppelin.spec.config import STRATEGIES
+from megatron_zeppelin.validation.validate import cpu_config, cpu_topology, make_batch
 
 
 def _computes_only(eng, rank: int, torch):

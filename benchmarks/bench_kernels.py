@@ -35,8 +35,8 @@ from megatron_zeppelin.attention.kernels import (Kernel, Varlen, block_backward,
 from megatron_zeppelin.attention.testing import hand_plan  # noqa: E402
 from megatron_zeppelin.attention.kernels import select  # noqa: E402
 from megatron_zeppelin.calibrate.timing import all_seconds  # noqa: E402
-from megatron_zeppelin.topology import Topology  # noqa: E402
-from megatron_zeppelin.workloads import describe_batch, sample_batch  # noqa: E402
+from megatron_zeppelin.spec.topology import Topology  # noqa: E402
+from megatron_zeppelin.data.workloads import describe_batch, sample_batch  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 

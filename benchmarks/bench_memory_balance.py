@@ -1,6 +1,6 @@
 """Memory balance probe: what a memory-balanced placement costs where Zeppelin's fastest plan is not.
 
-Zeppelin's pick (planner/memory_choice.py) takes the fastest plan whose per-rank peak activation
+Zeppelin's pick (planner/portfolio/memory.py) takes the fastest plan whose per-rank peak activation
 memory is within MEMORY_BALANCE (1.10) x the mean when it is at most MEMORY_SLACK (3%) slower. On
 the main study's worst configuration (a800, llama-7b, prolong64k at 64K, 4 nodes, 16K tokens per
 GPU, full recompute) no candidate it builds qualifies. This probe builds one more family, *spread*,
@@ -34,18 +34,18 @@ from dataclasses import replace
 
 import numpy as np
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import make_context, plan_batch
-from megatron_zeppelin.planner.assemble import MEMORY_BALANCE, activation_weights, assemble, prepare
+from megatron_zeppelin.planner.build.assemble import MEMORY_BALANCE, activation_weights, assemble, prepare
 from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, member_tokens, placement_from_groups
 from megatron_zeppelin.planner.context import Placement
-from megatron_zeppelin.planner.memory_choice import memory_imbalance
-from megatron_zeppelin.planner.thresholds import zeppelin_thresholds
+from megatron_zeppelin.planner.portfolio.memory import memory_imbalance
+from megatron_zeppelin.planner.partitioner.thresholds import zeppelin_thresholds
 from megatron_zeppelin.planner.types import PlanError
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
-from megatron_zeppelin.words import Comm
+from megatron_zeppelin.spec.words import Comm
 
 TOKEN_SLACK = 1.03  # per-rank token cap of the short documents' LPT, x the mean
 
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=65536)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--tokens-per-gpu", type=int, default=16384)
-    p.add_argument("--recompute", default="full", help="activation recompute of the run (recompute.py)")
+    p.add_argument("--recompute", default="full", help="activation recompute of the run (spec/recompute.py)")
     p.add_argument("--batches", type=int, default=4, help="the run's first batches (seeds 0..N-1)")
     p.add_argument("--chunks", default="4096,8192,16384", help="tokens per ring member to try, comma-separated")
     p.add_argument("--out", default="out/memory_balance.json")

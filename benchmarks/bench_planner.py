@@ -26,7 +26,8 @@ and h200, 2..16 nodes of 8 GPUs, 64K..256K context, 256K tokens per node per glo
 ``--balance-memory``: every plan with ``--zeppelin-balance-memory`` (docs/partitioner.md: memory balance).
 
 Against older code (``--compare-src DIR``: a tree holding another version of the
-``megatron_zeppelin`` package, e.g. ``git archive <commit> megatron_zeppelin configs | tar -x -C DIR``):
+``megatron_zeppelin`` package, e.g. ``git archive <commit> megatron_zeppelin | tar -x -C DIR``; a tree from before
+the modules moved into packages (the presets under configs/) has other module names and cannot be compared):
 each latency case runs in fresh processes, alternately this tree's planner and DIR's, ``--rounds``
 times, and the ratio old / new of their median CPU and wall times is reported, and of the least time
 over all processes (``ratio_min``: on a shared host whole processes run slow, so the medians of a few
@@ -49,11 +50,11 @@ import time
 
 import numpy as np
 
-from megatron_zeppelin.config import STRATEGIES
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import STRATEGIES
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import plan_batch
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 
 # (documents, nodes of 8): the issue's two cases, and a small batch (1.6 documents per rank), where the
@@ -73,7 +74,7 @@ BALANCE_MEMORY = False  # --balance-memory: every plan with --zeppelin-balance-m
 
 def _config(**kw):
     """The planner's config of a case (with --zeppelin-balance-memory under --balance-memory)."""
-    from megatron_zeppelin.config import ZeppelinConfig
+    from megatron_zeppelin.spec.config import ZeppelinConfig
     return ZeppelinConfig(**kw, **({"balance_memory": True} if BALANCE_MEMORY else {}))
 
 
@@ -192,7 +193,7 @@ def where_time_goes(n_docs: int, nodes: int, prof, model, top: int = 12) -> list
 
 
 def quality(datasets, seeds, prof, model) -> list:
-    from megatron_zeppelin.workloads import sample_batch
+    from megatron_zeppelin.data.workloads import sample_batch
     topo = Topology(4, 8, prof.nics_per_node, prof.gpu_to_nic)
     rows = []
     for ds in datasets:
@@ -211,7 +212,7 @@ def quality(datasets, seeds, prof, model) -> list:
 
 def sweep(clusters, node_counts, contexts, datasets, model) -> list:
     """Zeppelin vs every baseline, seed 0, 256K tokens per node, per (cluster, nodes, context, dataset)."""
-    from megatron_zeppelin.workloads import sample_batch
+    from megatron_zeppelin.data.workloads import sample_batch
     rows = []
     for cl in clusters:
         prof = load_profile(cl)

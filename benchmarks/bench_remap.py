@@ -22,13 +22,13 @@ import time
 
 import numpy as np
 
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import plan_batch
-from megatron_zeppelin.planner.remap import link_costs, plan_remap, remap_cost, transfer_matrix
+from megatron_zeppelin.planner.build.remap import link_costs, plan_remap, remap_cost, transfer_matrix
 from megatron_zeppelin.planner.types import Segment
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
-from megatron_zeppelin.workloads import sample_batch
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.data.workloads import sample_batch
 
 PRESETS = ("arxiv", "github", "prolong64k")
 
@@ -123,7 +123,7 @@ def traffic(prof, model, seeds, tokens_per_rank, strategy):
 
 
 def _cost(prof, model, topo):
-    from megatron_zeppelin.planner.cost_model import CostModel
+    from megatron_zeppelin.planner.cost.cost_model import CostModel
     return CostModel(model, prof, topo)
 
 

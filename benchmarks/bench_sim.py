@@ -16,12 +16,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_zeppelin.config import ZeppelinConfig  # noqa: E402
-from megatron_zeppelin.model_spec import load_model  # noqa: E402
-from megatron_zeppelin.profile import load_profile  # noqa: E402
+from megatron_zeppelin.spec.config import ZeppelinConfig  # noqa: E402
+from megatron_zeppelin.spec.model import load_model  # noqa: E402
+from megatron_zeppelin.spec.hardware import load_profile  # noqa: E402
 from megatron_zeppelin.sim.iteration import simulate  # noqa: E402
 from megatron_zeppelin.sim.runs import domain_topology, make_plan  # noqa: E402
-from megatron_zeppelin.workloads import sample_batch  # noqa: E402
+from megatron_zeppelin.data.workloads import sample_batch  # noqa: E402
 
 
 def main() -> int:

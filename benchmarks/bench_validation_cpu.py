@@ -1,6 +1,6 @@
 """Where the CPU validation's engine time goes, per rank and instruction kind, next to the model.
 
-Runs the validation itself (sim/validate.py ``_rank``: the same calibration, batch, plans, round
+Runs the validation itself (validation/validate.py ``_rank``: the same calibration, batch, plans, round
 robin and repeats as ``zeppelin bench --validate-cpu``) with every instruction of the layer program
 (attention/runner.py ``LayerRun.compute``, ``post``, ``wait``) and every ``P2PExchange.start``
 (the gloo posting inside a Post) timed: CPU seconds of the rank's own thread and wall seconds. Per
@@ -31,7 +31,7 @@ def _rank(rank, world, strategies, lengths, calib_repeat, repeat):
     from megatron_zeppelin.attention import engine as E
     from megatron_zeppelin.attention import runner as R
     from megatron_zeppelin.distributed import p2p as P
-    from megatron_zeppelin.sim import validate as V
+    from megatron_zeppelin.validation import validate as V
     cur = {"acc": None}  # the pass being timed; None between passes (the calibration's own calls)
     stats = collections.defaultdict(lambda: collections.defaultdict(list))
 
@@ -74,8 +74,8 @@ def _rank(rank, world, strategies, lengths, calib_repeat, repeat):
 
 def model_terms(plan, profile, world: int):
     """Per rank: the model's single-core seconds of its Computes, and the host CPU of its Posts."""
-    from megatron_zeppelin.calibrate.concurrent import CPU_MODEL
-    from megatron_zeppelin.planner.cost_model import CostModel
+    from megatron_zeppelin.validation.concurrent import CPU_MODEL
+    from megatron_zeppelin.planner.cost.cost_model import CostModel
     from megatron_zeppelin.planner.program import AttentionWork, Compute, Post, attention_program
     cost = CostModel(CPU_MODEL, profile, plan.topology)
     work = AttentionWork(cost, plan.docs, plan.rings, world)
@@ -94,12 +94,12 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=5, help="timed passes per strategy (after a warm-up)")
     ap.add_argument("--json", default="", help="write the results here")
     args = ap.parse_args(argv)
-    from megatron_zeppelin.calibrate.concurrent import CPU_MODEL
-    from megatron_zeppelin.config import STRATEGIES
+    from megatron_zeppelin.validation.concurrent import CPU_MODEL
+    from megatron_zeppelin.spec.config import STRATEGIES
     from megatron_zeppelin.distributed.launch import run_distributed
     from megatron_zeppelin.planner import plan_batch
-    from megatron_zeppelin.profile import HardwareProfile
-    from megatron_zeppelin.sim.validate import cpu_config, cpu_topology, make_batch
+    from megatron_zeppelin.spec.hardware import HardwareProfile
+    from megatron_zeppelin.validation.validate import cpu_config, cpu_topology, make_batch
     world = args.world
     lengths = make_batch(0, 2048 * world, 2048)
     res = run_distributed(_rank, world, tuple(STRATEGIES), lengths, 5, args.repeat, timeout=900)

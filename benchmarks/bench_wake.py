@@ -1,6 +1,6 @@
 """A core's compute right after its process slept, against the same compute back to back.
 
-The CPU validation's profile times each probe in a hot loop (calibrate/concurrent.py), while a rank
+The CPU validation's profile times each probe in a hot loop (validation/concurrent.py), while a rank
 of a measured pass sleeps wherever it waits: at the barrier before the pass, in a Wait whose message
 is not in yet. This times the engine's own block paths (the calibration's ``_probe`` over ring
 blocks, ``_local_probe`` over local documents) on one core, each call after ``time.sleep(s)``, for
@@ -45,8 +45,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     import torch
 
-    from megatron_zeppelin.calibrate.concurrent import _local_probe, _probe
-    from megatron_zeppelin.calibrate.heap import keep_heap
+    from megatron_zeppelin.validation.concurrent import _local_probe, _probe
+    from megatron_zeppelin.validation.heap import keep_heap
     torch.set_num_threads(1)
     keep_heap()
     a, b = torch.randn(256, 256), torch.randn(256, 256)

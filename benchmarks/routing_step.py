@@ -12,16 +12,16 @@ import argparse
 import json
 import os
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
-from megatron_zeppelin.planner.cost_model import CostModel
-from megatron_zeppelin.planner.layout import zigzag_bounds
-from megatron_zeppelin.planner.predict import step_message_times
-from megatron_zeppelin.planner.routing import explain_step, route_schedule
-from megatron_zeppelin.planner.schedule import ring_ops
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.planner.build.layout import zigzag_bounds
+from megatron_zeppelin.planner.cost.predict import step_message_times
+from megatron_zeppelin.planner.build.routing import explain_step, route_schedule
+from megatron_zeppelin.planner.build.schedule import ring_ops
 from megatron_zeppelin.planner.types import DocPlan, Ring
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 
 def main() -> int:

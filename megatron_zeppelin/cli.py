@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-from .errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 USER_ERRORS = (ZeppelinError, FileNotFoundError)
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from ..planner.types import Ring
-from .kernels import attend_blocks, attend_blocks_backward, segment_mask
-from .view import RankView
+from megatron_zeppelin.planner.types import Ring
+from megatron_zeppelin.attention.kernels import attend_blocks, attend_blocks_backward, segment_mask
+from megatron_zeppelin.attention.view import RankView
 
 
 def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -20,14 +20,14 @@ from typing import Dict, List, Mapping, Optional, Set, Tuple
 import torch
 import torch.distributed as dist
 
-from ..distributed.counters import CommCounters
-from ..distributed.tags import ExchangeTags
-from ..planner.program import attention_program
-from ..planner.types import CommOp, Plan, PlanError, Ring
-from .kernels import attend_pairs, attend_pairs_backward
-from .runner import LayerRun
-from .view import RankView
-from ..words import DocClass
+from megatron_zeppelin.distributed.counters import CommCounters
+from megatron_zeppelin.distributed.tags import ExchangeTags
+from megatron_zeppelin.planner.program import attention_program
+from megatron_zeppelin.planner.types import CommOp, Plan, PlanError, Ring
+from megatron_zeppelin.attention.kernels import attend_pairs, attend_pairs_backward
+from megatron_zeppelin.attention.runner import LayerRun
+from megatron_zeppelin.attention.view import RankView
+from megatron_zeppelin.spec.words import DocClass
 
 
 

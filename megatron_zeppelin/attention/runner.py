@@ -26,10 +26,10 @@ from typing import Dict
 
 import torch
 
-from ..distributed.executor import StepExchange
-from ..planner.program import Compute, Post, Wait
-from .blocks import attend, attend_backward, pack_kv
-from ..words import Comm, DocClass
+from megatron_zeppelin.distributed.executor import StepExchange
+from megatron_zeppelin.planner.program import Compute, Post, Wait
+from megatron_zeppelin.attention.blocks import attend, attend_backward, pack_kv
+from megatron_zeppelin.spec.words import Comm, DocClass
 
 TAGS = {"kv": 0, "dkv": 1, "gather": 2, "scatter": 3}  # exchanges a rank may keep in flight together
 

@@ -3,7 +3,7 @@
 ``hand_plan`` builds a Plan through planner.assemble from a hand-made Placement: each document is
 given an owner rank (local) or a ring of ranks (intra if inside one node, else inter).
 
->>> from megatron_zeppelin.topology import Topology
+>>> from megatron_zeppelin.spec.topology import Topology
 >>> p = hand_plan([7, 3, 5], Topology(1, 2), [(0, 1), 1, 0])
 >>> [(d.cls, d.ring, d.owner) for d in p.docs], [r.ranks for r in p.rings]
 ([('intra', 0, -1), ('local', -1, 1), ('local', -1, 0)], [(0, 1)])
@@ -18,13 +18,13 @@ from typing import Sequence, Union
 
 import torch
 
-from ..planner.assemble import assemble
-from ..planner.context import Placement
-from ..planner.layout import zigzag_bounds
-from ..planner.testing import toy_context
-from ..planner.types import DocPlan, Plan, Ring, Thresholds
-from ..topology import Topology
-from ..words import Comm, DocClass, Link, Stage
+from megatron_zeppelin.planner.build.assemble import assemble
+from megatron_zeppelin.planner.context import Placement
+from megatron_zeppelin.planner.build.layout import zigzag_bounds
+from megatron_zeppelin.planner.testing import toy_context
+from megatron_zeppelin.planner.types import DocPlan, Plan, Ring, Thresholds
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.spec.words import Comm, DocClass, Link, Stage
 
 
 def hand_plan(lengths: Sequence[int], topo: Topology, where: Sequence[Union[int, tuple]],
@@ -91,9 +91,9 @@ def check_engine(plan: Plan, rank: int, group, heads: int = 4, kv_heads: int = 2
                  nan: bool = False) -> dict:
     """Run the engine on this rank's rows and compare out/dq/dk/dv with the reference on the whole
     batch. Returns max relative errors and the counters."""
-    from .engine import AttentionEngine
-    from .reference import reference_attention
-    from ..distributed.counters import CommCounters
+    from megatron_zeppelin.attention.engine import AttentionEngine
+    from megatron_zeppelin.attention.reference import reference_attention
+    from megatron_zeppelin.distributed.counters import CommCounters
     (q, k, v, dout), idx = rank_inputs(plan, rank, heads, kv_heads, d, dtype, seed)
     if nan and len(idx):
         q = q.clone()

@@ -7,7 +7,7 @@ before chunk 2G-1-i: the rows of the message that travels in the schedule.
 Worked example: a document of 6 tokens on an intra ring (0, 1) plus a local document of 3 on rank 1.
 
 >>> from megatron_zeppelin.planner.types import DocPlan, Ring, Segment
->>> from megatron_zeppelin.planner.layout import attention_layout
+>>> from megatron_zeppelin.planner.build.layout import attention_layout
 >>> docs = (DocPlan(0, 6, "intra", 0, -1, (0, 1, 3, 4, 6)), DocPlan(1, 3, "local", -1, 1, (0, 3)))
 >>> rings = (Ring(0, (0, 1), "intra", (0,)),)
 >>> v = RankView.build(docs, rings, attention_layout(docs, rings, 2), rank=1)
@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Sequence, Tuple
 
-from ..planner.types import DocPlan, PlanError, Ring, Segment
-from ..words import DocClass
+from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring, Segment
+from megatron_zeppelin.spec.words import DocClass
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class RankView:
             row += len(s)
         dmap = {d.doc: d for d in docs}
         member = {r.id: r.ranks.index(rank) for r in rings if rank in r.ranks}
-        is_local = DocClass.LOCAL  # bound once (words.py)
+        is_local = DocClass.LOCAL  # bound once (spec/words.py)
         local = tuple(s for s in layout[rank] if dmap[s.doc].cls == is_local)
         return cls(rank, row, offset, member, dmap, local)
 

@@ -1,6 +1,6 @@
 """Attention throughput by length and GEMM throughput, measured with the kernels the engine runs.
 
-Attention FLOPs are counted exactly as the cost model counts them (planner/cost_model.py: a causal
+Attention FLOPs are counted exactly as the cost model counts them (planner/cost/cost_model.py: a causal
 block of L tokens is 2*L*(L+1)*heads*head_dim forward FLOPs; the backward is 2.5x), so a measured rate
 plugs straight into the profile: the cost model then reproduces the measured times.
 """
@@ -11,9 +11,9 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..attention.kernels import block_backward, block_forward
-from ..planner.cost_model import BWD_FLOPS
-from .timing import all_seconds
+from megatron_zeppelin.attention.kernels import block_backward, block_forward
+from megatron_zeppelin.planner.cost.cost_model import BWD_FLOPS
+from megatron_zeppelin.calibrate.timing import all_seconds
 
 
 def attention_rates(lengths: Sequence[int], heads: int, kv_heads: int, head_dim: int, device: str,

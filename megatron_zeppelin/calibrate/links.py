@@ -53,6 +53,6 @@ def _cpu_worker(rank, world, sizes, repeats):
 
 def cpu_link(sizes: Sequence[int] = (1 << 10, 1 << 20, 1 << 24), repeats: int = 5) -> Dict:
     """gloo between two local processes (the CPU 'link': both NVLink and NIC classes here)."""
-    from ..distributed.launch import run_distributed
+    from megatron_zeppelin.distributed.launch import run_distributed
 
     return run_distributed(_cpu_worker, 2, list(sizes), repeats, timeout=120)[0]

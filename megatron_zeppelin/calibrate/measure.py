@@ -11,12 +11,12 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..model_spec import ModelSpec
-from ..profile import HardwareProfile, load_profile
-from .compute import attention_rates, gemm_rate
-from .noise import gemm_warning, settle
-from .links import cpu_link, ping_pong
-from .profile_builder import build_profile
+from megatron_zeppelin.spec.model import ModelSpec
+from megatron_zeppelin.spec.hardware import HardwareProfile, load_profile
+from megatron_zeppelin.calibrate.compute import attention_rates, gemm_rate
+from megatron_zeppelin.calibrate.noise import gemm_warning, settle
+from megatron_zeppelin.calibrate.links import cpu_link, ping_pong
+from megatron_zeppelin.calibrate.profile_builder import build_profile
 
 
 def measure_profile(model: ModelSpec, device: str = "cpu", tp: int = 1, lengths: Optional[Sequence[int]] = None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Dict, List, Optional
 
-from ..profile import HardwareProfile
+from megatron_zeppelin.spec.hardware import HardwareProfile
 
 
 def _sig(x: float) -> float:

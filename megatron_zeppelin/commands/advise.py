@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..token_counts import parse_tokens, token_count
+from megatron_zeppelin.spec.token_counts import parse_tokens, token_count
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,11 +33,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..advise import DP_VARIANT, AdviseError, advise, parse_memory
-    from ..advise_flags import command_line
-    from ..model_spec import load_model
-    from ..profile import load_profile
-    from ..workloads import sample_batch
+    from megatron_zeppelin.advise.recommend import DP_VARIANT, AdviseError, advise, parse_memory
+    from megatron_zeppelin.advise.megatron_line import command_line
+    from megatron_zeppelin.spec.model import load_model
+    from megatron_zeppelin.spec.hardware import load_profile
+    from megatron_zeppelin.data.workloads import sample_batch
 
     if args.nodes < 1:
         raise AdviseError(f"--nodes must be >= 1, got {args.nodes}")

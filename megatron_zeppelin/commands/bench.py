@@ -9,8 +9,8 @@ import statistics
 import sys
 import time
 
-from ..errors import ZeppelinError
-from ..words import DocClass
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.words import DocClass
 
 CSV_FIELDS = ("study", "regime", "cluster", "model", "tp", "dataset", "context", "nodes", "ranks", "tokens_per_gpu",
               "capacity", "recompute", "batches", "variant", "run_setting_name", "run_setting", "cp_size", "documents",
@@ -28,7 +28,7 @@ def add_parser(subparsers):
                     "for the run, as deployed; and tuned per batch, with hindsight), simulate each plan, and "
                     "summarise Zeppelin's speedup over each baseline.")
     p.add_argument("--matrix", default=None,
-                   help="run matrix YAML (default: the project's configs/runs/paper.yaml, found from any directory)")
+                   help="run matrix YAML (default: the project's megatron_zeppelin/presets/runs/paper.yaml, found from any directory)")
     p.add_argument("--studies", default="", help="comma-separated studies of the matrix to run (default: all)")
     p.add_argument("--shard", metavar="K/N", default="",
                    help="run only the K-th of N shares of the configurations (every N-th, from the K-th; "
@@ -100,7 +100,7 @@ def _fmt(x, spec=".2f") -> str:
 
 
 def print_summary(out, summaries: dict) -> None:
-    from ..sim.matrix import baselines
+    from megatron_zeppelin.sim.matrix import baselines
     for study, s in summaries.items():
         print(f"\nstudy {study}: Zeppelin's speedup (baseline's mean iteration over the run / Zeppelin's)", file=out)
         print(f"  {'baseline':<20}{'deployed: mean':>15}{'min':>7}{'max':>7}{'configs':>8}{'losses':>7}{'OOM':>5}"
@@ -124,8 +124,8 @@ def print_summary(out, summaries: dict) -> None:
 def run(args) -> int:
     if args.validate_cpu:
         return run_validation(args)
-    from ..sim.iteration import SimOptions
-    from ..sim.matrix import Progress, load_matrix, resolve_matrix, run_matrix, summarize, summarize_by_study
+    from megatron_zeppelin.sim.iteration import SimOptions
+    from megatron_zeppelin.sim.matrix import Progress, load_matrix, resolve_matrix, run_matrix, summarize, summarize_by_study
 
     matrix_path = resolve_matrix(args.matrix)
     items, doc = load_matrix(matrix_path)
@@ -164,7 +164,7 @@ def run(args) -> int:
             raise ZeppelinError(f"cannot write --csv {args.csv}: {e.strerror}") from None
         print(f"wrote {args.csv}")
     if args.plots:
-        from ..sim.plots import scaling_lines, speedup_bars
+        from megatron_zeppelin.plots.matrix import scaling_lines, speedup_bars
         os.makedirs(args.plots, exist_ok=True)
         for study in sorted({r["study"] for r in records}):
             if study == "scaling":
@@ -187,8 +187,8 @@ def _write(path, fn):
 
 
 def run_validation(args) -> int:
-    """Calibrate and measure in one spawned run per world size (sim/validate.py), then simulate."""
-    from ..sim.validate import BACKGROUND_MAX, validate
+    """Calibrate and measure in one spawned run per world size (validation/validate.py), then simulate."""
+    from megatron_zeppelin.validation.validate import BACKGROUND_MAX, validate
     worlds = args.world or [2, 4]
     for w in worlds:
         if w < 1 or (w >= 4 and w % 2):
@@ -224,7 +224,7 @@ def run_validation(args) -> int:
         errs = [abs(r[key]) for r in rows]
         return f"mean |error| {100 * sum(errs) / len(errs):.1f}%, max {100 * max(errs):.1f}%"
     print(f"{spread('error')} over {len(rows)} runs")
-    print(f"at the calibration's host speed (calibrate/host_speed.py): {spread('error_at_calibration')}")
+    print(f"at the calibration's host speed (validation/host_speed.py): {spread('error_at_calibration')}")
     if args.json:
         doc = {"note": "Engine forward + backward of one layer's core attention (8 heads, 4 KV heads, head_dim 32, "
                        "float32), slowest rank from a common barrier, median over the repeats where other "
@@ -235,7 +235,7 @@ def run_validation(args) -> int:
                        "the timed repeats); `profiles` holds each world's. `error_at_calibration`: the same against each "
                        "repeat's time scaled by the host's speed around it (`host_speed`: a reference round on "
                        "every rank before and after the pass, against the rounds around the calibrations; "
-                       "calibrate/host_speed.py). `host_cores_per_sample`: each calibration's own host_cores "
+                       "validation/host_speed.py). `host_cores_per_sample`: each calibration's own host_cores "
                        "(the profile's is the median over all their rounds).",
                "command": " ".join(["zeppelin bench --validate-cpu"] + [f"--world {w}" for w in worlds] +
                                    [f"--repeat {args.repeat}", f"--json {args.json}"]),

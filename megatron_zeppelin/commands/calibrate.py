@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import ZeppelinError
-from ..token_counts import token_count
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.token_counts import token_count
 
 
 def add_parser(sub):
@@ -38,9 +38,9 @@ def add_parser(sub):
 def run(args) -> int:
     import torch
 
-    from ..calibrate.measure import measure_profile
-    from ..model_spec import load_model
-    from ..profile import load_profile
+    from megatron_zeppelin.calibrate.measure import measure_profile
+    from megatron_zeppelin.spec.model import load_model
+    from megatron_zeppelin.spec.hardware import load_profile
 
     cuda = args.device == "cuda"
     for flag, v, least in (("--repeats", args.repeats, 1), ("--retries", args.retries, 0), ("--tp", args.tp, 1),

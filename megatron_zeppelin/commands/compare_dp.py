@@ -9,9 +9,9 @@ import argparse
 import sys
 import time
 
-from ..dp.base import VARIANTS
-from ..errors import ZeppelinError
-from ..token_counts import token_count
+from megatron_zeppelin.dp_study.base import VARIANTS
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.token_counts import token_count
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -44,11 +44,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..distributed.launch import run_distributed
-    from ..dp import report
-    from ..dp.runner import RunSpec, worker
-    from ..integration.data import build_corpus, cache_dir, default_corpus
-    from ..model_spec import load_model
+    from megatron_zeppelin.distributed.launch import run_distributed
+    from megatron_zeppelin.dp_study import report
+    from megatron_zeppelin.dp_study.runner import RunSpec, worker
+    from megatron_zeppelin.integration.data import build_corpus, cache_dir, default_corpus
+    from megatron_zeppelin.spec.model import load_model
 
     if any(w < 1 for w in args.ranks):
         raise ZeppelinError(f"--ranks must be >= 1, got {args.ranks}")

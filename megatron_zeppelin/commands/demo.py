@@ -20,8 +20,8 @@ import sys
 import time
 from typing import Dict, List
 
-from ..errors import ZeppelinError
-from ..token_counts import token_count
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.token_counts import token_count
 
 STRATEGIES = ("zeppelin", "packed_dp", "static_cp")
 
@@ -30,7 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="train a tiny GPT with zeppelin, packed_dp and static_cp and compare",
                               description=__doc__.split("\n\n>>>")[0])
     p.add_argument("--model", default="tiny",
-                   help="model preset (configs/models) or YAML path, e.g. tiny-moe (default tiny)")
+                   help="model preset (megatron_zeppelin/presets/models) or YAML path, e.g. tiny-moe (default tiny)")
     p.add_argument("--steps", type=int, default=20, help="training steps per strategy (default 20)")
     p.add_argument("--global-batch-tokens", type=token_count, default=8192, help="trained tokens per step (default 8192)")
     p.add_argument("--max-doc-tokens", type=token_count, default=4096, help="longest document kept whole (default 4096)")
@@ -107,7 +107,7 @@ def plots(histories: Dict[str, List[dict]], rows: Dict[str, Dict], out: str) -> 
 
 
 def run(args) -> int:
-    from ..distributed.launch import LaunchInterrupted
+    from megatron_zeppelin.distributed.launch import LaunchInterrupted
     try:
         return _run(args)
     except LaunchInterrupted as e:  # SIGTERM/SIGINT during calibration or training: every rank was stopped
@@ -118,9 +118,9 @@ def run(args) -> int:
 def _run(args) -> int:
     import torch
 
-    from ..distributed.launch import DistributedFailure
-    from ..integration.data import default_corpus
-    from ..integration.trainer import TrainOptions, run_local
+    from megatron_zeppelin.distributed.launch import DistributedFailure
+    from megatron_zeppelin.integration.data import default_corpus
+    from megatron_zeppelin.integration.trainer import TrainOptions, run_local
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if args.tp < 1:
@@ -134,7 +134,7 @@ def _run(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     backend = "NCCL" if torch.cuda.is_available() else "gloo (CPU)"
     nodes = args.ranks // max(1, args.gpus_per_node)
-    from ..model_spec import load_model
+    from megatron_zeppelin.spec.model import load_model
     m = load_model(args.model)
     kind = f"{m.name} GPT" + (f" (MoE: {m.experts} experts, top-{m.top_k}, expert parallel over the ranks)"
                               if m.is_moe else "")
@@ -150,7 +150,7 @@ def _run(args) -> int:
     if cluster == "auto" and torch.cuda.is_available():
         cluster = "h200"
     elif cluster == "auto":
-        from ..calibrate.measure import measure_profile
+        from megatron_zeppelin.calibrate.measure import measure_profile
         print("  cost model: measuring this machine (attention by length, GEMM, gloo) ...", flush=True)
         prof, _ = measure_profile(m, "cpu", tp=args.tp, repeats=3, gpus_per_node=args.gpus_per_node,
                                   name="demo-cpu", log=lambda m: print("    " + m, flush=True))

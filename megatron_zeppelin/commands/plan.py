@@ -14,15 +14,15 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..config import ROUTING, STRATEGIES, ZeppelinConfig
-from ..errors import ZeppelinError
-from ..model_spec import load_model
-from ..profile import load_profile
-from ..token_counts import token_count
-from ..workloads import describe_batch, describe_source, load_source, sample_batch
-from . import plan_report as report
-from .domain import Domain, build_domain, require_at_least
-from .workload_flags import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
+from megatron_zeppelin.spec.config import ROUTING, STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.token_counts import token_count
+from megatron_zeppelin.data.workloads import describe_batch, describe_source, load_source, sample_batch
+from megatron_zeppelin.reports import plan as report
+from megatron_zeppelin.flags.domain import Domain, build_domain, require_at_least
+from megatron_zeppelin.flags.workload import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -73,7 +73,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def make_plans(lengths, topo, profile, model, config, names) -> Dict[str, object]:
     """{strategy: Plan, or a string saying why there is none}. The batch is checked once first, so a
     bad batch is one clear error rather than one per strategy."""
-    from ..planner import check_lengths, make_context, plan_batch
+    from megatron_zeppelin.planner import check_lengths, make_context, plan_batch
     ctx = make_context(topo, profile, model, config, total_tokens=int(np.sum(lengths)))
     check_lengths(lengths, ctx.capacity, topo.world_size)
     out = {}
@@ -149,7 +149,7 @@ def run(args) -> int:
             raise ZeppelinError(f"cannot write --json {args.json}: {e.strerror}") from None
         print(f"wrote {args.json}", file=out)
     if args.plot:
-        from ..plots.plan import plot_plan  # lazy: matplotlib is slow to import
+        from megatron_zeppelin.plots.plan import plot_plan  # lazy: matplotlib is slow to import
         try:
             plot_plan(args.plot, lengths, main, plans if args.compare else None, title=_title(batch, dom, args))
         except OSError as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 # One layer's timeline per regime: 64K tokens per GPU, and the batch memory allows (where TE CP's
 # best size spans nodes, as in the paper's Fig. 12).
@@ -21,7 +21,7 @@ def add_parser(subparsers):
         description="Run the benchmark matrix on the simulator (or load a `zeppelin bench --json` file) and "
                     "write a Markdown report with the summary, per-study tables, plots and Gantt charts.")
     p.add_argument("--matrix", default=None,
-                   help="run matrix (default: the project's configs/runs/paper.yaml, found from any directory)")
+                   help="run matrix (default: the project's megatron_zeppelin/presets/runs/paper.yaml, found from any directory)")
     p.add_argument("--results", metavar="FILE", nargs="+",
                    help="use these `zeppelin bench --json` files (merged) instead of running the matrix")
     p.add_argument("--validation", metavar="FILE", help="validation JSON (`zeppelin bench --validate-cpu --json`) to include")
@@ -43,14 +43,14 @@ def _gantts(figdir: str, rel: str) -> dict:
 
 
 def _gantt_case(c: dict, figdir: str, rel: str) -> dict:
-    from ..config import ZeppelinConfig
-    from ..model_spec import load_model
-    from ..profile import load_profile
-    from ..sim.iteration import simulate
-    from ..sim.matrix import batch_and_recompute, memory_tokens
-    from ..sim.plots import gantt
-    from ..sim.runs import domain_topology, make_plan
-    from ..workloads import sample_batch
+    from megatron_zeppelin.spec.config import ZeppelinConfig
+    from megatron_zeppelin.spec.model import load_model
+    from megatron_zeppelin.spec.hardware import load_profile
+    from megatron_zeppelin.sim.iteration import simulate
+    from megatron_zeppelin.sim.matrix import batch_and_recompute, memory_tokens
+    from megatron_zeppelin.plots.matrix import gantt
+    from megatron_zeppelin.sim.runs import domain_topology, make_plan
+    from megatron_zeppelin.data.workloads import sample_batch
     profile, model = load_profile(c["cluster"]), load_model(c["model"])
     topo = domain_topology(profile, c["nodes"])
     per_gpu, cap = memory_tokens(c["cluster"], c["model"], 1, c["nodes"]) if c["memory"] else \
@@ -106,7 +106,7 @@ def _doc(matrix: str, records) -> dict:
     """The report's results document: the runs, the overall summary (every study but the ablations,
     whose baselines are not at their best setting, and those planning Zeppelin with
     --zeppelin-balance-memory, a different Zeppelin), one summary per regime, and per study."""
-    from ..sim.matrix import summarize, summarize_by_study
+    from megatron_zeppelin.sim.matrix import summarize, summarize_by_study
     best = [r for r in records if not r["study"].startswith("ablation") and not r.get("balance_memory")]
     overall = summarize(best)
     regimes = {}
@@ -119,14 +119,14 @@ def _doc(matrix: str, records) -> dict:
 
 
 def _is_project_matrix(path) -> bool:
-    from ..sim.matrix import DEFAULT_MATRIX, resolve_matrix
+    from megatron_zeppelin.sim.matrix import DEFAULT_MATRIX, resolve_matrix
     return bool(path) and os.path.abspath(resolve_matrix(path)) == os.path.abspath(DEFAULT_MATRIX)
 
 
 def run(args) -> int:
-    from ..sim.matrix import Progress, load_matrix, resolve_matrix, run_matrix
-    from ..sim.plots import scaling_lines, speedup_bars
-    from ..sim.report import render
+    from megatron_zeppelin.sim.matrix import Progress, load_matrix, resolve_matrix, run_matrix
+    from megatron_zeppelin.plots.matrix import scaling_lines, speedup_bars
+    from megatron_zeppelin.reports.matrix import render
 
     me = " ".join(["zeppelin report"] + ([f"--results {' '.join(args.results)}"] if args.results else
                                          [f"--matrix {args.matrix}"] if args.matrix else []) +
@@ -187,7 +187,7 @@ def run(args) -> int:
 def _coverage(doc: dict) -> str:
     """Which of the project matrix's studies this report holds (the whole matrix may be too slow to
     run on the machine at hand; the report says so rather than passing a part off as the whole)."""
-    from ..sim.matrix import load_matrix
+    from megatron_zeppelin.sim.matrix import load_matrix
     _, matrix = load_matrix(None)
     have = sorted({r["study"] for r in doc["runs"]})
     missing = [s for s in matrix["studies"] if s not in have]
@@ -203,16 +203,16 @@ overlapped with each ring step's compute, dK/dV exchange after it, local documen
 exchange); QKV/output projections on the attention layout, MLP on the linear layout, the remap
 all-to-alls around the MLP; TP all-reduces for 13B/30B; the vocab head; and Megatron DDP's gradient
 all-reduce after the backward (not overlapped: Megatron's default). One layer is simulated with all
-ranks starting together and multiplied by the layer count. Hardware figures: configs/clusters/*.yaml
-(their `assumed` fields are assumptions, not published numbers); workloads: configs/datasets/*.yaml.
+ranks starting together and multiplied by the layer count. Hardware figures: megatron_zeppelin/presets/clusters/*.yaml
+(their `assumed` fields are assumptions, not published numbers); workloads: megatron_zeppelin/presets/datasets/*.yaml.
 
-Two batch regimes (configs/runs/paper.yaml), both physically realisable (dp/memory.py: weights,
+Two batch regimes (megatron_zeppelin/presets/runs/paper.yaml), both physically realisable (spec/memory.py: weights,
 gradients, ZeRO-1 optimizer states and activations within 90% of memory_GB). *Memory-bound*
 (`tokens_per_gpu: memory`): each GPU holds what its memory allows without activation recompute
 and the batch fills 0.8 of that. *A set number of tokens per GPU* (16K): with the fastest
 activation recompute that holds it (none; Megatron's selective recompute of core_attn, +mlp,
 +layernorm; full), the same for every strategy; the forward it recomputes runs again inside each
-layer's backward, in the prediction and in the simulator's task graph (recompute.py; recomputing a
+layer's backward, in the prediction and in the simulator's task graph (spec/recompute.py; recomputing a
 ring-split document's core attention repeats its K/V ring exchanges, a local document's repeats none). In both, every strategy must fit the capacity on
 every rank: a plan over it is out of memory. The lower bound: every document's attention whole,
 all linear work and (with TP) the TP all-reduces' bandwidth, and the least recompute, perfectly
@@ -226,7 +226,7 @@ split over the fewest ranks its memory and the balanced FLOPs share need) and it
 scheduler within the global batch; `dynamic_cp`, Megatron-Core's dynamic/hybrid context
 parallelism (DefaultDynamicCPScheduler in megatron/core/datasets/data_schedule*.py), its HDP rounds
 run one after another with a barrier after each, `max_seqlen_per_dp_cp_rank` fixed per run.
-Zeppelin weighs their shapes too (planner/candidates.py: uniform CP groups of every size, routed
+Zeppelin weighs their shapes too (planner/portfolio/shapes.py: uniform CP groups of every size, routed
 or not; hybrid_dp's groups for batches of up to 256 documents or 4 per rank, dynamic_cp's for up
 to 4 documents per rank; the search stops once a plan is predicted within 2% of the lower bound),
 so its prediction is not above theirs on a batch but by that margin; the simulator may still
@@ -237,4 +237,4 @@ default search takes a plan within 1.10x only where it costs at most 3% predicte
 whose long documents' ring members hold few tokens stays imbalanced (every rank still fits the
 capacity). The study `balance_memory` (if in this report) plans Zeppelin with
 `--zeppelin-balance-memory`: every rank capped at 1.10x the batch's mean tokens in both layouts
-(planner/memory_choice.py), its memory balanced by construction, its speed what that costs."""
+(planner/portfolio/memory.py), its memory balanced by construction, its speed what that costs."""

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
-from ..config import ROUTING, STRATEGIES, ZeppelinConfig
-from ..errors import ZeppelinError
-from ..token_counts import token_count
-from .domain import build_domain, require_at_least
-from .workload_flags import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
+from megatron_zeppelin.spec.config import ROUTING, STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.token_counts import token_count
+from megatron_zeppelin.flags.domain import build_domain, require_at_least
+from megatron_zeppelin.flags.workload import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
 
 # What the output calls each strategy and ablation step (the --strategy values are the flags' words).
 LABELS = {"zeppelin": "Zeppelin", "packed_dp": "packed DP", "static_cp": "static CP", "allgather_cp": "all-gather CP",
@@ -23,7 +23,7 @@ def _tokens_or_memory(x):
 
 
 def add_parser(subparsers):
-    from ..sim.runs import VARIANTS
+    from megatron_zeppelin.sim.runs import VARIANTS
     p = subparsers.add_parser(
         "simulate", help="simulate one training iteration of a planned batch",
         description="Plan one global batch (as `zeppelin plan`) and replay the plan's schedule on the "
@@ -77,8 +77,8 @@ def describe_choice(meta: dict) -> str:
 
 
 def _simulate_one(variant, lengths, topo, profile, model, config, args):
-    from ..sim.iteration import SimOptions, simulate
-    from ..sim.runs import make_plan
+    from megatron_zeppelin.sim.iteration import SimOptions, simulate
+    from megatron_zeppelin.sim.runs import make_plan
     plan = make_plan(variant, [int(x) for x in lengths], topo, profile, model, config)
     opts = SimOptions(layers=args.sim_layers, overlap_grad_reduce=args.overlap_grad_reduce,
                       remap_point=args.remap_point)
@@ -99,10 +99,10 @@ def _run_batch(variants, lengths, topo, profile, model, config, args) -> dict:
 
 
 def run(args) -> int:
-    from ..model_spec import load_model
-    from ..profile import load_profile
-    from ..workloads import describe_batch, describe_source, load_source, sample_batch
-    from . import simulate_report as report
+    from megatron_zeppelin.spec.model import load_model
+    from megatron_zeppelin.spec.hardware import load_profile
+    from megatron_zeppelin.data.workloads import describe_batch, describe_source, load_source, sample_batch
+    from megatron_zeppelin.reports import simulate as report
 
     profile, model = load_profile(args.cluster), load_model(args.model)
     dom = build_domain(args, profile, model)
@@ -111,7 +111,7 @@ def run(args) -> int:
     b = resolve_batch(args, topo.world_size)
     cap, tokens = b.capacity, b.tokens
     if "memory" in (cap, tokens):
-        from ..sim.matrix import memory_tokens
+        from megatron_zeppelin.sim.matrix import memory_tokens
         per_gpu, mem_cap = memory_tokens(args.cluster, args.model, args.tp, args.nodes)
         cap = mem_cap if cap == "memory" else cap
         tokens = per_gpu * topo.world_size if tokens == "memory" else tokens
@@ -143,7 +143,7 @@ def run(args) -> int:
     if spread:
         report.print_spread(out, spread, LABELS, args.seed, args.seeds)
     if args.gantt:
-        from ..sim.plots import gantt
+        from megatron_zeppelin.plots.matrix import gantt
         try:
             gantt(res, args.gantt, title=f"{LABELS[args.strategy]}: {args.model} on {args.cluster}, {args.dataset}, "
                                          f"{topo.world_size} ranks; iteration {res.iteration_s:.3f} s")

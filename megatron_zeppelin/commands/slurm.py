@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 
 def add_parser(sub):
@@ -16,7 +16,7 @@ def add_parser(sub):
                                    "cp_a2a_p2p, cp_all_gather) from a matrix YAML, then print (--dry-run) or "
                                    "submit them. With --collect, tabulate finished job logs (tokens per "
                                    "second, iteration time) and write JSON/CSV.")
-    p.add_argument("--matrix", help="matrix YAML (see configs/runs/slurm_example.yaml)")
+    p.add_argument("--matrix", help="matrix YAML (see megatron_zeppelin/presets/runs/slurm_example.yaml)")
     p.add_argument("--out", default="out/slurm", help="where rendered job scripts go (default out/slurm)")
     p.add_argument("--dry-run", action="store_true", help="print the sbatch commands instead of submitting")
     p.add_argument("--collect", metavar="LOG_DIR", help="parse job logs in LOG_DIR instead of rendering")
@@ -27,8 +27,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..slurm import render_jobs
-    from ..slurm_results import collect, table, write_results
+    from megatron_zeppelin.slurm.jobs import render_jobs
+    from megatron_zeppelin.slurm.results import collect, table, write_results
 
     if args.collect:
         recs = collect(args.collect, args.warmup)

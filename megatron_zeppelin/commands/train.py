@@ -15,17 +15,17 @@ import sys
 import time
 from dataclasses import asdict
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from ..integration.args import add_zeppelin_args
-    from ..token_counts import token_count
+    from megatron_zeppelin.integration.args import add_zeppelin_args
+    from megatron_zeppelin.spec.token_counts import token_count
 
     p = subparsers.add_parser("train", help="train a GPT with megatron-core and Zeppelin (or a baseline)",
                               description=__doc__)
     g = p.add_argument_group("training")
-    g.add_argument("--model", default="tiny", help="model preset (configs/models) or YAML path")
+    g.add_argument("--model", default="tiny", help="model preset (megatron_zeppelin/presets/models) or YAML path")
     g.add_argument("--train-iters", type=int, default=100)
     g.add_argument("--global-batch-tokens", type=token_count, default=8192, help="trained tokens per global micro-batch")
     g.add_argument("--max-doc-tokens", type=token_count, default=2048, help="documents longer than this are cut")
@@ -68,8 +68,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def options_from_args(args):
-    from ..integration.args import config_from_args
-    from ..integration.trainer import TrainOptions
+    from megatron_zeppelin.integration.args import config_from_args
+    from megatron_zeppelin.integration.trainer import TrainOptions
 
     cfg = config_from_args(args)
     if not cfg.balance and args.zeppelin_strategy == "zeppelin":
@@ -119,7 +119,7 @@ def check_args(args) -> None:
     if args.tensorboard_dir:
         _writable_dir("--tensorboard-dir", args.tensorboard_dir)
     if args.load:
-        from ..integration.checkpoint import latest_step
+        from megatron_zeppelin.integration.checkpoint import latest_step
         latest_step(args.load)  # a missing checkpoint is named before any rank starts
     if args.log_jsonl:
         if os.path.isdir(args.log_jsonl):
@@ -131,7 +131,7 @@ def check_args(args) -> None:
 
 
 def header(args, opts, world: int, backend: str) -> str:
-    from ..model_spec import load_model
+    from megatron_zeppelin.spec.model import load_model
 
     m = load_model(args.model)
     z = opts.zeppelin
@@ -147,7 +147,7 @@ def header(args, opts, world: int, backend: str) -> str:
              f"{args.max_doc_tokens}; lr {args.lr:g} (warmup {args.lr_warmup_iters}, cosine to x{args.min_lr_ratio:g}), "
              f"seed {args.seed}"]
     if args.load:
-        from ..integration.checkpoint import latest_step
+        from megatron_zeppelin.integration.checkpoint import latest_step
         lines.append(f"  resuming from {args.load} (step {latest_step(args.load)})")
     if args.save:
         every = f"every {args.save_interval} iterations and " if args.save_interval else ""
@@ -164,7 +164,7 @@ def summary(history, seconds: float, save: str) -> str:
     out = (f"zeppelin train: done, iterations {history[0]['step']}-{history[-1]['step']} in {seconds:.0f}s; loss "
            f"{history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}; median {statistics.median(steady):.0f} tokens/s")
     if save:
-        from ..integration.checkpoint import latest_step, step_dir
+        from megatron_zeppelin.integration.checkpoint import latest_step, step_dir
         out += f"; latest checkpoint {step_dir(save, latest_step(save))}"
     return out
 
@@ -173,7 +173,7 @@ def run(args) -> int:
     import torch
     import torch.distributed as dist
 
-    from ..integration.trainer import run_local, train_worker
+    from megatron_zeppelin.integration.trainer import run_local, train_worker
 
     if args.context_parallel_size != 1 or args.pipeline_model_parallel_size != 1:
         if not args.zeppelin_balance:  # with it, config_from_args names the flag
@@ -186,8 +186,8 @@ def run(args) -> int:
         args.zeppelin_gpus_per_node = max(1, max(1, args.nproc) // args.tensor_model_parallel_size)
     opts = options_from_args(args)
     if args.data_path:
-        from ..integration.data import DocumentDataset
-        from ..model_spec import load_model
+        from megatron_zeppelin.integration.data import DocumentDataset
+        from megatron_zeppelin.spec.model import load_model
         m = load_model(args.model)
         # a clear error here rather than a traceback from every rank (a bad file, token ids past the vocab)
         DocumentDataset(args.data_path).check_vocab(m.vocab, m.name)
@@ -205,7 +205,7 @@ def run(args) -> int:
         if lead:
             print(summary(out["history"], time.time() - t0, args.save), flush=True)
         return 0
-    from ..distributed.launch import DistributedFailure, LaunchInterrupted
+    from megatron_zeppelin.distributed.launch import DistributedFailure, LaunchInterrupted
     world = max(1, args.nproc)
     print(header(args, opts, world, backend), flush=True)
     try:
@@ -222,7 +222,7 @@ def run(args) -> int:
 
 
 def _latest(save: str) -> str:
-    from ..integration.checkpoint import CheckpointError, latest_step, step_dir
+    from megatron_zeppelin.integration.checkpoint import CheckpointError, latest_step, step_dir
     try:
         return step_dir(save, latest_step(save))
     except CheckpointError:

@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 METHODS = ("p2p", "collective")
 

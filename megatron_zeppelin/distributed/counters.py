@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Tuple
 
-from ..words import DocClass, Link
+from megatron_zeppelin.spec.words import DocClass, Link
 
 
 class CommCounters:

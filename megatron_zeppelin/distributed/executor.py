@@ -8,7 +8,7 @@ whole message. The same ops run ``reverse=True`` carry a message back (dst -> sr
 order): the transpose of the forward map, used for gradients going home.
 
 Progress (each piece as soon as its data is there, independent of the caller's compute, as NCCL's
-communication stream does on GPUs; planner/predict.py times exactly this): start() posts, on the
+communication stream does on GPUs; planner/cost/predict.py times exactly this): start() posts, on the
 caller's thread, every receive of this rank and every send of the messages it originates. A relay
 thread (one per exchange that has any) then forwards each piece the moment it has arrived, in
 phase order (planner/program.py ``exchange_phases``: dispatch, transfer, combine; reversed for
@@ -46,11 +46,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..planner.program import exchange_phases
-from ..planner.types import CommOp
-from .counters import CommCounters
-from .p2p import CommError, P2PExchange, group_timeout_s
-from .tags import MAX_TAG, OP_BITS, SLOTS, ExchangeTags
+from megatron_zeppelin.planner.program import exchange_phases
+from megatron_zeppelin.planner.types import CommOp
+from megatron_zeppelin.distributed.counters import CommCounters
+from megatron_zeppelin.distributed.p2p import CommError, P2PExchange, group_timeout_s
+from megatron_zeppelin.distributed.tags import MAX_TAG, OP_BITS, SLOTS, ExchangeTags
 
 Key = Tuple[int, int, int, int]  # (ring, block, msg_src, msg_dst)
 

@@ -23,7 +23,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .progress import Marker
+from megatron_zeppelin.distributed.progress import Marker
 
 # what a healthy rank reports when a peer dies or stops: never the cause when another rank is a candidate
 _PEER_SYMPTOMS = ("Connection reset by peer", "Connection closed by peer", "Application timeout",

@@ -12,7 +12,7 @@ part; members of one ring create it together because they walk the same Plan in 
 A *domain* (Megatron's DP x CP ranks of one TP/PP slice) maps domain rank r to a global rank
 ``domain[r]``; the Topology speaks domain ranks. Worked example of the rank sets (no torch needed):
 
->>> from megatron_zeppelin.topology import Topology
+>>> from megatron_zeppelin.spec.topology import Topology
 >>> t = Topology(2, 2)
 >>> intra_node_sets(t, [10, 11, 12, 13]), rail_sets(t, [10, 11, 12, 13])
 ([(10, 11), (12, 13)], [(10, 12), (11, 13)])
@@ -25,9 +25,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from ..errors import ZeppelinError
-from ..planner.types import Plan
-from ..topology import Topology
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.planner.types import Plan
+from megatron_zeppelin.spec.topology import Topology
 
 
 class GroupOrderError(ZeppelinError):

@@ -31,9 +31,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch.multiprocessing as mp
 
-from ..errors import ZeppelinError
-from .failure import Diagnosis, diagnose
-from .progress import Board, install
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.distributed.failure import Diagnosis, diagnose
+from megatron_zeppelin.distributed.progress import Board, install
 
 GRACE_S = 5.0  # after the first failure, time for the other ranks' reports and exits to arrive
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long

@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 
 class CommError(ZeppelinError):

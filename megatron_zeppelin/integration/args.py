@@ -14,17 +14,17 @@ refuses settings Zeppelin does not support yet, naming the flag.
 >>> config_from_args(a)
 Traceback (most recent call last):
 ...
-megatron_zeppelin.config.ConfigError: --zeppelin-balance plans context parallelism itself: set --context-parallel-size 1 (use --zeppelin-cp-size for the static_cp baseline)
+megatron_zeppelin.spec.config.ConfigError: --zeppelin-balance plans context parallelism itself: set --context-parallel-size 1 (use --zeppelin-cp-size for the static_cp baseline)
 """
 
 from __future__ import annotations
 
 import argparse
 
-from ..attention.kernels.select import BACKENDS as ATTENTION_KERNELS
-from ..config import ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
-from ..recompute import Recompute
-from ..token_counts import token_count
+from megatron_zeppelin.attention.kernels.select import BACKENDS as ATTENTION_KERNELS
+from megatron_zeppelin.spec.config import ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
+from megatron_zeppelin.spec.recompute import Recompute
+from megatron_zeppelin.spec.token_counts import token_count
 
 
 def _int_list(s: str):

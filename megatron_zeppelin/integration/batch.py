@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from ..planner.types import Plan, PlanError, Segment, cu_seqlens
+from megatron_zeppelin.planner.types import Plan, PlanError, Segment, cu_seqlens
 
 
 @dataclass
@@ -52,13 +52,13 @@ class ZeppelinPackedSeqParams(PackedSeqParams):
     sp_group: Any = None
 
     def to_linear(self, x: torch.Tensor) -> torch.Tensor:
-        from ..remapping import remap_to_linear
+        from megatron_zeppelin.remapping import remap_to_linear
         x = self._gather(x)
         y = remap_to_linear(x[:x.shape[0] - self.pad_attention], self.plan, self.rank, self.group)
         return self._scatter(_pad(y, self.pad_linear))
 
     def to_attention(self, y: torch.Tensor) -> torch.Tensor:
-        from ..remapping import remap_to_attention
+        from megatron_zeppelin.remapping import remap_to_attention
         y = self._gather(y)
         x = remap_to_attention(y[:y.shape[0] - self.pad_linear], self.plan, self.rank, self.group)
         return self._scatter(_pad(x, self.pad_attention))
@@ -120,7 +120,7 @@ def check_docs(docs: Sequence[torch.Tensor], plan: Plan) -> None:
 
 
 def default_engine_factory(plan, rank, group, softmax_scale, counters, kernel="auto"):
-    from ..attention.engine import AttentionEngine
+    from megatron_zeppelin.attention.engine import AttentionEngine
     return AttentionEngine(plan, rank, group, softmax_scale=softmax_scale, counters=counters, backend=kernel)
 
 

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 MARKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's name for "the latest complete checkpoint"
 CHECKPOINT_VERSION = 3.0  # Megatron-LM's version for dist checkpoints
@@ -85,7 +85,7 @@ def save(root: str, step: int, model, optimizer, scheduler, extra: Optional[dict
     """Collective: all ranks write ``iter_<step>.tmp``, rank 0 renames it and updates the marker."""
     from megatron.core import dist_checkpointing
 
-    from ..distributed import progress
+    from megatron_zeppelin.distributed import progress
 
     lead = dist.get_rank() == 0
     final = step_dir(root, step)

@@ -16,7 +16,7 @@ from typing import Optional
 
 from megatron.core.transformer.module import MegatronModule
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 
 class ZeppelinCoreAttentionError(ZeppelinError):

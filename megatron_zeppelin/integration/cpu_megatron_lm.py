@@ -27,7 +27,7 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import cpu
+from megatron_zeppelin.integration import cpu
 
 _MODE = None
 _CPU = torch.device("cpu")

@@ -32,7 +32,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 
 class DataError(ZeppelinError):

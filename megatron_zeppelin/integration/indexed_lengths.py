@@ -3,7 +3,7 @@
 Read with megatron-core's own IndexedDataset so the lengths are exactly the documents Megatron
 trains on. A Megatron *document* may hold several *sequences* (sentence splitting); its length is
 the sum of its sequences: ``document_indices`` marks where each document's sequences start.
-Imported lazily by workloads.py (only integration/ imports megatron).
+Imported lazily by data/workloads.py (only integration/ imports megatron).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 
 def indexed_document_lengths(prefix: str, flag: str = "--dataset") -> np.ndarray:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 
 def per_token_freqs(table: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:

@@ -32,8 +32,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import ZeppelinError
-from .args import add_zeppelin_args, config_from_args
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.integration.args import add_zeppelin_args, config_from_args
 
 SPEC = ["megatron_zeppelin.integration.megatron_lm", "zeppelin_layer_spec"]
 SPIKY_LOSS_FACTOR = 10  # pretrain_gpt.py's
@@ -49,7 +49,7 @@ def extra_args_provider(parser, chain: Optional[Callable] = None):
 
 def zeppelin_layer_spec(config, vp_stage: Optional[int] = None):
     """The Zeppelin layer spec for this run's model config (Megatron's builder calls it)."""
-    from .spec import zeppelin_spec_for_config
+    from megatron_zeppelin.integration.spec import zeppelin_spec_for_config
 
     return zeppelin_spec_for_config(getattr(config, "transformer", config))
 
@@ -132,7 +132,7 @@ def validate(args) -> None:
 def _split_ranges(args):
     """Document ranges [a, b) of the train and validation splits of ``--split`` (test is unused)."""
     from megatron.core.datasets.utils import normalize
-    from .data import DocumentDataset
+    from megatron_zeppelin.integration.data import DocumentDataset
 
     n = len(DocumentDataset(args.data_path[0]))
     weights = [float(x) for x in str(args.split or "100,0,0").replace("/", ",").split(",")]
@@ -154,7 +154,7 @@ class DocumentBatches:
 
     def __init__(self, prefix: str, tokens_per_batch: int, max_doc_tokens: int, seed: int,
                  start_step: int = 0, doc_range=None):
-        from .data import BatchSampler, DocumentDataset
+        from megatron_zeppelin.integration.data import BatchSampler, DocumentDataset
         self.ds = DocumentDataset(prefix)
         a, b = doc_range or (0, len(self.ds))
         lengths = [L if a <= i < b else 0 for i, L in enumerate(self.ds.lengths)]  # 0: never sampled
@@ -165,7 +165,7 @@ class DocumentBatches:
         return self
 
     def __next__(self):
-        from .data import batch_documents
+        from megatron_zeppelin.integration.data import batch_documents
         docs = batch_documents(self.ds, self.sampler, self.step)
         self.step += 1
         return docs
@@ -194,7 +194,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     if getattr(args, "zeppelin_balance", False):
         cfg, topo, spec = _domain(args)
         if cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)
-            from .plan_ahead import PlanAhead, PlannedBatches
+            from megatron_zeppelin.integration.plan_ahead import PlanAhead, PlannedBatches
             ahead = args._zeppelin_plan_ahead = PlanAhead(_run_planner(args, topo, spec, cfg))
             train = PlannedBatches(train, ahead, _doc_lengths)
             valid = valid if valid is None else PlannedBatches(valid, ahead, _doc_lengths)
@@ -235,7 +235,7 @@ def _domain(args):
     """(ZeppelinConfig, Topology, ModelSpec) of the run's DP domain, from Megatron's args."""
     from megatron.core import parallel_state as ps
 
-    from ..topology import Topology
+    from megatron_zeppelin.spec.topology import Topology
 
     cfg = config_from_args(args)
     topo = Topology.from_world(ps.get_data_parallel_world_size(), cfg.gpus_per_node, cfg.nics_per_node,
@@ -256,7 +256,7 @@ def model_spec(args):
     >>> model_spec(a).kv_heads, model_spec(argparse.Namespace(**{**vars(a), "group_query_attention": True})).kv_heads
     (4, 1)
     """
-    from ..model_spec import ModelSpec
+    from megatron_zeppelin.spec.model import ModelSpec
     gqa = getattr(args, "group_query_attention", False) and args.num_query_groups
     return ModelSpec(name="megatron", layers=args.num_layers, hidden=args.hidden_size,
                      heads=args.num_attention_heads, kv_heads=args.num_query_groups if gqa else args.num_attention_heads,
@@ -267,8 +267,8 @@ def model_spec(args):
 def _run_planner(args, topo, spec, cfg):
     """The run's Planner (its cost model built once, not per micro-batch), kept on Megatron's args,
     which live as long as the run; rebuilt if the topology, model or config differ."""
-    from ..planner import Planner
-    from ..profile import load_profile
+    from megatron_zeppelin.planner import Planner
+    from megatron_zeppelin.spec.hardware import load_profile
     key = (topo, spec, cfg)
     held = getattr(args, "_zeppelin_planner", None)
     if held is None or held[0] != key:
@@ -285,15 +285,15 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     docs = next(data_iterator)
     group = ps.get_data_parallel_group()
     if not getattr(args, "zeppelin_balance", False):
-        from .stock_batch import stock_rank_batch
+        from megatron_zeppelin.integration.stock_batch import stock_rank_batch
         b = stock_rank_batch(docs, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
                              max_doc_tokens(args), device=torch.cuda.current_device())
         out = model(b.tokens, b.position_ids, None, labels=b.labels)
         return out, partial(loss_func, b.label_tokens, loss_mask=b.loss_mask)
 
-    from ..attention.kernels import Kernel
-    from .batch import build_rank_batch, default_engine_factory
-    from .plan_check import check_plan_agreement
+    from megatron_zeppelin.attention.kernels import Kernel
+    from megatron_zeppelin.integration.batch import build_rank_batch, default_engine_factory
+    from megatron_zeppelin.integration.plan_check import check_plan_agreement
 
     cfg, topo, spec = _domain(args)
     planner = _run_planner(args, topo, spec, cfg)

@@ -28,8 +28,8 @@ import math
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from ..errors import ZeppelinError
-from ..model_spec import ModelSpec
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.model import ModelSpec
 
 BALANCING = ("none", "global_aux_loss", "aux_loss", "seq_aux_loss")
 
@@ -84,8 +84,8 @@ def get_gpt_layer_zeppelin_moe_spec(num_experts: int, normalization: str = "RMSN
                                     qk_layernorm: bool = False) -> ModuleSpec:
     """Megatron's local MoE layer spec with the two Zeppelin slots swapped in (same parameter names
     as the stock MoE spec)."""
-    from .core_attention import ZeppelinCoreAttention
-    from .layer import ZeppelinTransformerLayer
+    from megatron_zeppelin.integration.core_attention import ZeppelinCoreAttention
+    from megatron_zeppelin.integration.layer import ZeppelinTransformerLayer
 
     spec = copy.deepcopy(get_moe_reference_spec(num_experts, normalization, qk_layernorm))
     spec.module = ZeppelinTransformerLayer

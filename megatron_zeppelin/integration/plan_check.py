@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..planner.types import Plan, PlanError
+from megatron_zeppelin.planner.types import Plan, PlanError
 
 
 class PlanMismatchError(PlanError):

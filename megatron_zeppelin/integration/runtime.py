@@ -12,9 +12,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import ZeppelinError
-from ..model_spec import ModelSpec
-from . import cpu
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.model import ModelSpec
+from megatron_zeppelin.integration import cpu
 
 
 class RuntimeSetupError(ZeppelinError):
@@ -71,12 +71,12 @@ def init_parallel(tp: int = 1, seed: int = 1234, ep: int = 1) -> Runtime:
 def transformer_config(m: ModelSpec, tp: int = 1, dtype: torch.dtype = torch.float32, recompute=None,
                        sequence_parallel: bool = False, ep: int = 1, moe_balancing: str = "none",
                        moe_aux_loss_coeff: float = 0.0):
-    """``recompute``: megatron-core's own activation recompute (recompute.py: "selective:core_attn",
+    """``recompute``: megatron-core's own activation recompute (spec/recompute.py: "selective:core_attn",
     "full", ...; True = full), on whichever spec the model is built with; MoE fields from moe.py."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from ..recompute import Recompute
-    from .moe import moe_config_kwargs
+    from megatron_zeppelin.spec.recompute import Recompute
+    from megatron_zeppelin.integration.moe import moe_config_kwargs
 
     return TransformerConfig(
         num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads, num_query_groups=m.kv_heads,
@@ -98,10 +98,10 @@ def build_model(m: ModelSpec, tp: int = 1, zeppelin: bool = True, max_seq: int =
     (the Zeppelin spec only); MoE models (``m.experts``) get megatron's MoE layer (moe.py)."""
     from megatron.core.models.gpt import GPTModel
 
-    from ..errors import ZeppelinError
-    from .moe import get_gpt_layer_zeppelin_moe_spec, get_moe_reference_spec
-    from .sp_norm import sequence_parallel_block_spec
-    from .spec import get_gpt_layer_reference_spec, get_gpt_layer_zeppelin_spec
+    from megatron_zeppelin.errors import ZeppelinError
+    from megatron_zeppelin.integration.moe import get_gpt_layer_zeppelin_moe_spec, get_moe_reference_spec
+    from megatron_zeppelin.integration.sp_norm import sequence_parallel_block_spec
+    from megatron_zeppelin.integration.spec import get_gpt_layer_reference_spec, get_gpt_layer_zeppelin_spec
 
     if m.is_moe and sequence_parallel:
         raise ZeppelinError(f"{m.name} is an MoE model: --sequence-parallel with MoE is not supported yet (drop it)")

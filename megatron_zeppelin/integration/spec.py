@@ -19,10 +19,10 @@ import copy
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from ..errors import ZeppelinError
-from .core_attention import ZeppelinCoreAttention
-from .layer import ZeppelinTransformerLayer
-from .sp_norm import swap_torch_norms
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.integration.core_attention import ZeppelinCoreAttention
+from megatron_zeppelin.integration.layer import ZeppelinTransformerLayer
+from megatron_zeppelin.integration.sp_norm import swap_torch_norms
 
 
 def _have_te() -> bool:
@@ -71,7 +71,7 @@ def zeppelin_spec_for_config(config) -> ModuleSpec:
         if getattr(config, field, None):
             raise ZeppelinError(f"--zeppelin-balance supports dense GPT layers only: drop {flag}")
     if getattr(config, "num_moe_experts", None):  # megatron's MoE layer on the linear layout (moe.py)
-        from .moe import zeppelin_moe_spec_for_config
+        from megatron_zeppelin.integration.moe import zeppelin_moe_spec_for_config
         return zeppelin_moe_spec_for_config(config)
     impl = getattr(config, "transformer_impl", "local")
     if impl not in ("local", "transformer_engine"):

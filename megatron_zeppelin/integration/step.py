@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from .batch import RankBatch
+from megatron_zeppelin.integration.batch import RankBatch
 
 
 def forward_loss_sum(model, batch: RankBatch) -> torch.Tensor:

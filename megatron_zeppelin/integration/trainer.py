@@ -21,12 +21,12 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-from ..config import ZeppelinConfig
-from ..model_spec import load_model
-from ..planner import Planner
-from ..profile import load_profile
-from ..topology import Topology
-from ..words import Link
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.planner import Planner
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.spec.words import Link
 
 
 @dataclass
@@ -73,19 +73,19 @@ def remap_bytes(plan, rank: int, hidden: int, dtype_bytes: int, layers: int) -> 
 
 def train_worker(rank: int, world: int, options: dict) -> dict:
     """One rank of a training run (torch.distributed already initialized)."""
-    from . import checkpoint
-    from ..distributed.counters import CommCounters
-    from .batch import build_rank_batch
-    from .data import BatchSampler, DocumentDataset, batch_documents, default_corpus
-    from .plan_check import check_plan_agreement
-    from .runtime import build_model, init_parallel, wrap_ddp
-    from .step import make_optimizer, train_step, warmup_cosine
-    from ..distributed import progress
+    from megatron_zeppelin.integration import checkpoint
+    from megatron_zeppelin.distributed.counters import CommCounters
+    from megatron_zeppelin.integration.batch import build_rank_batch
+    from megatron_zeppelin.integration.data import BatchSampler, DocumentDataset, batch_documents, default_corpus
+    from megatron_zeppelin.integration.plan_check import check_plan_agreement
+    from megatron_zeppelin.integration.runtime import build_model, init_parallel, wrap_ddp
+    from megatron_zeppelin.integration.step import make_optimizer, train_step, warmup_cosine
+    from megatron_zeppelin.distributed import progress
 
     o = TrainOptions(**options)
     zcfg = ZeppelinConfig(**{**o.zeppelin, "tp": o.tp})
     m = load_model(o.model)
-    from .moe import expert_parallel_size
+    from megatron_zeppelin.integration.moe import expert_parallel_size
     rt = init_parallel(tp=o.tp, seed=o.seed, ep=expert_parallel_size(m, world // o.tp, o.ep))
     topo = Topology.from_world(rt.domain_size, zcfg.gpus_per_node, zcfg.nics_per_node, zcfg.gpu_nic_map)
     profile = load_profile(zcfg.cluster)
@@ -173,7 +173,7 @@ def train_worker(rank: int, world: int, options: dict) -> dict:
 
 def run_local(options: TrainOptions, world: int, timeout: float = 900.0) -> List[dict]:
     """Train on ``world`` local processes (gloo on CPU, NCCL with CUDA); rank 0's history."""
-    from ..distributed.launch import run_distributed
+    from megatron_zeppelin.distributed.launch import run_distributed
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     res = run_distributed(train_worker, world, asdict(options), timeout=timeout, backend=backend)

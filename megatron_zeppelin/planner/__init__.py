@@ -13,15 +13,15 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..config import ZeppelinConfig
-from ..model_spec import ModelSpec
-from ..profile import HardwareProfile
-from ..recompute import Recompute
-from ..topology import Topology
-from .context import Placement, PlanContext
-from .cost_model import CostModel
-from .strategies import pick
-from .types import Plan, PlanError
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import ModelSpec
+from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.recompute import Recompute
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.planner.strategies import pick
+from megatron_zeppelin.planner.types import Plan, PlanError
 
 __all__ = ["plan_batch", "Planner", "make_context", "Plan", "PlanError", "PlanContext", "Placement", "CostModel"]
 
@@ -73,8 +73,8 @@ class Planner:
     the crossover lengths it keeps (CostModel.crossover_length), are built at the first batch and
     reused; every Plan equals plan_batch's for the same batch.
 
-    >>> from megatron_zeppelin.model_spec import load_model
-    >>> from megatron_zeppelin.profile import load_profile
+    >>> from megatron_zeppelin.spec.model import load_model
+    >>> from megatron_zeppelin.spec.hardware import load_profile
     >>> prof = load_profile("a800")
     >>> planner = Planner(Topology(2, 8, prof.nics_per_node, prof.gpu_to_nic), prof, load_model("llama-7b"))
     >>> batches = ([30000, 900, 1200, 4000] * 8, [8000] * 20)
@@ -108,7 +108,7 @@ class Planner:
         gc.disable()
         try:
             if config.balance_memory and name == "zeppelin":
-                from .memory_choice import plan_memory_first
+                from megatron_zeppelin.planner.portfolio.memory import plan_memory_first
                 return plan_memory_first(lengths, ctx)
             return pick(name, lengths, ctx)[0]
         finally:

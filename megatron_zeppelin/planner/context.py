@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ..config import ZeppelinConfig
-from ..model_spec import ModelSpec
-from ..profile import HardwareProfile
-from ..topology import Topology
-from .cost_model import CostModel
-from .types import DocPlan, Ring, Thresholds
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import ModelSpec
+from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.planner.types import DocPlan, Ring, Thresholds
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class PlanMeta:
     hdp_round: Optional[int] = None
     # hybrid_dp: the FLOPs share that sizes its groups.
     flops_share: Optional[float] = None
-    # Every strategy: the activation recompute the plan is priced with (recompute.py; unset = none),
+    # Every strategy: the activation recompute the plan is priced with (spec/recompute.py; unset = none),
     # which the simulator runs again before each backward (sim/iteration.plan_recompute).
     recompute: str = ""
 
@@ -60,7 +60,7 @@ class PlanMeta:
         out = {}
         for k, v in pairs:
             if k not in known:
-                from .types import PlanError
+                from megatron_zeppelin.planner.types import PlanError
                 raise PlanError(f"unknown plan metadata '{k}' (PlanMeta fields: {', '.join(sorted(known))})")
             out[k] = _parse(k, str(v))
         return cls(**out)

@@ -29,8 +29,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .types import CommOp, DocPlan, Ring, ring_documents
-from ..words import RING_QUEUES, STAGES, Comm, DocClass, Stage
+from megatron_zeppelin.planner.types import CommOp, DocPlan, Ring, ring_documents
+from megatron_zeppelin.spec.words import RING_QUEUES, STAGES, Comm, DocClass, Stage
 
 
 def ring_step_blocks(ring: Ring, docs: Dict[int, DocPlan], member: int, step: int) -> List[Tuple[int, int, bool]]:
@@ -339,7 +339,7 @@ def local_arrays(docs: Sequence[DocPlan], local: Optional[Sequence[DocPlan]] = N
     """(owners, lengths as floats) of the local documents in document order; ``local``: those
     documents, where the caller has them (the attention tokens and the compute both read them)."""
     if local is None:
-        cls = DocClass.LOCAL  # bound once per call (words.py)
+        cls = DocClass.LOCAL  # bound once per call (spec/words.py)
         local = [d for d in docs if d.cls == cls]
     n = len(local)
     return (np.fromiter(map(_OWNER, local), dtype=np.int64, count=n),

@@ -10,7 +10,7 @@ remap variant's ``versus`` (the same placement without its remap, proposed later
 assemble that one first and skip the variant on its least prediction (assemble.least_iteration_s).
 
 Strategies register themselves with ``@strategy(name, order)`` where they are defined;
-``names()`` (what --zeppelin-strategy accepts, config.py) is the registry's list in ``order``:
+``names()`` (what --zeppelin-strategy accepts, spec/config.py) is the registry's list in ``order``:
 
 >>> names()
 ('zeppelin', 'packed_dp', 'static_cp', 'allgather_cp', 'hybrid_dp', 'dynamic_cp')
@@ -24,12 +24,12 @@ from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .context import Placement, PlanContext
-from .types import Plan, PlanError
+from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.types import Plan, PlanError
 
 # The modules that define strategies: importing them registers them (the baselines package
 # imports its modules).
-_HOMES = ("megatron_zeppelin.planner.partition", "megatron_zeppelin.planner.baselines")
+_HOMES = ("megatron_zeppelin.planner.partitioner.partition", "megatron_zeppelin.planner.baselines")
 
 
 TIE = 1e-9  # predictions this close (relative) are equal: their last bits depend on summation order
@@ -135,9 +135,9 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     a candidate whose bound is at or above the best so far is not assembled. Candidates
     whose assembly raises PlanError (over a set capacity) are skipped; if none is left the last
     error is raised. The winner's label becomes its ``variant``."""
-    from .assemble import assemble, least_iteration_s, remapped  # late: assemble imports the planner's other parts
-    from .memory_choice import MEMORY_SLACK, MemoryChoice
-    from .predict import lower_bound
+    from megatron_zeppelin.planner.build.assemble import assemble, least_iteration_s, remapped  # late: assemble imports the planner's other parts
+    from megatron_zeppelin.planner.portfolio.memory import MEMORY_SLACK, MemoryChoice
+    from megatron_zeppelin.planner.cost.predict import lower_bound
 
     arr = np.asarray(lengths, dtype=np.int64)
     search, won, errors = Search(lengths=arr, whole_s=ctx.cost.doc_attention_np(arr)), None, []

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..config import ZeppelinConfig
-from ..model_spec import ModelSpec
-from ..profile import HardwareProfile
-from ..topology import Topology
-from .context import PlanContext
-from .cost_model import CostModel
-from ..words import DocClass
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import ModelSpec
+from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.planner.context import PlanContext
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.spec.words import DocClass
 
 TOY_MODEL = ModelSpec(name="toy", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
 TOY_PROFILE = HardwareProfile(

@@ -15,7 +15,7 @@ of both ranks (4 zigzag chunks), document 1 local on rank 1.
 
 from __future__ import annotations
 
-from ..errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 import hashlib
 import json
@@ -25,9 +25,9 @@ from functools import cached_property
 from operator import attrgetter
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..topology import Topology
-from ..words import CLASSES, LINKS, Comm, DocClass, Link, Stage
-from .meta import PlanMeta
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.spec.words import CLASSES, LINKS, Comm, DocClass, Link, Stage
+from megatron_zeppelin.planner.meta import PlanMeta
 
 
 class PlanError(ZeppelinError):
@@ -221,7 +221,7 @@ class Plan:
         return tuple(r for r in self.rings if rank in r.ranks and (cls is None or r.cls == cls))
 
     def local_docs(self, rank: int) -> Tuple[DocPlan, ...]:
-        local = DocClass.LOCAL  # bound once (words.py)
+        local = DocClass.LOCAL  # bound once (spec/words.py)
         return tuple(d for d in self.docs if d.cls == local and d.owner == rank)
 
     def ops(self, queue: Optional[str] = None, step: Optional[int] = None) -> Tuple[CommOp, ...]:

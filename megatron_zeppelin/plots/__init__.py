@@ -1,1 +1,2 @@
-"""Plots (PNG, matplotlib with the Agg backend): imported lazily, matplotlib is slow to import."""
+"""Plots (PNG, matplotlib with the Agg backend) of a plan, the benchmark matrix and the DP study:
+imported lazily, matplotlib is slow to import."""

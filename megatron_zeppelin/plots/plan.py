@@ -7,7 +7,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..words import DocClass
+from megatron_zeppelin.spec.words import DocClass
 
 PARTS = (("attention_s", "attention", "#4C72B0"), ("linear_s", "linear", "#55A868"),
          ("comm_exposed_s", "exposed comm", "#C44E52"), ("remap_s", "remap", "#8172B2"))

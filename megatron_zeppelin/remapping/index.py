@@ -32,8 +32,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
-from ..errors import ZeppelinError
-from ..planner.types import Move, Segment
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.planner.types import Move, Segment
 
 DIRECTIONS = ("to_linear", "to_attention")
 Runs = Tuple[Tuple[int, int], ...]

@@ -21,9 +21,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..distributed.all_to_all import all_to_all_v
-from .index import RemapIndex, RemapLayoutError, build_index
-from ..words import Link
+from megatron_zeppelin.distributed.all_to_all import all_to_all_v
+from megatron_zeppelin.remapping.index import RemapIndex, RemapLayoutError, build_index
+from megatron_zeppelin.spec.words import Link
 
 def remap_index(plan, rank: int, direction: str) -> RemapIndex:
     """The row bookkeeping of ``rank`` for ``plan``, built once and kept with the plan."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..planner.cost_model import ring_allreduce_s as allreduce_s  # noqa: F401 (advise.py uses it)
+from megatron_zeppelin.planner.cost.cost_model import ring_allreduce_s as allreduce_s  # noqa: F401 (advise/recommend.py uses it)
 
 
 def exposed_s(total_s: float, layer_ends: Sequence[float], backward_end: float, overlap: bool) -> float:

@@ -29,10 +29,10 @@ True
 
 from __future__ import annotations
 
-from ..planner.cost_model import LINEAR_PASSES, CostModel
-from ..planner.moe_cost import moe_pass_s
-from ..planner.program import ring_step_costs
-from ..planner.types import Ring
+from megatron_zeppelin.planner.cost.cost_model import LINEAR_PASSES, CostModel
+from megatron_zeppelin.planner.cost.moe_cost import moe_pass_s
+from megatron_zeppelin.planner.program import ring_step_costs
+from megatron_zeppelin.planner.types import Ring
 
 
 class LayerCosts:
@@ -54,7 +54,7 @@ class LayerCosts:
 
     def mlp_pass_s(self, t_lin) -> tuple:
         """(forward, backward) seconds of one layer's MLP per rank for the linear-layout token
-        counts of every rank: an MoE layer's depend on its whole EP group (planner/moe_cost.py)."""
+        counts of every rank: an MoE layer's depend on its whole EP group (planner/cost/moe_cost.py)."""
         return (moe_pass_s(self.cost, t_lin).tolist(), moe_pass_s(self.cost, t_lin, backward=True).tolist())
 
     def head_iteration_s(self, tokens: int) -> float:

@@ -39,7 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .network import fair_rates, pad_links
+from megatron_zeppelin.sim.network import fair_rates, pad_links
 
 DELAY, FLOW, WORK = 0, 1, 2  # WORK: compute sharing the host CPU (nbytes = core-seconds)
 

@@ -1,6 +1,6 @@
 """The schedule executor's timing: one (queue, step) of CommOps on every rank, as the runtime runs it.
 
-As distributed/executor.py (and planner/predict.py ``_exchange``): every rank posts, at its gate
+As distributed/executor.py (and planner/cost/predict.py ``_exchange``): every rank posts, at its gate
 (whatever must be done first: the previous step, the compute that frees the receive buffer, the
 kernel that produced the data), its receives and the sends of the messages it originates, all stages
 at once. A proxy's relay forwards each routed piece as soon as it has arrived, one after the other
@@ -20,7 +20,7 @@ swapped, stage order mirrored. On a shared host CPU (LinkTable ``copy_Bps``) a h
 both ends to copy its bytes (the transport's copies, sharing the cores with compute), and is done
 when both copies and the transfer are.
 
->>> from megatron_zeppelin.topology import Topology
+>>> from megatron_zeppelin.spec.topology import Topology
 >>> from megatron_zeppelin.sim.network import LinkTable
 >>> from megatron_zeppelin.sim.events import TaskGraph
 >>> topo = Topology(1, 2); g = TaskGraph(); links = LinkTable(topo, 100.0, 10.0)
@@ -50,11 +50,11 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..planner.program import exchange_phases
-from ..topology import Topology
-from .events import TaskGraph
-from .network import LinkTable
-from ..words import MIRROR, Link
+from megatron_zeppelin.planner.program import exchange_phases
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.sim.events import TaskGraph
+from megatron_zeppelin.sim.network import LinkTable
+from megatron_zeppelin.spec.words import MIRROR, Link
 
 @dataclass(frozen=True)
 class Hop:

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .events import TaskGraph
+from megatron_zeppelin.sim.events import TaskGraph
 
 
 def shared_makespan(seconds: Sequence[float], host_cores: float) -> float:

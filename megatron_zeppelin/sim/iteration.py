@@ -16,7 +16,7 @@ Layers (``layers``):
   run ahead (tests measure the gap against "all"). The last layer's remap back is counted.
 - ``"all"``: every layer chained, no barriers (exact for the model; L times slower to simulate).
 
-Activation recompute (the plan's, ``Plan.meta.recompute``; recompute.py) is in each layer's
+Activation recompute (the plan's, ``Plan.meta.recompute``; spec/recompute.py) is in each layer's
 backward: the forward it reruns, as tasks, before the backward it serves (layer.py).
 """
 
@@ -28,17 +28,17 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..model_spec import ModelSpec
-from ..planner.cost_model import CostModel
-from ..planner.types import Plan
-from ..profile import HardwareProfile
-from ..recompute import Recompute
-from .allreduce import exposed_s
-from .compute import LayerCosts
-from .events import FLOW, TaskGraph
-from .host import shared_makespan
-from .layer import LayerBuilder
-from .network import LinkTable
+from megatron_zeppelin.spec.model import ModelSpec
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.planner.types import Plan
+from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.recompute import Recompute
+from megatron_zeppelin.sim.allreduce import exposed_s
+from megatron_zeppelin.sim.compute import LayerCosts
+from megatron_zeppelin.sim.events import FLOW, TaskGraph
+from megatron_zeppelin.sim.host import shared_makespan
+from megatron_zeppelin.sim.layer import LayerBuilder
+from megatron_zeppelin.sim.network import LinkTable
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
              options: Optional[SimOptions] = None, sequence_parallel: bool = False) -> SimResult:
     opt = options or SimOptions()
     if opt.layers not in ("scale", "all"):
-        from ..errors import ZeppelinError
+        from megatron_zeppelin.errors import ZeppelinError
         raise ZeppelinError(f"unknown layers mode '{opt.layers}' (set --sim-layers to scale or all)")
     topo = plan.topology
     cost = CostModel(model, profile, topo, tp, plan_recompute(plan), sequence_parallel)

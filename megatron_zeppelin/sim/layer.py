@@ -24,7 +24,7 @@ flies during step 1's compute, so only the last dK/dV exchange (T) is exposed: t
 
 >>> from megatron_zeppelin.attention.testing import hand_plan
 >>> from megatron_zeppelin.planner.testing import toy_context
->>> from megatron_zeppelin.topology import Topology
+>>> from megatron_zeppelin.spec.topology import Topology
 >>> topo, cost = Topology(1, 2), toy_context(1, 2).cost
 >>> plan = hand_plan([8192], topo, [(0, 1)])
 >>> k, links, g = LayerCosts(cost), LinkTable(topo, cost.bandwidth("nvlink"), cost.bandwidth("nic")), TaskGraph()
@@ -47,13 +47,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..planner.program import AttentionWork, Compute, Post, attention_program
-from ..planner.types import Plan
-from .compute import LayerCosts
-from .events import TaskGraph
-from .executor import Hop, reverse_hops, run_step
-from .network import LinkTable
-from ..words import Stage
+from megatron_zeppelin.planner.program import AttentionWork, Compute, Post, attention_program
+from megatron_zeppelin.planner.types import Plan
+from megatron_zeppelin.sim.compute import LayerCosts
+from megatron_zeppelin.sim.events import TaskGraph
+from megatron_zeppelin.sim.executor import Hop, reverse_hops, run_step
+from megatron_zeppelin.sim.network import LinkTable
+from megatron_zeppelin.spec.words import Stage
 
 REMAP_POINTS = ("attention_output", "core_attention")
 
@@ -76,7 +76,7 @@ class LayerBuilder:
         self.t_lin = [costs.cost.layout_rows(plan.tokens(r, "linear")) for r in range(self.world)]
         self.mlp_fwd, self.mlp_bwd = costs.mlp_pass_s(self.t_lin)  # MoE: whole EP groups' loads
         if remap_point not in REMAP_POINTS:
-            from ..errors import ZeppelinError
+            from megatron_zeppelin.errors import ZeppelinError
             raise ZeppelinError(f"unknown remap point '{remap_point}' (set --remap-point to one of {REMAP_POINTS})")
         self.remap_point = remap_point
         m, tp, db = costs.cost.model, costs.cost.tp, costs.cost.model.dtype_bytes

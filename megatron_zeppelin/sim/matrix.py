@@ -1,13 +1,13 @@
 """The benchmark matrix: expand a run YAML into configurations, simulate them, summarise.
 
-A matrix (configs/runs/paper.yaml) has ``studies``; each crosses its ``clusters``, ``models`` (a
+A matrix (megatron_zeppelin/presets/runs/paper.yaml) has ``studies``; each crosses its ``clusters``, ``models`` (a
 name or ``{name, tp}``), ``datasets``, ``context`` lengths and ``nodes``, with the matrix's (or the
 study's own) ``strategies``. The summary compares Zeppelin with every other variant on the same
 runs: speedup = the variant's mean simulated iteration over the run / Zeppelin's, in two columns:
 ``deployed`` (the baseline's run-level settings fixed for the run, as deployed; sim/runs.py) and
 ``oracle`` (tuned per batch, with hindsight: an upper bound on the baseline). ``batches`` (matrix-wide
 or per study, default 16) sets the run's length; ``recompute`` the activation recompute ("auto": the
-fastest that fits, recompute.py LADDER; the same for every strategy).
+fastest that fits, spec/recompute.py LADDER; the same for every strategy).
 
 >>> parse_tokens("64K"), parse_tokens(4096)
 (65536, 4096)
@@ -36,30 +36,31 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from ..errors import ZeppelinError
-from ..token_counts import parse_tokens  # noqa: F401 - one parser for every command
-from .iteration import SimOptions
-from .runs import DEFAULT_BATCHES, VARIANTS, RunSpec, run_config
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.token_counts import parse_tokens  # noqa: F401 - one parser for every command
+from megatron_zeppelin.sim.iteration import SimOptions
+from megatron_zeppelin.sim.runs import DEFAULT_BATCHES, VARIANTS, RunSpec, run_config
+from megatron_zeppelin.presets import preset_dir
 
 
 class MatrixError(ZeppelinError):
     pass
 
 
-RUNS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "runs")
+RUNS_DIR = preset_dir("runs")
 DEFAULT_MATRIX = os.path.join(RUNS_DIR, "paper.yaml")
 
 
 def resolve_matrix(path: Optional[str]) -> str:
     """A matrix path as given, else the project's (a bare name like ``paper`` or a path under
-    configs/runs/ is found next to the package, whatever the working directory)."""
+    megatron_zeppelin/presets/runs/ is found next to the package, whatever the working directory)."""
     if not path:
         return DEFAULT_MATRIX
     if os.path.exists(path):
         return path
     name = os.path.basename(path)
     for cand in (os.path.join(RUNS_DIR, name), os.path.join(RUNS_DIR, name + ".yaml")):
-        if os.path.exists(cand) and (path == name or path.replace(os.sep, "/").endswith("configs/runs/" + name)):
+        if os.path.exists(cand) and (path == name or path.replace(os.sep, "/").endswith("presets/runs/" + name)):
             return cand
     return path
 
@@ -72,11 +73,11 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
         with open(path) as f:
             doc = yaml.safe_load(f)
     except FileNotFoundError:
-        raise MatrixError(f"matrix file {path} not found (set --matrix, e.g. configs/runs/paper.yaml)") from None
+        raise MatrixError(f"matrix file {path} not found (set --matrix, e.g. megatron_zeppelin/presets/runs/paper.yaml)") from None
     except yaml.YAMLError as e:
         raise MatrixError(f"malformed matrix {path}: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("studies"), dict):
-        raise MatrixError(f"matrix {path} needs a 'studies' mapping (see configs/runs/paper.yaml)")
+        raise MatrixError(f"matrix {path} needs a 'studies' mapping (see megatron_zeppelin/presets/runs/paper.yaml)")
     seed = int(doc.get("seed", 0))
     default_vars = tuple(doc.get("strategies", ("zeppelin",)))
     default_cp = tuple(int(x) for x in doc.get("cp_sizes", ()))
@@ -123,7 +124,7 @@ def batch_and_recompute(cluster: str, model: str, tp: int, nodes: int, per_gpu, 
     it at ``fill``, the capacity then binding every strategy (MatrixError when even full recompute
     cannot). An explicit ``recompute`` with a token count keeps the planner's default capacity only
     when it is "none" and nothing was asked of memory (the compute-bound what-if)."""
-    from ..dp.memory import RECOMPUTE_LADDER
+    from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
     if str(per_gpu) == "memory":
         rc = "none" if recompute == "auto" else recompute
         tok, cap = memory_tokens(cluster, model, tp, nodes, fill, rc)
@@ -148,10 +149,10 @@ def memory_tokens(cluster: str, model: str, tp: int, nodes: int, fill: float = M
     (dp.memory.capacity_tokens: ZeRO-1 over the domain, the given activation recompute, 90% of the
     profile's memory_GB), and the batch fills ``fill`` of it on average. Every strategy must then
     fit the capacity on every rank, as a real run must fit in memory."""
-    from ..dp.memory import capacity_tokens
-    from ..model_spec import load_model
-    from ..profile import load_profile
-    from .runs import domain_topology
+    from megatron_zeppelin.spec.memory import capacity_tokens
+    from megatron_zeppelin.spec.model import load_model
+    from megatron_zeppelin.spec.hardware import load_profile
+    from megatron_zeppelin.sim.runs import domain_topology
     profile, spec = load_profile(cluster), load_model(model)
     world = domain_topology(profile, nodes, tp).world_size
     cap = capacity_tokens(spec, profile.memory_GB * 1e9, dp=world, tp=tp, zero_stage=1, recompute=recompute)

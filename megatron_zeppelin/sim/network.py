@@ -30,8 +30,8 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from ..topology import Topology, link_ports
-from ..words import Link
+from megatron_zeppelin.spec.topology import Topology, link_ports
+from megatron_zeppelin.spec.words import Link
 
 LinkKey = Tuple[str, int]
 
@@ -45,7 +45,7 @@ class LinkTable:
     its messages, ``copy_Bps`` bytes per CPU second, 0 = free) and the host (capacity ``host_cores``);
     ``cpu(rank)`` and ``io(rank)`` name them.
 
-    >>> from megatron_zeppelin.topology import Topology
+    >>> from megatron_zeppelin.spec.topology import Topology
     >>> t = LinkTable(Topology(1, 2), 1.0, 1.0, host_cores=1)
     >>> t.cpu(1), t.io(1), t.capacity[list(t.cpu(1))].tolist(), LinkTable(Topology(1, 2), 1.0, 1.0).cpu(1)
     ((9, 12), (11, 12), [1.0, 1.0], None)

@@ -19,7 +19,7 @@ A *variant* is a strategy, or one of the paper's ablation steps expressed as a P
 Tensor parallelism: the domain is one TP slice, so a node holds gpus_per_node / tp of its ranks and
 (as the slices share the node's NICs evenly) nics_per_node / tp NICs at full bandwidth.
 
->>> from megatron_zeppelin.profile import load_profile
+>>> from megatron_zeppelin.spec.hardware import load_profile
 >>> domain_topology(load_profile("a800"), nodes=2, tp=2).describe()
 '2 node(s) x 4 GPU(s), 2 NIC(s)/node, gpu->nic [0, 0, 1, 1]'
 >>> deployed_and_oracle({2: [1.0, 3.5], 4: [2.0, 2.0], 8: [0.5, None]})
@@ -34,13 +34,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..config import STRATEGIES, ZeppelinConfig
-from ..errors import ZeppelinError
-from ..model_spec import load_model
-from ..profile import HardwareProfile, load_profile
-from ..topology import Topology
-from .iteration import SimOptions, simulate
-from ..words import Link
+from megatron_zeppelin.spec.config import STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.spec.hardware import HardwareProfile, load_profile
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.sim.iteration import SimOptions, simulate
+from megatron_zeppelin.spec.words import Link
 
 ABLATIONS = ("static_cp+routing", "zeppelin-noremap")
 VARIANTS = STRATEGIES + ABLATIONS
@@ -67,7 +67,7 @@ class RunSpec:
     seed: int = 0
     capacity: int = 0  # per-rank token capacity every strategy must fit (memory); 0 = the planner's default
     batches: int = DEFAULT_BATCHES  # batches of the run
-    recompute: str = "none"  # activation recompute of the run (recompute.py), the same for every strategy
+    recompute: str = "none"  # activation recompute of the run (spec/recompute.py), the same for every strategy
     regime: str = "fixed"  # "memory": the batch memory allows (capacity binds); "fixed": tokens_per_gpu as set
     balance_memory: bool = False  # Zeppelin planned with --zeppelin-balance-memory (memory_choice.plan_memory_first)
 
@@ -99,16 +99,16 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
               setting: Optional[int] = None):
     """The plan of ``variant`` for one batch; ``setting`` is its run-level value (CP size, or
     dynamic_cp's max_seqlen_per_dp_cp_rank), None for the strategy's own per-batch choice."""
-    from ..planner import make_context, plan_batch
-    from ..planner.assemble import assemble
-    from ..planner.baselines.static_cp import plan_static_cp
-    from ..planner.strategies import choose
+    from megatron_zeppelin.planner import make_context, plan_batch
+    from megatron_zeppelin.planner.build.assemble import assemble
+    from megatron_zeppelin.planner.baselines.static_cp import plan_static_cp
+    from megatron_zeppelin.planner.strategies import choose
     if setting == AUTO:
         setting = None
     if setting is not None and variant in CP_VARIANTS:
         config = config.with_(cp_size=int(setting))
     if variant == "dynamic_cp" and setting is not None:
-        from ..planner.baselines.dynamic_cp import dynamic_cp_placement
+        from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement
         ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
         return assemble(variant, list(lengths), ctx, dynamic_cp_placement(list(lengths), ctx, int(setting)))
     if variant in STRATEGIES:
@@ -132,7 +132,7 @@ def run_settings(variant: str, world: int, capacity: int, context: int, cp_sizes
     fixed-CP baselines (``cp_sizes``, or every power of two and the whole domain); dynamic_cp's
     max_seqlen_per_dp_cp_rank from the per-rank capacity down by halves while the largest
     power-of-two group still holds a context-long document; [AUTO] for variants without one."""
-    from ..planner.baselines.cp_groups import cp_sizes as all_cp
+    from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes as all_cp
     if variant in CP_VARIANTS:
         return [cp for cp in (cp_sizes or all_cp(world)) if cp >= 1 and world % cp == 0]
     if variant == "dynamic_cp":
@@ -182,9 +182,9 @@ def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, 
     and simulated on its own (no DP all-reduce but after the last), times summed."""
     from dataclasses import replace as dc_replace
 
-    from ..planner import make_context
-    from ..planner.assemble import assemble
-    from ..planner.baselines.dynamic_cp import dynamic_cp_placement, round_placements
+    from megatron_zeppelin.planner import make_context
+    from megatron_zeppelin.planner.build.assemble import assemble
+    from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, round_placements
     ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
     merged = assemble("dynamic_cp", list(lengths), ctx, dynamic_cp_placement(list(lengths), ctx, mslpr))
     rounds = round_placements(list(lengths), ctx, mslpr)
@@ -204,7 +204,7 @@ def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, 
 def _sum_costs(costs):
     """Per rank, the sum over rounds of its own work (the barriers' waiting is not in it: the
     prediction of the rounds is the sum of each round's busiest rank, _batch_record)."""
-    from ..planner.types import RankCost
+    from megatron_zeppelin.planner.types import RankCost
     world = len(costs[0])
     out = [[0.0, 0.0, 0.0, 0.0] for _ in range(world)]
     for c in costs:
@@ -218,7 +218,7 @@ def _sum_costs(costs):
 
 
 def run_lengths(spec: RunSpec, world: int) -> List[List[int]]:
-    from ..workloads import sample_batch
+    from megatron_zeppelin.data.workloads import sample_batch
     return [[int(x) for x in sample_batch(spec.dataset, spec.tokens_per_gpu * world, spec.seed + b,
                                           max_len=spec.context)] for b in range(spec.batches)]
 
@@ -227,7 +227,7 @@ def _batch_record(plan, res, spec, model, profile, plan_s, sim_s) -> Dict:
     """A batch's plan and simulated iteration (the run's activation recompute is in both: the plan
     is priced with it, the simulator runs the recomputed forward in each layer's backward;
     ``recompute_s`` is the busiest rank's recomputed work) and the plan's time and memory balance."""
-    from ..dp.memory import plan_memory_balance
+    from megatron_zeppelin.spec.memory import plan_memory_balance
     mem = plan_memory_balance(plan, model, spec.tp, spec.recompute)
     if isinstance(res, _Rounds):  # a rank holds one round's activations at a time
         parts = [plan_memory_balance(p, model, spec.tp, spec.recompute) for p in res.plans]

@@ -4,7 +4,7 @@
     PYTHON_WITH_MEGATRON_TRAINING scripts/slurm/check_megatron_args.py JOBS.json
 
 JOBS.json is a list of {"name", "mode", "args", "world_size", "env"} (tests/slurm writes it from
-``megatron_zeppelin.slurm.render_jobs``); run it in the job's environment (``source
+``megatron_zeppelin.slurm.jobs.render_jobs``); run it in the job's environment (``source
 scripts/slurm/env.sh`` first), the matrix's ``env`` is applied per job. For each job, as rank 0 of
 ``world_size`` ranks:
 ``megatron.training.arguments.parse_args`` (with the ``--zeppelin-*`` flags only for the zeppelin

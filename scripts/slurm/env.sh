@@ -14,7 +14,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
 
 # NCCL over InfiniBand/RoCE. Name the compute HCAs (GPU->NIC affinity comes from `nvidia-smi topo -m`;
-# Zeppelin reads the same map, see megatron_zeppelin/discovery.py).
+# Zeppelin reads the same map, see megatron_zeppelin/spec/discovery.py).
 export NCCL_IB_HCA=${NCCL_IB_HCA:-mlx5}
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-^lo,docker}
 export NCCL_NET_GDR_LEVEL=${NCCL_NET_GDR_LEVEL:-PHB}   # GPUDirect RDMA through the GPU's PCIe switch

@@ -11,7 +11,7 @@ documents (``BlendedMegatronDatasetBuilder``), the batch broadcast over TP
 and the masked per-token loss (sum, token count, report) with Megatron's NaN / Inf checks.
 
 ``zeppelin slurm`` runs it for the stock modes (``dp``, ``cp_*``) of a matrix with ``megatron_lm: ""``
-(configs/runs/slurm_cpu.yaml). Without CUDA, the plugin's CPU shim for megatron.training
+(megatron_zeppelin/presets/runs/slurm_cpu.yaml). Without CUDA, the plugin's CPU shim for megatron.training
 (integration/cpu_megatron_lm.py) is installed first, as for scripts/pretrain_gpt_zeppelin.py.
 """
 

@@ -18,7 +18,7 @@ def _engine_on_gpu(rank, world, lengths, where, nodes, gpus):
     from megatron_zeppelin.attention.engine import AttentionEngine
     from megatron_zeppelin.attention.reference import reference_attention
     from megatron_zeppelin.attention.testing import hand_plan, rank_inputs
-    from megatron_zeppelin.topology import Topology
+    from megatron_zeppelin.spec.topology import Topology
     import torch.distributed as dist
     torch.cuda.set_device(rank)
     plan = hand_plan(lengths, Topology(nodes, gpus), where)

@@ -13,11 +13,11 @@ from dataclasses import replace
 
 import torch
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import plan_batch
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 from zp_workers import CAPACITY, LR, reference_run, step_docs
 

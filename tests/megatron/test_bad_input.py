@@ -5,13 +5,13 @@ import argparse
 import pytest
 import torch
 
-from megatron_zeppelin.config import ConfigError, ZeppelinConfig
+from megatron_zeppelin.spec.config import ConfigError, ZeppelinConfig
 from megatron_zeppelin.distributed.launch import run_distributed
 from megatron_zeppelin.integration.args import add_zeppelin_args, config_from_args
 from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.planner.types import PlanError
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _args(*argv, **megatron):

@@ -36,7 +36,7 @@ def _resume_then_load_stock(rank, world, options, dirs):
     from megatron.core import dist_checkpointing
 
     from megatron_zeppelin.integration.runtime import build_model
-    from megatron_zeppelin.model_spec import load_model
+    from megatron_zeppelin.spec.model import load_model
 
     out = train_worker(rank, world, options)
     weights = []

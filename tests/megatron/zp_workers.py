@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import plan_batch
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 # Per step: documents of varying lengths (long ones get split by zeppelin/static_cp).
 STEP_LENGTHS = ([61, 7, 23, 90, 12, 33, 5, 17], [170, 9, 14, 40, 3, 27], [45, 45, 8, 70, 19, 2, 31, 11])

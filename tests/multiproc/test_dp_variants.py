@@ -6,8 +6,8 @@ collectives are the ones each variant is defined by."""
 import pytest
 
 from megatron_zeppelin.distributed.launch import run_distributed
-from megatron_zeppelin.dp.base import VARIANTS
-from megatron_zeppelin.dp.runner import RunSpec, worker
+from megatron_zeppelin.dp_study.base import VARIANTS
+from megatron_zeppelin.dp_study.runner import RunSpec, worker
 from megatron_zeppelin.integration.data import default_corpus
 
 TOL = 1e-4

@@ -10,12 +10,12 @@ import torch.distributed as dist
 
 from megatron_zeppelin.attention.engine import verify_plan
 from megatron_zeppelin.attention.testing import check_engine, expected_step_bytes, hand_plan, toy_route
-from megatron_zeppelin.config import STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.spec.config import STRATEGIES, ZeppelinConfig
 from megatron_zeppelin.distributed.launch import run_distributed
 from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.planner.types import PlanError
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from megatron_zeppelin.attention.testing import hand_plan
 from megatron_zeppelin.distributed.groups import GroupCache, GroupOrderError
 from megatron_zeppelin.distributed.launch import run_distributed
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _sum(group, x):

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from megatron_zeppelin.attention.testing import check_engine, hand_plan
 from megatron_zeppelin.distributed.launch import run_distributed
 from megatron_zeppelin.planner.program import Compute, attention_program, ring_step_blocks
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _cases():

@@ -9,7 +9,7 @@ from megatron_zeppelin.distributed.executor import StepExchange
 from megatron_zeppelin.distributed.tags import ExchangeTags
 from megatron_zeppelin.distributed.launch import run_distributed
 from megatron_zeppelin.distributed.p2p import CommError, P2PExchange, ring_shift, send_recv
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 F64 = torch.float64
 

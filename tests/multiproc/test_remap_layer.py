@@ -8,10 +8,10 @@ import torch.distributed as dist
 
 from megatron_zeppelin.distributed.counters import CommCounters
 from megatron_zeppelin.distributed.launch import run_distributed
-from megatron_zeppelin.planner.assemble import assemble
-from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.planner.build.assemble import assemble
+from megatron_zeppelin.planner.build.checks import check_plan
 from megatron_zeppelin.planner.context import Placement
-from megatron_zeppelin.planner.layout import zigzag_bounds
+from megatron_zeppelin.planner.build.layout import zigzag_bounds
 from megatron_zeppelin.planner.testing import toy_context
 from megatron_zeppelin.planner.types import DocPlan, Ring, Thresholds
 from megatron_zeppelin.remapping import RemapLayoutError, remap_to_attention, remap_to_linear

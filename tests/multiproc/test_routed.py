@@ -11,18 +11,18 @@ import torch.distributed as dist
 
 from megatron_zeppelin.attention.engine import AttentionEngine
 from megatron_zeppelin.attention.testing import hand_plan, rank_inputs
-from megatron_zeppelin.config import ZeppelinConfig
+from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.distributed.counters import CommCounters
 from megatron_zeppelin.distributed.executor import StepExchange
 from megatron_zeppelin.distributed.launch import run_distributed
 from megatron_zeppelin.distributed.tags import ExchangeTags
-from megatron_zeppelin.planner.assemble import assemble
-from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.planner.build.assemble import assemble
+from megatron_zeppelin.planner.build.checks import check_plan
 from megatron_zeppelin.planner.context import Placement
-from megatron_zeppelin.planner.routing import nic_bytes
+from megatron_zeppelin.planner.build.routing import nic_bytes
 from megatron_zeppelin.planner.testing import toy_context
 from megatron_zeppelin.planner.types import CommOp
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 
 def plans(topo: Topology):
@@ -153,7 +153,7 @@ def test_routed_equals_direct(topo):
 
 def _one_routed_message(topo: Topology):
     """One message 0 -> first rank of the last node, routed: proxies are pure relays (neither end)."""
-    from megatron_zeppelin.planner.routing import route_schedule
+    from megatron_zeppelin.planner.build.routing import route_schedule
     ctx = toy_context(topo.nodes, topo.gpus_per_node, topo.nics_per_node,
                       config=ZeppelinConfig(gpus_per_node=topo.gpus_per_node, min_route_bytes=1))
     dst = (topo.nodes - 1) * topo.gpus_per_node

@@ -1,9 +1,9 @@
 """CPU calibration and the simulator-vs-engine validation: real gloo ranks (structure only; timings
 are measured, never asserted)."""
 
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.calibrate.concurrent import SEQLENS, calibrate
-from megatron_zeppelin.sim.validate import validate
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.validation.concurrent import SEQLENS, calibrate
+from megatron_zeppelin.validation.validate import validate
 
 
 def test_calibrate_and_validate_world_2(tmp_path):

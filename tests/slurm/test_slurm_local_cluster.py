@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from megatron_zeppelin.cli import main
-from megatron_zeppelin.slurm_results import collect
+from megatron_zeppelin.slurm.results import collect
 
 from slurm_helpers import CLUSTER, MLM_PYTHON, REPO, cpu_shim_missing, mlm_python_missing, write_documents
 
 pytestmark = pytest.mark.slurm
-CPU_MATRIX = os.path.join(REPO, "configs", "runs", "slurm_cpu.yaml")
+CPU_MATRIX = os.path.join(REPO, "megatron_zeppelin", "presets", "runs", "slurm_cpu.yaml")
 JOB_TIMEOUT_S = int(os.environ.get("ZEPPELIN_SLURM_JOB_TIMEOUT", "1500"))
 
 

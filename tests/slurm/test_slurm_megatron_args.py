@@ -13,13 +13,13 @@ import subprocess
 
 import pytest
 
-from megatron_zeppelin.slurm import ENV_SH, render_jobs
+from megatron_zeppelin.slurm.jobs import ENV_SH, render_jobs
 
 from slurm_helpers import MLM_PYTHON, REPO, mlm_python_missing
 
 pytestmark = pytest.mark.slurm
 CHECK = os.path.join(REPO, "scripts", "slurm", "check_megatron_args.py")
-MATRICES = [os.path.join(REPO, "configs", "runs", m) for m in ("slurm_example.yaml", "slurm_cpu.yaml")]
+MATRICES = [os.path.join(REPO, "megatron_zeppelin", "presets", "runs", m) for m in ("slurm_example.yaml", "slurm_cpu.yaml")]
 
 
 def _check(jobs, tmp_path):

@@ -5,13 +5,13 @@ estimators."""
 
 import pytest
 
-from megatron_zeppelin.advise import AdviseError, advise, comm_exposed_s, parse_memory, split_micro_batches
-from megatron_zeppelin.advise_flags import check_consistency, command_line, megatron_flags
+from megatron_zeppelin.advise.recommend import AdviseError, advise, comm_exposed_s, parse_memory, split_micro_batches
+from megatron_zeppelin.advise.megatron_line import check_consistency, command_line, megatron_flags
 from megatron_zeppelin.cli import main
-from megatron_zeppelin.dp.memory import predict_memory
-from megatron_zeppelin.recompute import ADVISE_LEVELS, Recompute
-from megatron_zeppelin.model_spec import load_model
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.spec.memory import predict_memory
+from megatron_zeppelin.spec.recompute import ADVISE_LEVELS, Recompute
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.spec.hardware import load_profile
 
 SEQ = 8192
 BATCH = [8192] * 16 + [4096] * 32  # 256K tokens = 32 sequences of 8K

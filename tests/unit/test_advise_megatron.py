@@ -11,11 +11,11 @@ import subprocess
 
 import pytest
 
-from megatron_zeppelin.advise import advise
-from megatron_zeppelin.advise_flags import DATA_FLAGS, launch_env, megatron_flags
-from megatron_zeppelin.recompute import ADVISE_LEVELS, Recompute
-from megatron_zeppelin.model_spec import load_model
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.advise.recommend import advise
+from megatron_zeppelin.advise.megatron_line import DATA_FLAGS, launch_env, megatron_flags
+from megatron_zeppelin.spec.recompute import ADVISE_LEVELS, Recompute
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.spec.hardware import load_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MLM = os.environ.get("ZEPPELIN_MLM_PYTHON", os.path.join(ROOT, ".venv-mlm", "bin", "python"))

@@ -9,7 +9,7 @@ from megatron_zeppelin.attention.merge import merge
 from megatron_zeppelin.attention.reference import reference_attention
 from megatron_zeppelin.attention.testing import check_engine, hand_plan
 from megatron_zeppelin.planner.types import PlanError
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 F64 = torch.float64
 

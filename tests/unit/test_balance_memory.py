@@ -8,13 +8,14 @@ import argparse
 import pytest
 
 from megatron_zeppelin.commands.report import _doc
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.dp.memory import plan_memory_balance
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.memory import plan_memory_balance
 from megatron_zeppelin.integration.args import add_zeppelin_args, config_from_args
-from megatron_zeppelin.model_spec import load_model
-from megatron_zeppelin.planner import Planner, memory_choice
-from megatron_zeppelin.planner.assemble import MEMORY_BALANCE
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.planner import Planner
+from megatron_zeppelin.planner.portfolio import memory as memory_choice
+from megatron_zeppelin.planner.build.assemble import MEMORY_BALANCE
+from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.sim.matrix import batch_and_recompute, load_matrix
 from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
 
@@ -88,7 +89,7 @@ def test_the_matrix_study_plans_zeppelin_balanced_and_stays_out_of_the_overall_s
 
 
 def test_the_report_pairs_the_study_with_the_default_zeppelin_of_the_same_configurations():
-    from megatron_zeppelin.sim.report import _against_default
+    from megatron_zeppelin.reports.matrix import _against_default
     base = {"cluster": "a800", "model": "llama-7b", "tp": 1, "dataset": "arxiv", "context": 65536, "nodes": 4,
             "tokens_per_gpu": 16384, "capacity": 34000, "recompute": "full", "seed": 0, "batches": 16,
             "variant": "zeppelin", "error": ""}

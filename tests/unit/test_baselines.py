@@ -6,15 +6,15 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from megatron_zeppelin.config import ZeppelinConfig
+from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.planner.baselines.cp_groups import member_tokens
 from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
 from megatron_zeppelin.planner.baselines.hybrid_dp import doc_flops
-from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.planner.build.checks import check_plan
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE, toy_context
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 BASELINES = ("static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp")
 

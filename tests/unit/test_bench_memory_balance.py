@@ -6,10 +6,10 @@ import math
 
 from bench_scripts import load_bench
 
-from megatron_zeppelin.planner.assemble import assemble
-from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.planner.build.assemble import assemble
+from megatron_zeppelin.planner.build.checks import check_plan
 from megatron_zeppelin.planner.testing import toy_context
-from megatron_zeppelin.planner.thresholds import zeppelin_thresholds
+from megatron_zeppelin.planner.partitioner.thresholds import zeppelin_thresholds
 
 
 def test_spread_placement_is_a_valid_plan():

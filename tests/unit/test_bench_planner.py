@@ -3,7 +3,7 @@
 
 from bench_scripts import load_bench
 
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
 
 

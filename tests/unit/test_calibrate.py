@@ -6,10 +6,10 @@ import json
 import pytest
 
 from megatron_zeppelin.cli import main
-from megatron_zeppelin.model_spec import load_model
-from megatron_zeppelin.planner.cost_model import CostModel
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 
 def test_cpu_calibration_feeds_plan(tmp_path, capsys):
@@ -79,7 +79,7 @@ def test_split_cost_recovered_from_own_block_probes():
     give that cost back, and a profile without the probes is left as it is."""
     from dataclasses import replace
 
-    from megatron_zeppelin.calibrate.concurrent import SPLIT_LENS, _probe_docs, probe_price, spread_lengths, with_splits
+    from megatron_zeppelin.validation.concurrent import SPLIT_LENS, _probe_docs, probe_price, spread_lengths, with_splits
     from megatron_zeppelin.planner.testing import TOY_PROFILE
     p = replace(TOY_PROFILE, attn_call_fwd_us=40.0, attn_call_bwd_us=90.0, attn_seq_fwd_us=8.0, attn_seq_bwd_us=15.0)
     rank = {"own_fwd": {}, "own_bwd": {}}

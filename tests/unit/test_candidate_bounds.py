@@ -7,14 +7,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import make_context
-from megatron_zeppelin.planner.assemble import assemble
-from megatron_zeppelin.planner.candidates import candidate_placements, ring_chain_bound
+from megatron_zeppelin.planner.build.assemble import assemble
+from megatron_zeppelin.planner.portfolio.shapes import candidate_placements, ring_chain_bound
 from megatron_zeppelin.planner.testing import toy_context
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _context(cluster, model, nodes, lengths, **config):
@@ -57,7 +57,7 @@ def test_the_chain_bound_grows_with_the_ring_across_nodes():
     """Unrouted, a member behind a NIC hop receives every other block over it: CP 8 over two
     nodes of 4 waits longer than CP 4 inside one node (toy profile, one long document)."""
     from megatron_zeppelin.planner.baselines.static_cp import cp_placement
-    from megatron_zeppelin.words import Comm
+    from megatron_zeppelin.spec.words import Comm
     ctx = toy_context(nodes=2, gpus=4, config=ZeppelinConfig(gpus_per_node=4, routing="off"))
     inside = ring_chain_bound(cp_placement([64000, 64000], ctx, 4, Comm.P2P), ctx)
     across = ring_chain_bound(cp_placement([64000, 64000], ctx, 8, Comm.P2P), ctx)
@@ -113,7 +113,7 @@ def test_the_pre_build_cp_bounds_are_below_the_built_placements_bound(cluster, m
     """fixed_shape_candidates' bound of a CP size (before its placement is built; its mean-work bound
     when that alone reaches ``reach``) is below compute_bound of the built placement: a CP shape it
     skips could not have been picked."""
-    from megatron_zeppelin.planner.candidates import compute_bound, fixed_shape_candidates
+    from megatron_zeppelin.planner.portfolio.shapes import compute_bound, fixed_shape_candidates
     from megatron_zeppelin.planner.types import PlanError
     lengths = np.random.default_rng(n).lognormal(mu, 1.3, n).clip(1, 65536).astype(np.int64).tolist()
     ctx = _context(cluster, model, nodes, lengths, **config)

@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 
 from megatron_zeppelin.planner import PlanError
-from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.planner.build.checks import check_plan
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.planner.types import RankCost, Segment
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 LENGTHS = [90000, 12000, 5000, 4000, 700, 300, 200, 100, 64, 9]
 
@@ -18,8 +18,8 @@ def plan():
     # One fixed Zeppelin variant (crossover classes, time-balanced remap), so that the plan exercises
     # every part the checks cover whichever variant plan_zeppelin would pick for this toy batch.
     from megatron_zeppelin.planner import make_context
-    from megatron_zeppelin.planner.assemble import assemble
-    from megatron_zeppelin.planner.partition import _plan_variant
+    from megatron_zeppelin.planner.build.assemble import assemble
+    from megatron_zeppelin.planner.partitioner.partition import _plan_variant
     ctx = make_context(Topology(2, 4), TOY_PROFILE, TOY_MODEL, total_tokens=sum(LENGTHS))
     p = assemble("zeppelin", LENGTHS, ctx, _plan_variant(LENGTHS, ctx, "all", "hide", "time"))
     check_plan(p)

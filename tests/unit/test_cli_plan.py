@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from megatron_zeppelin.cli import main
-from megatron_zeppelin.config import STRATEGIES
+from megatron_zeppelin.spec.config import STRATEGIES
 
 SMALL = ["--model", "tiny", "--cluster", "h200", "--gpus-per-node", "4", "--global-batch-tokens", "24K",
          "--context-length", "4K", "--dataset", "github"]
@@ -207,12 +207,12 @@ def test_plot_shades_only_classes_with_documents(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     from megatron_zeppelin.commands.plan import make_plans
-    from megatron_zeppelin.model_spec import load_model
+    from megatron_zeppelin.spec.model import load_model
     from megatron_zeppelin.plots import plan as plot_mod
-    from megatron_zeppelin.profile import load_profile
-    from megatron_zeppelin.topology import Topology
-    from megatron_zeppelin.config import ZeppelinConfig
-    from megatron_zeppelin.workloads import sample_batch
+    from megatron_zeppelin.spec.hardware import load_profile
+    from megatron_zeppelin.spec.topology import Topology
+    from megatron_zeppelin.spec.config import ZeppelinConfig
+    from megatron_zeppelin.data.workloads import sample_batch
     prof, model = load_profile("h200"), load_model("llama-7b")
     topo = Topology(2, 8, 8, prof.gpu_to_nic)
     lengths = sample_batch("github", 1 << 20, 0, 65536)

@@ -6,15 +6,15 @@ prediction and the simulator charge its link: slower than the same machine witho
 import dataclasses
 import os
 
-from megatron_zeppelin.config import ZeppelinConfig
+from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.planner import plan_batch
-from megatron_zeppelin.planner.checks import check_plan
-from megatron_zeppelin.planner.cost_model import CostModel
+from megatron_zeppelin.planner.build.checks import check_plan
+from megatron_zeppelin.planner.cost.cost_model import CostModel
 from megatron_zeppelin.planner.testing import TOY_MODEL
 from megatron_zeppelin.planner.types import Plan
-from megatron_zeppelin.profile import HardwareProfile, load_profile
+from megatron_zeppelin.spec.hardware import HardwareProfile, load_profile
 from megatron_zeppelin.sim.iteration import simulate, simulate_attention
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 SPINE = os.path.join(os.path.dirname(__file__), "cluster_spine.yaml")
 TOPO = Topology(4, 2, 2)  # pods of nodes {0, 1} and {2, 3}

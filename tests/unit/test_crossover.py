@@ -4,11 +4,11 @@ compute is flat over each chunk size while the transfer grows)."""
 
 import pytest
 
-from megatron_zeppelin.model_spec import load_model
-from megatron_zeppelin.planner.cost_model import CostModel
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.planner.cost.cost_model import CostModel
 from megatron_zeppelin.planner.testing import toy_context
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _scalar_crossover(cost, ring, link, share=1.0, limit=1 << 26):

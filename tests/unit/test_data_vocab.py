@@ -22,7 +22,7 @@ def _dataset(tmp_path, top):
 
 
 def test_ids_beyond_vocab_are_one_line(tmp_path, capsys):
-    from megatron_zeppelin.model_spec import load_model
+    from megatron_zeppelin.spec.model import load_model
     vocab = load_model("tiny").vocab
     prefix = _dataset(tmp_path, vocab + 7)
     save = tmp_path / "ckpt"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from megatron_zeppelin.discovery import discover_topology, parse_nvidia_smi_topo
-from megatron_zeppelin.topology import TopologyError
+from megatron_zeppelin.spec.discovery import discover_topology, parse_nvidia_smi_topo
+from megatron_zeppelin.spec.topology import TopologyError
 
 # 8 GPUs, 4 compute NICs shared by GPU pairs (cluster A's wiring), plus a storage NIC nobody is close to.
 TOPO_A = """

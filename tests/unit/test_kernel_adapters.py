@@ -12,7 +12,7 @@ from megatron_zeppelin.attention.kernels import flash_attn as fa_adapter
 from megatron_zeppelin.attention.kernels import te as te_adapter
 from megatron_zeppelin.attention.kernels import torch_flash
 from megatron_zeppelin.attention.testing import check_engine, hand_plan
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 F64 = torch.float64
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import megatron_zeppelin.planner.strategies as strategies
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
-from megatron_zeppelin.planner import assemble as asm
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.planner.build import assemble as asm
 from megatron_zeppelin.planner import make_context
-from megatron_zeppelin.planner.assemble import least_iteration_s, prepare, remapped
-from megatron_zeppelin.planner.predict import predict
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.planner.build.assemble import least_iteration_s, prepare, remapped
+from megatron_zeppelin.planner.cost.predict import predict
+from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.sim.runs import domain_topology
 
 # (cluster, model, tp, nodes, capacity tokens, recompute, lognormal mu): loose and memory-bound runs

@@ -4,8 +4,8 @@ targets and memory caps, assemble.py), whatever the estimate it starts from."""
 import numpy as np
 import pytest
 
-from megatron_zeppelin.planner.assemble import memory_caps, node_time_targets
-from megatron_zeppelin.planner.levels import smallest_level
+from megatron_zeppelin.planner.build.assemble import memory_caps, node_time_targets
+from megatron_zeppelin.planner.build.levels import smallest_level
 
 
 def _bisect_targets(b, n_tok, rate, cap):

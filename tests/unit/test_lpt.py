@@ -6,7 +6,7 @@ import heapq
 import numpy as np
 import pytest
 
-from megatron_zeppelin.planner.lpt import place_short
+from megatron_zeppelin.planner.partitioner.lpt import place_short
 
 
 def one_at_a_time(load, tok, length, cost, cap):

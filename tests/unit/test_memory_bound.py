@@ -4,15 +4,15 @@ aligned-ring variant (which tight capacities call for)."""
 import numpy as np
 import pytest
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.dp.memory import activation_bytes_per_token, capacity_tokens, predict_memory
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.memory import activation_bytes_per_token, capacity_tokens, predict_memory
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import PlanError, plan_batch
-from megatron_zeppelin.planner.partition import _Ranks, _intra, _intra_aligned
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.planner.partitioner.partition import _Ranks, _intra, _intra_aligned
+from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.sim.matrix import load_matrix, memory_tokens
 from megatron_zeppelin.sim.runs import domain_topology
-from megatron_zeppelin.workloads import sample_batch
+from megatron_zeppelin.data.workloads import sample_batch
 
 
 def test_capacity_is_what_memory_leaves_for_activations():
@@ -79,7 +79,7 @@ def test_zeppelin_keeps_the_better_ring_layout_under_a_tight_capacity():
 
 
 def test_matrix_memory_studies_expand_with_their_capacity():
-    items, _ = load_matrix("configs/runs/paper.yaml")
+    items, _ = load_matrix("megatron_zeppelin/presets/runs/paper.yaml")
     mem = [spec for spec, _, _ in items if spec.study == "memory"]
     assert mem and all(spec.capacity > 0 and spec.tokens_per_gpu == int(0.8 * spec.capacity) for spec in mem)
     main = [spec for spec, _, _ in items if spec.study == "main"]

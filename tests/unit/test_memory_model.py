@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from megatron_zeppelin.dp.memory import activation_bytes_per_token, predict_memory
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.memory import activation_bytes_per_token, predict_memory
+from megatron_zeppelin.spec.model import load_model
 
 
 def test_zero_stages_divide_what_they_shard():

@@ -1,4 +1,4 @@
-"""The MoE terms of the cost model (planner/moe_cost.py): top-k expert FLOPs, the dispatch/combine
+"""The MoE terms of the cost model (planner/cost/moe_cost.py): top-k expert FLOPs, the dispatch/combine
 all-to-alls, the sampled expert load; the prediction and the simulator price an MoE layer the same."""
 
 from dataclasses import replace
@@ -6,13 +6,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import plan_batch
-from megatron_zeppelin.planner.cost_model import CostModel
-from megatron_zeppelin.planner.moe_cost import expert_loads, moe_pass_s, rank_expert_loads
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.planner.cost.moe_cost import expert_loads, moe_pass_s, rank_expert_loads
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 pytestmark = pytest.mark.moe
 

@@ -8,16 +8,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import Plan, PlanError, plan_batch
-from megatron_zeppelin.planner.checks import check_plan
-from megatron_zeppelin.planner.partition import plan_zeppelin
-from megatron_zeppelin.words import CLASSES
+from megatron_zeppelin.planner.build.checks import check_plan
+from megatron_zeppelin.planner.partitioner.partition import plan_zeppelin
+from megatron_zeppelin.spec.words import CLASSES
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE, toy_context
-from megatron_zeppelin.planner.thresholds import inter_share, zeppelin_thresholds
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 
 from megatron_zeppelin.planner.testing import rank_signature  # noqa: E402
@@ -49,8 +49,8 @@ def test_classes_respect_the_length_ranges_and_rings_are_well_formed():
     # The crossover variant uses all three classes (the honest prediction may prefer another variant:
     # a routed inter ring couples its proxies to its steps).
     from megatron_zeppelin.planner import make_context
-    from megatron_zeppelin.planner.assemble import assemble
-    from megatron_zeppelin.planner.partition import _plan_variant
+    from megatron_zeppelin.planner.build.assemble import assemble
+    from megatron_zeppelin.planner.partitioner.partition import _plan_variant
     ctx = make_context(Topology(2, 4), TOY_PROFILE, TOY_MODEL, total_tokens=sum(lengths))
     hide = assemble("zeppelin", lengths, ctx, _plan_variant(lengths, ctx, "all", "hide", "time"))
     check_plan(hide)
@@ -112,7 +112,7 @@ def test_json_round_trip_and_digest_stable_across_processes():
     assert plan.first_difference(again) is None
     code = ("from megatron_zeppelin.planner import plan_batch\n"
             "from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE\n"
-            "from megatron_zeppelin.topology import Topology\n"
+            "from megatron_zeppelin.spec.topology import Topology\n"
             f"print(plan_batch({lengths!r}, Topology(2, 4), TOY_PROFILE, TOY_MODEL).digest())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "123", "PATH": ""})
@@ -123,8 +123,8 @@ def _issue_targets(ds: str, seed: int):
     """Issue 2's setting: 4 nodes x 8 A800, llama-7b, ~1M tokens, 64K context. Zeppelin's plan is
     valid, within 5% of the mean per rank, within 1.15x of the lower bound, and predicts a faster
     iteration than every baseline at its best settings."""
-    from megatron_zeppelin.config import STRATEGIES
-    from megatron_zeppelin.workloads import sample_batch
+    from megatron_zeppelin.spec.config import STRATEGIES
+    from megatron_zeppelin.data.workloads import sample_batch
     prof, model = load_profile("a800"), load_model("llama-7b")
     topo = Topology(4, 8, prof.nics_per_node, prof.gpu_to_nic)
     lengths = sample_batch(ds, 1 << 20, seed=seed, max_len=65536)
@@ -170,7 +170,7 @@ def test_long_documents_span_nodes_on_small_rings():
 
 
 def test_linear_layout_balances_time_inside_each_node_over_nvlink_only():
-    from megatron_zeppelin.workloads import sample_batch
+    from megatron_zeppelin.data.workloads import sample_batch
     prof, model = load_profile("a800"), load_model("llama-7b")
     topo = Topology(2, 8, prof.nics_per_node, prof.gpu_to_nic)
     plan = plan_batch(sample_batch("prolong64k", 1 << 19, seed=3, max_len=65536), topo, prof, model)

@@ -10,15 +10,15 @@ import pytest
 
 from megatron_zeppelin.integration.args import add_zeppelin_args, config_from_args
 from megatron_zeppelin.integration.plan_ahead import PlanAhead, PlannedBatches
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import Planner
 from megatron_zeppelin.planner.types import PlanError
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _planner(capacity=0):
-    from megatron_zeppelin.config import ZeppelinConfig
+    from megatron_zeppelin.spec.config import ZeppelinConfig
     prof = load_profile("a800")
     topo = Topology(2, 4, 4)
     return Planner(topo, prof, load_model("llama-7b"), ZeppelinConfig(gpus_per_node=4, capacity_tokens=capacity))

@@ -19,12 +19,12 @@ import time
 import numpy as np
 import pytest
 
-from megatron_zeppelin.config import STRATEGIES, ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STORE = os.path.join(HERE, "plan_fingerprints.json")
@@ -59,7 +59,7 @@ def _lognormal(n, seed, cap=65536):
 
 def cases():
     """(name, lengths, topology, profile, model, config, strategies)."""
-    from megatron_zeppelin.workloads import sample_batch
+    from megatron_zeppelin.data.workloads import sample_batch
     a800, m7 = load_profile("a800"), load_model("llama-7b")
     out = []
     for seed in range(3):  # toy: small domains, every strategy

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from megatron_zeppelin.config import STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.spec.config import STRATEGIES, ZeppelinConfig
 from megatron_zeppelin.planner import Plan, plan_batch
-from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.planner.build.checks import check_plan
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 
 
@@ -59,12 +59,12 @@ def test_same_plan_for_any_order(strategy, lengths, topo, seed):
 
 
 def test_json_words_come_back_as_members():
-    """A plan's JSON keeps the plain words; from_json gives back members (words.py), and a word
+    """A plan's JSON keeps the plain words; from_json gives back members (spec/words.py), and a word
     outside its set is a malformed plan, not a plan that compares unequal everywhere."""
     import json
 
     from megatron_zeppelin.planner.types import PlanError
-    from megatron_zeppelin.words import Comm, DocClass, Link, Stage
+    from megatron_zeppelin.spec.words import Comm, DocClass, Link, Stage
     plan = _plan([9000, 7000, 300, 200], 2, 2, "static_cp", cp_size=4)
     d = plan.to_dict()
     assert {x["cls"] for x in d["docs"]} <= {"inter", "intra", "local"} and type(d["docs"][0]["cls"]) is str

@@ -1,4 +1,4 @@
-"""planner/predict.py charges the ring backward as the engine runs it (ring-flash-attention order):
+"""planner/cost/predict.py charges the ring backward as the engine runs it (ring-flash-attention order):
 step s's K/V and step s-1's dK/dV share the links during step s's compute, the last dK/dV goes home
 during the next queue's first compute; checked against the closed-form rule and the simulator."""
 
@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from megatron_zeppelin.attention.testing import hand_plan
-from megatron_zeppelin.planner.predict import _Attention, ring_costs
+from megatron_zeppelin.planner.cost.predict import _Attention, ring_costs
 from megatron_zeppelin.planner.program import Compute
 from megatron_zeppelin.planner.testing import toy_context
 from megatron_zeppelin.sim.compute import LayerCosts
 from megatron_zeppelin.sim.events import TaskGraph
 from megatron_zeppelin.sim.layer import LayerBuilder
 from megatron_zeppelin.sim.network import LinkTable
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _backward(plan, cost):

@@ -7,15 +7,15 @@ from hypothesis import given, settings, strategies as st
 from scipy.optimize import linprog
 
 from megatron_zeppelin.errors import ZeppelinError
-from megatron_zeppelin.planner.assemble import assemble
-from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.planner.build.assemble import assemble
+from megatron_zeppelin.planner.build.checks import check_plan
 from megatron_zeppelin.planner.context import Placement
-from megatron_zeppelin.planner.remap import (
+from megatron_zeppelin.planner.build.remap import (
     balanced_targets, link_costs, plan_remap, remap_cost, remap_exchange_s, remap_exchanges,
     transfer_matrix)
 from megatron_zeppelin.planner.testing import toy_context
 from megatron_zeppelin.planner.types import DocPlan, Segment, Thresholds
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _layout_from(rank_docs):

@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from megatron_zeppelin.planner.assemble import prepare
-from megatron_zeppelin.planner.layout import zigzag_bounds
+from megatron_zeppelin.planner.build.assemble import prepare
+from megatron_zeppelin.planner.build.layout import zigzag_bounds
 from megatron_zeppelin.planner.program import ring_blocks, ring_step_blocks
 from megatron_zeppelin.planner.testing import toy_context
 from megatron_zeppelin.planner.types import DocPlan, Ring
@@ -44,7 +44,7 @@ def test_ring_blocks_are_the_step_blocks_in_order(seed):
 
 
 def test_prepare_with_the_partitioners_local_documents():
-    from megatron_zeppelin.planner.partition import _choose, _placement
+    from megatron_zeppelin.planner.partitioner.partition import _choose, _placement
     ctx = toy_context(nodes=2, gpus=4)
     lengths = [9000, 5000, 1200, 800, 700, 300, 200, 100, 90, 60, 40, 30]
     pl = _placement(lengths, ctx, *_choose(lengths, ctx, "all", "hide")[0])

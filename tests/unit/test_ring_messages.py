@@ -1,16 +1,16 @@
 """The ring schedule against hand-written tables: who sends which K/V block at which step, and the
-checker (planner/checks.py) accepting exactly that schedule. The expected rows are written out
+checker (planner/build/checks.py) accepting exactly that schedule. The expected rows are written out
 here by hand from the zigzag and all-gather rules, not computed by the loop of ring_messages."""
 
 from dataclasses import replace
 
 import pytest
 
-from megatron_zeppelin.planner.checks import check_schedule
-from megatron_zeppelin.planner.schedule import ring_ops
+from megatron_zeppelin.planner.build.checks import check_schedule
+from megatron_zeppelin.planner.build.schedule import ring_ops
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
 from megatron_zeppelin.attention.testing import hand_plan
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 KVB = 10  # bytes of K/V per token
 

@@ -8,21 +8,21 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.model_spec import load_model
-from megatron_zeppelin.planner.assemble import assemble
-from megatron_zeppelin.planner.checks import check_plan
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.planner.build.assemble import assemble
+from megatron_zeppelin.planner.build.checks import check_plan
 from megatron_zeppelin.planner.context import Placement
-from megatron_zeppelin.planner.cost_model import CostModel
-from megatron_zeppelin.planner.layout import zigzag_bounds
-from megatron_zeppelin.planner.predict import step_message_times
-from megatron_zeppelin.planner.routing import (NEVER, explain_step, nic_bytes, route_schedule,
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.planner.build.layout import zigzag_bounds
+from megatron_zeppelin.planner.cost.predict import step_message_times
+from megatron_zeppelin.planner.build.routing import (NEVER, explain_step, nic_bytes, route_schedule,
                                                route_threshold_bytes)
-from megatron_zeppelin.planner.schedule import ring_ops
+from megatron_zeppelin.planner.build.schedule import ring_ops
 from megatron_zeppelin.planner.testing import toy_context
 from megatron_zeppelin.planner.types import CommOp, DocPlan, Ring, Thresholds
-from megatron_zeppelin.profile import load_profile
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.topology import Topology
 
 KVB = 8
 CFG = ZeppelinConfig(min_route_bytes=16)

@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from megatron_zeppelin.config import ZeppelinConfig
-from megatron_zeppelin.dp.memory import RECOMPUTE_LADDER, activation_bytes, capacity_tokens, plan_memory_balance
-from megatron_zeppelin.recompute import Recompute
-from megatron_zeppelin.model_spec import load_model
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER, activation_bytes, capacity_tokens, plan_memory_balance
+from megatron_zeppelin.spec.recompute import Recompute
+from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.planner import make_context, plan_batch
-from megatron_zeppelin.profile import load_profile
+from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.sim.matrix import batch_and_recompute, load_matrix
 from megatron_zeppelin.sim.runs import domain_topology, make_plan, run_settings
 
@@ -89,7 +89,7 @@ def test_zeppelin_routes_a_single_64k_document_over_both_nodes():
 def test_zeppelin_never_predicts_slower_than_a_baseline(lengths, nodes):
     profile, spec, topo, cfg = _setup(nodes)
     if nodes == 1:  # small batches: 4 ranks
-        from megatron_zeppelin.topology import Topology
+        from megatron_zeppelin.spec.topology import Topology
         topo = Topology(1, 4, 4)
         cfg = cfg.with_(gpus_per_node=4, nics_per_node=4, gpu_nic_map=())
     z = plan_batch(lengths, topo, profile, spec, cfg, strategy="zeppelin").predicted_iteration_s
@@ -108,7 +108,7 @@ def test_bench_studies_work_outside_the_project_root(tmp_path):
     assert {"smoke", "main", "memory"} <= {spec.study for spec, _, _ in items}
     smoke = [spec for spec, _, _ in items if spec.study == "smoke"]
     assert {spec.regime for spec in smoke} == {"memory", "fixed"} and all(spec.batches == 4 for spec in smoke)
-    code = "from megatron_zeppelin.sim.matrix import load_matrix; print(len(load_matrix('configs/runs/paper.yaml')[0]))"
+    code = "from megatron_zeppelin.sim.matrix import load_matrix; print(len(load_matrix('megatron_zeppelin/presets/runs/paper.yaml')[0]))"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0 and int(out.stdout) == len(items), out.stderr
@@ -133,7 +133,7 @@ def test_zeppelin_weighs_hybrid_dp_on_batches_of_many_documents_per_rank():
     # The main study's 30B github batches on 8 ranks (tp 4) hold 7-10 documents per rank, above
     # SMALL_BATCH: hybrid_dp's shape was no candidate then, and its own plan was predicted up to 12%
     # faster than Zeppelin's (3 of 36 configurations lost, by 0.2-1.8% simulated).
-    from megatron_zeppelin.planner.candidates import HYBRID_DOCS, SMALL_BATCH
+    from megatron_zeppelin.planner.portfolio.shapes import HYBRID_DOCS, SMALL_BATCH
     from megatron_zeppelin.sim.runs import run_lengths
     spec = next(s for s, _, _ in load_matrix(None)[0] if s.study == "main" and s.cluster == "h800"
                 and s.model == "llama-30b" and s.dataset == "github")

@@ -4,14 +4,14 @@ remap's all-gather of its source layout, the same way."""
 
 import pytest
 
-from megatron_zeppelin.config import ConfigError, ZeppelinConfig
+from megatron_zeppelin.spec.config import ConfigError, ZeppelinConfig
 from megatron_zeppelin.planner import make_context, plan_batch
-from megatron_zeppelin.planner.assemble import assemble
+from megatron_zeppelin.planner.build.assemble import assemble
 from megatron_zeppelin.planner.context import Placement
 from megatron_zeppelin.planner.types import DocPlan, Thresholds
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.sim.iteration import SimOptions, simulate
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 from test_one_cost_model import _lengths
 
@@ -72,7 +72,7 @@ def test_predicted_as_simulated_with_sequence_parallelism(strategy):
 
 
 def test_plan_memory_counts_the_pad_rows():
-    from megatron_zeppelin.dp.memory import activation_bytes, plan_memory_balance
+    from megatron_zeppelin.spec.memory import activation_bytes, plan_memory_balance
     plan = _remapped_plan(True)
     att = [plan.tokens(r, "attention") for r in range(plan.world_size)]
     lin = [plan.tokens(r, "linear") for r in range(plan.world_size)]

@@ -5,18 +5,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from megatron_zeppelin.calibrate.concurrent import (CALL_LEN, CPU_MODEL, LAND_CHUNK, SEQLENS, SIZES, exchange_bytes,
+from megatron_zeppelin.validation.concurrent import (CALL_LEN, CPU_MODEL, LAND_CHUNK, SEQLENS, SIZES, exchange_bytes,
                                                     profile_from)
 from megatron_zeppelin.planner import plan_batch
-from megatron_zeppelin.planner.cost_model import BWD_FLOPS, CostModel
+from megatron_zeppelin.planner.cost.cost_model import BWD_FLOPS, CostModel
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
-from megatron_zeppelin.profile import HardwareProfile, load_profile
+from megatron_zeppelin.spec.hardware import HardwareProfile, load_profile
 from megatron_zeppelin.sim.compute import LayerCosts
 from megatron_zeppelin.sim.events import TaskGraph
 from megatron_zeppelin.sim.host import shared_makespan
 from megatron_zeppelin.sim.iteration import SimOptions, simulate, simulate_attention
 from megatron_zeppelin.sim.network import LinkTable
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 
 def _host(world, cores):

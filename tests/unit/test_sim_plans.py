@@ -6,13 +6,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from megatron_zeppelin.config import ZeppelinConfig
+from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.planner import make_context, plan_batch
-from megatron_zeppelin.planner.assemble import assemble
+from megatron_zeppelin.planner.build.assemble import assemble
 from megatron_zeppelin.planner.baselines.static_cp import cp_placement
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.sim.iteration import SimOptions, simulate
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 NO_AR = SimOptions(allreduce=False)
 

@@ -5,7 +5,7 @@ import pytest
 from megatron_zeppelin.sim.events import TaskGraph
 from megatron_zeppelin.sim.executor import Hop, reverse_hops, run_step
 from megatron_zeppelin.sim.network import LinkTable
-from megatron_zeppelin.topology import Topology
+from megatron_zeppelin.spec.topology import Topology
 
 NV, NIC = 100e9, 10e9  # bytes/s
 LAT = {"nvlink": 0.0, "nic": 0.0}

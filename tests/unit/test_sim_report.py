@@ -53,7 +53,7 @@ def test_speedup_bars_stack_wide_studies(tmp_path):
     wider figure."""
     import matplotlib.image as mpimg
 
-    from megatron_zeppelin.sim.plots import BARS_PER_ROW, speedup_bars
+    from megatron_zeppelin.plots.matrix import BARS_PER_ROW, speedup_bars
 
     def recs(n):
         return [{"study": "s", "key": f"k{i:03d}", "label": f"config {i}", "variant": v, "iteration_s": t}
@@ -70,7 +70,7 @@ def test_speedup_bars_stack_wide_studies(tmp_path):
 def test_a_study_shows_its_own_figures_only():
     """"speedup bars: memory" belongs to the study `memory`, not to `ablation_memory` or
     `balance_memory`, whose names end the same."""
-    from megatron_zeppelin.sim.report import render
+    from megatron_zeppelin.reports.matrix import render
     studies = ("memory", "ablation_memory", "balance_memory")
     empty = {"summary": {}, "balance": {}}
     doc = {"runs": [], "studies": {s: empty for s in studies}, "summary": {}, "balance": {}}

@@ -8,12 +8,12 @@ import pytest
 import yaml
 
 from megatron_zeppelin.cli import main
-from megatron_zeppelin.slurm import MODES, render_jobs
-from megatron_zeppelin.slurm_results import collect, table
+from megatron_zeppelin.slurm.jobs import MODES, render_jobs
+from megatron_zeppelin.slurm.results import collect, table
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLE = os.path.join(REPO, "configs", "runs", "slurm_example.yaml")
-CPU = os.path.join(REPO, "configs", "runs", "slurm_cpu.yaml")
+EXAMPLE = os.path.join(REPO, "megatron_zeppelin", "presets", "runs", "slurm_example.yaml")
+CPU = os.path.join(REPO, "megatron_zeppelin", "presets", "runs", "slurm_cpu.yaml")
 
 
 def _args(script: str):

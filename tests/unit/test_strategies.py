@@ -4,7 +4,7 @@ predicted plan, skipping candidates bounded above the best so far and those that
 
 import pytest
 
-from megatron_zeppelin.config import STRATEGIES, ConfigError, ZeppelinConfig
+from megatron_zeppelin.spec.config import STRATEGIES, ConfigError, ZeppelinConfig
 from megatron_zeppelin.planner.baselines.packed_dp import plan_packed_dp
 from megatron_zeppelin.planner.baselines.static_cp import cp_placement
 from megatron_zeppelin.planner.strategies import Candidate, choose, get_strategy, names, pick, strategy

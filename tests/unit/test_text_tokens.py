@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from megatron_zeppelin.cli import main
-from megatron_zeppelin.text_tokens import make_tokenizer
+from megatron_zeppelin.data.tokenizers import make_tokenizer
 
 TEXTS = ["def f(x):\n    return x + 1\n" * k for k in (1, 3, 7, 20, 40)] + ["hello wörld " * 50, "x = 1\n"]
 

@@ -80,7 +80,7 @@ def test_megatron_lm_args_set_the_recompute():
     from argparse import Namespace
 
     from megatron_zeppelin.integration.args import config_from_args
-    from megatron_zeppelin.recompute import RecomputeError
+    from megatron_zeppelin.spec.recompute import RecomputeError
     assert config_from_args(Namespace(recompute_granularity="selective", recompute_modules=None)).recompute == \
         "selective:core_attn"
     with pytest.raises(RecomputeError, match="--recompute-modules"):

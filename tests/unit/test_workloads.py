@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from megatron_zeppelin.errors import ZeppelinError
-from megatron_zeppelin.workloads import (PRESETS, WorkloadError, cut_to_context, fill_budget,
+from megatron_zeppelin.data.workloads import (PRESETS, WorkloadError, cut_to_context, fill_budget,
                                          load_distribution, read_lengths, sample_batch)
 
 

@@ -24,10 +24,10 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import select
-from .pieces import Pair, blocks_backward, blocks_forward, plan_calls, split_pair
-from .select import BACKENDS, resolve
-from .varlen import KernelError, Varlen
+from megatron_zeppelin.attention.kernels import select
+from megatron_zeppelin.attention.kernels.pieces import Pair, blocks_backward, blocks_forward, plan_calls, split_pair
+from megatron_zeppelin.attention.kernels.select import BACKENDS, resolve
+from megatron_zeppelin.attention.kernels.varlen import KernelError, Varlen
 
 __all__ = ["BACKENDS", "Kernel", "KernelError", "Pair", "Varlen", "attend_blocks", "attend_blocks_backward",
            "attend_pairs", "attend_pairs_backward",

@@ -21,8 +21,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from ..reference import reference_attention
-from . import attend_blocks, attend_blocks_backward, segment_mask
+from megatron_zeppelin.attention.reference import reference_attention
+from megatron_zeppelin.attention.kernels import attend_blocks, attend_blocks_backward, segment_mask
 
 
 def _layout(lengths: Sequence[int], members: int) -> List[List[Tuple[int, int, int]]]:

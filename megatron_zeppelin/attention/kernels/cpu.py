@@ -26,8 +26,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..merge import merge
-from .varlen import Varlen
+from megatron_zeppelin.attention.merge import merge
+from megatron_zeppelin.attention.kernels.varlen import Varlen
 
 
 def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .varlen import KernelError, Varlen
+from megatron_zeppelin.attention.kernels.varlen import KernelError, Varlen
 
 MIN_VERSION = (2, 6)
 

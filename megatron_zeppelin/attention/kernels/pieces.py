@@ -44,8 +44,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..merge import merge_rows
-from .varlen import Varlen
+from megatron_zeppelin.attention.merge import merge_rows
+from megatron_zeppelin.attention.kernels.varlen import Varlen
 
 Pair = Tuple[slice, slice, Optional[int]]
 Piece = Tuple[bool, Tuple[int, int], Tuple[int, int]]  # (causal, query rows, key rows)

@@ -23,8 +23,8 @@ from typing import Optional
 
 import torch
 
-from . import cpu, flash_attn, te, torch_flash
-from .varlen import KernelError, Varlen
+from megatron_zeppelin.attention.kernels import cpu, flash_attn, te, torch_flash
+from megatron_zeppelin.attention.kernels.varlen import KernelError, Varlen
 
 BACKENDS = ("auto", "torch_flash", "te", "flash_attn", "cpu_flash", "reference")
 HALF = (torch.float16, torch.bfloat16)

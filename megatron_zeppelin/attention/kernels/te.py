@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .varlen import KernelError, Varlen
+from megatron_zeppelin.attention.kernels.varlen import KernelError, Varlen
 
 LAYOUT = "thd_thd_thd"
 _NEWER = {"o_format": "thd", "do_format": "thd", "dqkv_layout": LAYOUT}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .varlen import Varlen
+from megatron_zeppelin.attention.kernels.varlen import Varlen
 
 
 def forward_args(q, k, v, spec: Varlen, scale: float):

@@ -29,7 +29,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from ...errors import ZeppelinError
+from megatron_zeppelin.errors import ZeppelinError
 
 
 class KernelError(ZeppelinError):

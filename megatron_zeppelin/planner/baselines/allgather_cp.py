@@ -7,7 +7,7 @@ its group once per layer, then attends its query chunks against their whole pref
 the reduce-scatter of dK/dV in the backward) is not overlapped with compute.
 
 >>> from megatron_zeppelin.planner.testing import toy_context
->>> from megatron_zeppelin.config import ZeppelinConfig
+>>> from megatron_zeppelin.spec.config import ZeppelinConfig
 >>> ctx = toy_context(gpus=4, config=ZeppelinConfig(gpus_per_node=4, cp_size=4))
 >>> from megatron_zeppelin.planner.strategies import pick
 >>> p, _ = pick("allgather_cp", [8, 6, 4], ctx)
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from ..context import PlanContext
-from ..strategies import Candidate, strategy
-from .static_cp import cp_candidates
-from ...words import Comm
+from megatron_zeppelin.planner.context import PlanContext
+from megatron_zeppelin.planner.strategies import Candidate, strategy
+from megatron_zeppelin.planner.baselines.static_cp import cp_candidates
+from megatron_zeppelin.spec.words import Comm
 
 
 @strategy("allgather_cp", order=3, searches=True)

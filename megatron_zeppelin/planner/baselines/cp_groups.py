@@ -4,7 +4,7 @@ turning a doc -> group assignment into a Placement, and picking the predicted-fa
 Groups are blocks of consecutive ranks aligned to their size (as Megatron lays out CP groups), so a
 group of at most ``gpus_per_node`` ranks stays inside one node:
 
->>> from megatron_zeppelin.topology import Topology
+>>> from megatron_zeppelin.spec.topology import Topology
 >>> aligned_blocks(2, 8)
 [(0, 1), (2, 3), (4, 5), (6, 7)]
 >>> ring_class((0, 1, 2, 3), Topology(2, 4)), ring_class((0, 1, 2, 3, 4, 5, 6, 7), Topology(2, 4))
@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
 
-from ..context import Placement, PlanContext
-from ..layout import zigzag_bounds
-from ..strategies import Candidate
-from ..types import DocPlan, PlanError, Ring, Thresholds
-from ...words import DocClass
+from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.build.layout import zigzag_bounds
+from megatron_zeppelin.planner.strategies import Candidate
+from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring, Thresholds
+from megatron_zeppelin.spec.words import DocClass
 
 
 def aligned_blocks(size: int, world: int) -> List[Tuple[int, ...]]:
@@ -86,7 +86,7 @@ def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int
 
 def describe_thresholds(docs: Sequence[DocPlan], why: str) -> Thresholds:
     """The classes a baseline actually produced: longest local document, longest non-inter one."""
-    is_local, inter = DocClass.LOCAL, DocClass.INTER  # bound once per call (words.py)
+    is_local, inter = DocClass.LOCAL, DocClass.INTER  # bound once per call (spec/words.py)
     local = max((d.length for d in docs if d.cls == is_local), default=0)
     intra = max((d.length for d in docs if d.cls != inter), default=0)
     return Thresholds(local, max(local, intra), why)

@@ -43,11 +43,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Dict, Iterable, List, Sequence, Tuple
 
-from ..context import Placement, PlanContext
-from ..strategies import Candidate, strategy
-from ..types import PlanError
-from .cp_groups import aligned_blocks, member_tokens, placement_from_groups, setting_candidates
-from ...words import Comm
+from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.strategies import Candidate, strategy
+from megatron_zeppelin.planner.types import PlanError
+from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, member_tokens, placement_from_groups, setting_candidates
+from megatron_zeppelin.spec.words import Comm
 
 DELTA = 0.05  # Megatron's next_hdp_group default: close the group when loads are within 5%
 BUCKET_SLACK = 1.1  # Megatron's dcp_make_buckets_equal: a bucket may exceed its target by 10%

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 from typing import Dict, Sequence, Tuple
 
-from ..context import Placement, PlanContext
-from ..strategies import strategy
-from ..cost_model import BWD_FLOPS, LINEAR_PASSES, CostModel
-from ..types import PlanError
-from .cp_groups import aligned_blocks, member_tokens, placement_from_groups, cp_sizes
-from ...words import Comm
+from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.strategies import strategy
+from megatron_zeppelin.planner.cost.cost_model import BWD_FLOPS, LINEAR_PASSES, CostModel
+from megatron_zeppelin.planner.types import PlanError
+from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, member_tokens, placement_from_groups, cp_sizes
+from megatron_zeppelin.spec.words import Comm
 
 
 def doc_flops(length: int, cost: CostModel) -> float:

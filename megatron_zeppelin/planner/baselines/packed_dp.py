@@ -15,10 +15,10 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
-from ..context import Placement, PlanContext
-from ..strategies import strategy
-from ..types import DocPlan, Thresholds
-from ...words import DocClass
+from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.strategies import strategy
+from megatron_zeppelin.planner.types import DocPlan, Thresholds
+from megatron_zeppelin.spec.words import DocClass
 
 
 @strategy("packed_dp", order=1)

@@ -25,11 +25,11 @@ from __future__ import annotations
 import heapq
 from typing import Iterable, Sequence
 
-from ..context import Placement, PlanContext
-from ..strategies import Candidate, strategy
-from ..types import PlanError
-from .cp_groups import aligned_blocks, cp_sizes, placement_from_groups, rank_tokens, setting_candidates
-from ...words import Comm
+from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.strategies import Candidate, strategy
+from megatron_zeppelin.planner.types import PlanError
+from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, cp_sizes, placement_from_groups, rank_tokens, setting_candidates
+from megatron_zeppelin.spec.words import Comm
 
 
 def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -> Placement:

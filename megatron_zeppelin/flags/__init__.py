@@ -1,0 +1,1 @@
+"""Flag groups shared by several sub-commands (the workload; the domain a plan models)."""

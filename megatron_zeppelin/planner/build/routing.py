@@ -1,0 +1,266 @@
+"""Routing layer plan: spread each inter-node ring message over the NICs of its node.
+
+A direct inter-node message leaves on the one NIC wired to ``msg_src``. A routed message is cut into
+k pieces of token rows [start, stop): *dispatch* moves a piece over NVLink to a proxy GPU of the
+sending node (none when the proxy is ``msg_src``), *transfer* sends it on the proxy's NIC j to a GPU
+wired to NIC j of the receiving node (the same rail), *combine* moves it over NVLink into ``msg_dst``
+(none when the landing GPU is ``msg_dst``).
+
+Per (queue, step) all NIC messages are routed together: messages below the threshold stay direct
+and load their NICs first; the others, largest first, are water-filled over the NIC pairs (out on the
+sending node, in on the receiving node) that are least loaded in the step. Ties prefer the sender's
+own NIC (no dispatch), then the receiver's (no combine), then NIC indices counted on from the
+sender's. Pieces never outnumber NICs, and no piece is smaller than half the threshold.
+
+Threshold (``route_threshold_bytes``): with 2 pieces, one dispatched and one combined, routing costs
+2 NVLink latencies and saves n/2 * (1/B_nic - 2/B_nvlink) seconds; it pays from
+n* = 4 * lat_nvlink / (1/B_nic - 2/B_nvlink) bytes (never, if NVLink is not twice as fast as a NIC).
+``--zeppelin-min-route-bytes`` overrides it when > 0.
+
+Worked example: 2 nodes x 4 GPUs, 4 NICs a node, 10 rows of 8 bytes from rank 3 to rank 4.
+
+>>> from megatron_zeppelin.spec.config import ZeppelinConfig
+>>> from megatron_zeppelin.spec.topology import Topology
+>>> from megatron_zeppelin.planner.types import CommOp
+>>> topo = Topology(2, 4)
+>>> op = CommOp("inter", 0, 0, 3, 3, 4, 3, 4, 0, 10, 80, "nic", 3, "direct")
+>>> ops = route_schedule([op], topo, None, ZeppelinConfig(min_route_bytes=16))
+>>> [(o.stage, o.src, o.dst, o.start, o.stop, o.nic) for o in ops]  # doctest: +NORMALIZE_WHITESPACE
+[('dispatch', 3, 0, 3, 6, -1), ('dispatch', 3, 1, 6, 8, -1), ('dispatch', 3, 2, 8, 10, -1),
+ ('transfer', 3, 7, 0, 3, 3), ('transfer', 0, 4, 3, 6, 0), ('transfer', 1, 5, 6, 8, 1),
+ ('transfer', 2, 6, 8, 10, 2), ('combine', 7, 4, 0, 3, -1), ('combine', 5, 4, 6, 8, -1),
+ ('combine', 6, 4, 8, 10, -1)]
+
+Rows 0-2 leave on rank 3's own NIC 3 (no dispatch) and land on rank 7 (NIC 7 = node 1's NIC 3);
+rows 3-5 go through proxy rank 0 on NIC 0 to rank 4 itself (no combine). 10 rows over 4 NICs: shares of 3, 3, 2, 2 rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import replace
+from typing import Dict, List, Sequence, Tuple
+
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.planner.types import CommOp
+from megatron_zeppelin.spec.words import RING_QUEUES, STAGES, DocClass, Link, Stage
+
+NEVER = 1 << 62  # threshold when routing can never pay (NVLink not twice a NIC's bandwidth)
+
+
+def route_threshold_bytes(cost, config=None) -> int:
+    """Smallest message worth splitting (bytes); ``config.min_route_bytes`` wins when > 0.
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> route_threshold_bytes(toy_context().cost)   # 4 * 3us / (1/10 GB/s - 2/100 GB/s)
+    150000
+    """
+    if config is not None and getattr(config, "min_route_bytes", 0) > 0:
+        return int(config.min_route_bytes)
+    if cost is None:
+        raise ValueError("route_threshold_bytes needs a cost model or config.min_route_bytes > 0")
+    gain_per_byte = 1.0 / cost.bandwidth(Link.NIC) - 2.0 / cost.bandwidth(Link.NVLINK)
+    if gain_per_byte <= 0:
+        return NEVER
+    return int(math.ceil(round(4.0 * cost.latency(Link.NVLINK) / gain_per_byte, 6)))
+
+
+def _water_fill(loads: Sequence[float], n: float) -> List[float]:
+    """Shares x_j >= 0 summing to n that minimise max(loads_j + x_j)."""
+    order = sorted(range(len(loads)), key=lambda j: (loads[j], j))
+    total, level = 0.0, 0.0
+    for i, j in enumerate(order):
+        total += loads[j]
+        level = (n + total) / (i + 1)
+        nxt = order[i + 1] if i + 1 < len(order) else None
+        if nxt is None or level <= loads[nxt]:
+            break
+    return [max(0.0, level - l) for l in loads]
+
+
+def _rows_of(shares: Sequence[float], rows: int) -> List[int]:
+    """Integer rows proportional to ``shares``, summing to ``rows`` (largest remainder, ties first)."""
+    tot = sum(shares)
+    exact = [rows * s / tot for s in shares]
+    out = [int(math.floor(e)) for e in exact]
+    left = rows - sum(out)
+    for j in sorted(range(len(shares)), key=lambda j: (-(exact[j] - out[j]), j))[:left]:
+        out[j] += 1
+    return out
+
+
+class _StepRouter:
+    """Routes the NIC messages of one (queue, step); keeps that step's NIC and NVLink loads."""
+
+    def __init__(self, topo: Topology, threshold: int):
+        self.topo, self.threshold = topo, threshold
+        self.nic_out: Dict[int, float] = defaultdict(float)  # global NIC id -> bytes sent
+        self.nic_in: Dict[int, float] = defaultdict(float)  # global NIC id -> bytes received
+        self.nv_in: Dict[int, float] = defaultdict(float)  # proxy rank -> dispatched bytes in
+        self.nv_out: Dict[int, float] = defaultdict(float)  # landing rank -> combine bytes out
+
+    def nic(self, node: int, j: int) -> int:
+        return node * self.topo.nics_per_node + j
+
+    def add_direct(self, op: CommOp) -> None:
+        self.nic_out[op.nic] += op.nbytes
+        self.nic_in[self.topo.nic_of(op.dst)] += op.nbytes
+
+    def _gpus_on(self, node: int, j: int) -> Tuple[int, ...]:
+        return self.topo.nic_ranks(self.nic(node, j))
+
+    def route(self, op: CommOp) -> List[CommOp]:
+        topo, nics = self.topo, self.topo.nics_per_node
+        a, b = topo.node_of(op.msg_src), topo.node_of(op.msg_dst)
+        j_src = topo.gpu_to_nic[topo.local_of(op.msg_src)]
+        j_dst = topo.gpu_to_nic[topo.local_of(op.msg_dst)]
+        usable = [j for j in range(nics) if self._gpus_on(a, j) and self._gpus_on(b, j)]
+        load = {j: max(self.nic_out[self.nic(a, j)], self.nic_in[self.nic(b, j)]) for j in usable}
+        pref = {j: (load[j], 0 if j == j_src else 1 if j == j_dst else 2, (j - j_src) % nics) for j in usable}
+        rows = op.stop - op.start
+        min_piece = max(1.0, self.threshold / 2.0)
+        k = int(min(len(usable), rows, max(1, op.nbytes // min_piece)))
+        chosen = sorted(usable, key=lambda j: pref[j])[:k]
+        while True:  # water-fill; drop the NIC with the smallest piece while a piece is too small
+            shares = _water_fill([load[j] for j in chosen], float(op.nbytes))
+            small = [i for i, x in enumerate(shares) if x < min_piece]
+            if len(chosen) == 1 or not small:
+                break
+            del chosen[min(small, key=lambda i: (shares[i], -i))]
+        if len(chosen) == 1 and chosen[0] == j_src:  # one piece on the sender's own NIC: stay direct
+            self.add_direct(op)
+            return [op]
+        per_row = op.nbytes // rows
+        counts = _rows_of(shares, rows)
+        pieces = sorted(((j, c) for j, c in zip(chosen, counts) if c > 0), key=lambda p: (p[0] - j_src) % nics)
+        out, start = [], op.start
+        for j, c in pieces:
+            stop = start + c
+            nb = c * per_row
+            proxy = self._proxy(op.msg_src, a, j)
+            land = self._landing(op.msg_dst, proxy, b, j)
+            self.nic_out[self.nic(a, j)] += nb
+            self.nic_in[self.nic(b, j)] += nb
+            common = dict(start=start, stop=stop, nbytes=nb)
+            if proxy != op.msg_src:
+                self.nv_in[proxy] += nb
+                out.append(replace(op, src=op.msg_src, dst=proxy, link=Link.NVLINK, nic=-1, stage=Stage.DISPATCH, **common))
+            out.append(replace(op, src=proxy, dst=land, link=op.link, nic=self.nic(a, j), stage=Stage.TRANSFER, **common))
+            if land != op.msg_dst:
+                self.nv_out[land] += nb
+                out.append(replace(op, src=land, dst=op.msg_dst, link=Link.NVLINK, nic=-1, stage=Stage.COMBINE, **common))
+            start = stop
+        return out
+
+    def _proxy(self, src: int, node: int, j: int) -> int:
+        gpus = self._gpus_on(node, j)
+        if src in gpus:
+            return src
+        return min(gpus, key=lambda r: (self.nv_in[r], r))
+
+    def _landing(self, dst: int, proxy: int, node: int, j: int) -> int:
+        gpus = self._gpus_on(node, j)
+        if dst in gpus:
+            return dst
+        twin = node * self.topo.gpus_per_node + self.topo.local_of(proxy)  # same local index: same rail
+        if twin in gpus:
+            return twin
+        return min(gpus, key=lambda r: (self.nv_out[r], r))
+
+
+def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[CommOp]:
+    """Replace direct inter-node ('nic') ops by dispatch/transfer/combine chains (see module doc).
+
+    The result does not depend on the input order: steps come in queue order (inter, intra), then
+    step; within a step ops are sorted by STAGES, then message (ring, block, msg_src, msg_dst), then rows. ``config.routing == 'off'`` returns ``ops`` unchanged.
+    """
+    if config is not None and getattr(config, "routing", "auto") == "off":
+        return list(ops)
+    threshold = route_threshold_bytes(cost, config)
+    groups: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
+    for o in ops:
+        groups[(o.queue, o.step)].append(o)
+    out: List[CommOp] = []
+    nvlink, direct = Link.NVLINK, Stage.DIRECT  # bound once (spec/words.py): compared per op
+    for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
+        step_ops = groups[k]
+        router = _StepRouter(topo, threshold)
+        routed: List[CommOp] = []
+        big: List[CommOp] = []
+        for o in step_ops:
+            if o.link == nvlink or o.stage != direct:  # any network level's hop is routed
+                routed.append(o)
+            elif o.nbytes >= threshold and o.stop - o.start >= 2 and topo.nics_per_node > 1:
+                big.append(o)
+            else:  # too small to split: stays direct and loads its NICs before the big ones are spread
+                router.add_direct(o)
+                routed.append(o)
+        for o in sorted(big, key=lambda o: (-o.nbytes, o.ring, o.block, o.msg_src, o.msg_dst)):
+            routed.extend(router.route(o))
+        routed.sort(key=lambda o: (STAGES.index(o.stage), o.ring, o.block, o.msg_src, o.msg_dst, o.start))
+        out.extend(routed)
+    return out
+
+
+def nic_bytes(ops: Sequence[CommOp], topo: Topology, direction: str = "out") -> Dict[int, int]:
+    """Bytes each global NIC sends (``out``) or receives (``in``) in ``ops`` (one step: per-NIC share).
+
+    >>> from megatron_zeppelin.planner.types import CommOp
+    >>> op = CommOp("inter", 0, 0, 0, 1, 2, 1, 2, 0, 4, 40, "nic", 0, "transfer")
+    >>> nic_bytes([op], Topology(2, 2, 1)), nic_bytes([op], Topology(2, 2, 1), "in")
+    ({0: 40}, {1: 40})
+    """
+    out: Dict[int, int] = defaultdict(int)
+    for o in ops:
+        if o.link != Link.NVLINK:  # a NIC carries every network level's hop
+            out[o.nic if direction == "out" else topo.nic_of(o.dst)] += o.nbytes
+    return dict(sorted(out.items()))
+
+
+def explain_step(cost, topo: Topology, nbytes: int, config=None) -> dict:
+    """Direct vs routed predicted time of one inter-node ring message of ``nbytes`` (one layer, forward).
+
+    The message is the ring hop that leaves a node: last GPU of node 0 -> first GPU of node 1 (with
+    one node, a second like it is assumed), on otherwise idle NICs; times follow predict.py's stage
+    model (per stage: latency + busiest link's bytes / bandwidth; stages add up).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> ctx = toy_context(nodes=2, gpus=4, nics=2)
+    >>> e = explain_step(ctx.cost, ctx.topology, 8 << 20)
+    >>> e["pieces"], e["nics_used"], e["routed_s"] < e["direct_s"]
+    (2, 2, True)
+    """
+    from megatron_zeppelin.planner.cost.predict import step_message_times  # predict imports nothing of routing; keep module load light
+
+    if config is None:
+        from megatron_zeppelin.spec.config import ZeppelinConfig
+        config = ZeppelinConfig()
+    config = replace(config, routing="multi-nic")
+    t2 = topo if topo.nodes >= 2 else Topology(2, topo.gpus_per_node, topo.nics_per_node, topo.gpu_to_nic)
+    cost2 = replace(cost, topology=t2)
+    kvb = max(1, int(cost.kv_bytes_per_token))
+    rows = max(1, -(-int(nbytes) // kvb))
+    src, dst = t2.gpus_per_node - 1, t2.gpus_per_node
+    op = CommOp(DocClass.INTER, 0, 0, 0, src, dst, src, dst, 0, rows, rows * kvb, Link.NIC, t2.nic_of(src), Stage.DIRECT)
+    routed = route_schedule([op], t2, cost2, config)
+    key = (0, 0, src, dst)
+    direct_s = step_message_times([op], cost2)[key]
+    routed_s = step_message_times(routed, cost2)[key]
+    stages = {st: step_message_times([o for o in routed if o.stage == st], cost2).get(key, 0.0)
+              for st in STAGES if any(o.stage == st for o in routed)}
+    transfers = [o for o in routed if o.link == Link.NIC]
+    pieces = [{"nic": o.nic, "proxy": o.src, "landing": o.dst, "rows": o.stop - o.start, "bytes": o.nbytes}
+              for o in transfers]
+    threshold = route_threshold_bytes(cost2, config)
+    p = cost.profile
+    text = (f"{p.name}: {t2.gpus_per_node} GPUs and {t2.nics_per_node} NICs per node; one ring message of "
+            f"{rows * kvb / 1e6:.2f} MB ({rows} tokens x {kvb} B) from rank {src} to rank {dst}: "
+            f"direct on NIC {op.nic} {direct_s * 1e3:.3f} ms; routed over {len(transfers)} NIC(s) "
+            f"{sorted({o.nic for o in transfers})} {routed_s * 1e3:.3f} ms ("
+            + ", ".join(f"{st} {t * 1e3:.3f} ms" for st, t in stages.items())
+            + f"), x{direct_s / routed_s:.2f}; messages under {threshold} B stay direct")
+    return {"cluster": p.name, "nbytes": rows * kvb, "rows": rows, "src": src, "dst": dst,
+            "direct_s": direct_s, "routed_s": routed_s, "speedup": direct_s / routed_s,
+            "stages_s": stages, "pieces": len(transfers), "nics_used": len({o.nic for o in transfers}),
+            "piece_detail": pieces, "threshold_bytes": threshold, "text": text}

@@ -1,0 +1,347 @@
+"""The fixed-shape plans Zeppelin also weighs, so that its predicted time is never above a baseline's.
+
+Zeppelin's greedy (partition.py) builds rings document by document; the baselines' shapes are
+different: every document over uniform CP groups of one size (static_cp, and the ablation's
+static_cp+routing with the routing layer on), ByteScale-style groups (hybrid_dp), Megatron's
+dynamic-CP groups (dynamic_cp). Each such placement is a plan Zeppelin's engine can run, so it is a
+candidate: assembled with Zeppelin's remap (time-balanced) and without it, with routing where a
+ring spans nodes (and without, as static_cp runs), and the least predicted plan of all wins.
+
+Every candidate is built by the baseline's own placement function, so "Zeppelin never loses to a
+baseline (predicted)" holds by construction on every batch, for every run-level setting the
+baseline could deploy: each CP size of the domain, and each ``max_seqlen_per_dp_cp_rank`` of
+dynamic_cp's ladder. Only p2p rings are candidates (the all-gather CP variant keeps its own kernel).
+
+>>> from megatron_zeppelin.planner.testing import toy_context
+>>> [label for label, _, _ in fixed_shape_candidates([8, 6, 4, 2], toy_context(gpus=4, capacity=16))]
+['cp1', 'cp2', 'cp4', 'hybrid_dp', 'dynamic_cp/16', 'dynamic_cp/8', 'dynamic_cp/4', 'dynamic_cp/2']
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.types import PlanError, ring_documents
+from megatron_zeppelin.spec.words import Comm, DocClass
+
+
+SMALL_BATCH = 4  # documents per rank up to which hybrid_dp's and dynamic_cp's shapes are candidates too
+# Documents per batch up to which hybrid_dp's shape is a candidate whatever the count per rank: its
+# grouping takes ~25 ms at 256 documents (0.4 s at 1,000). Without it, the 30B model's github batches
+# (7-10 documents per rank on 8 ranks) were predicted up to 12% slower than hybrid_dp's own plan, and
+# 3 of the 36 configurations of the `main` study lost to hybrid_dp by 0.2-1.8%.
+HYBRID_DOCS = 256
+
+
+def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: float = float("inf")):
+    """(label, bound, build) of every baseline shape of this batch: ``bound`` a cheap lower bound of
+    its predicted time (None: only known once built), ``build`` raises PlanError when the shape does
+    not fit the capacity; a CP size whose mean per-rank work alone is at or above ``reach`` gets that
+    bound without its groups (thousands of documents: its packing was most of the time to weigh it).
+    hybrid_dp's and dynamic_cp's own groupings take seconds to build on
+    thousands of documents, so they are candidates only for batches of up to SMALL_BATCH documents
+    per rank (where those baselines' shapes differ most from Zeppelin's greedy), and hybrid_dp's
+    also for batches of up to HYBRID_DOCS documents."""
+    import numpy as np
+
+    from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes
+    from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
+    from megatron_zeppelin.planner.baselines.hybrid_dp import plan_hybrid_dp
+    from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement
+    world, cost = ctx.topology.world_size, ctx.cost
+    L = np.asarray(lengths, dtype=np.int64)
+    out = []
+    for cp in cp_sizes(world):
+        # Every member of a CP group computes the same attention of each of its documents (zigzag:
+        # ring_member_attention, as compute_bound prices the built placement), and the group's
+        # projections and recompute split evenly at best; the MLP then runs wherever it runs best in
+        # its node (the remap moves it inside nodes). Bounds the plan before it is built.
+        member = cost.ring_member_attention_np(L, np.full(len(L), cp))
+        build = (lambda cp=cp: cp_placement(lengths, ctx, cp, Comm.P2P))
+        # The busiest node's level is at least the mean over ranks: every member's documents, all
+        # projections, recompute and MLP (0.999: the water level rounds node tokens)
+        mean = 0.999 * BOUND_SLACK * _mean_work(L, member, cp, ctx)
+        if mean >= reach:
+            out.append((f"cp{cp}", mean, build))
+            continue
+        groups = cp_assignment(lengths, world // cp)
+        tokens = np.bincount(groups, weights=L, minlength=world // cp) / cp
+        own = np.bincount(groups, weights=member, minlength=world // cp) + cost.proj_s_np(tokens)
+        again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx)
+        rows = node_rows(np.repeat(own + again, cp), np.repeat(tokens, cp), ctx, rate_again)
+        out.append((f"cp{cp}", BOUND_SLACK * (1 - 1e-9) * water_level(*rows), build))  # (1 - 1e-9: sums in another order)
+    small = len(lengths) <= SMALL_BATCH * world
+    if small or len(lengths) <= HYBRID_DOCS:
+        out.append(("hybrid_dp", None, lambda: plan_hybrid_dp(lengths, ctx)))
+    if small:
+        top = 1 << (world.bit_length() - 1)
+        m, longest, n = ctx.capacity, max(lengths), 0
+        while m >= 1 and gpus_needed(longest, m) <= top and n <= world.bit_length():
+            out.append((f"dynamic_cp/{m}", None, (lambda m=m: dynamic_cp_placement(lengths, ctx, m))))
+            m, n = m // 2, n + 1
+    return out
+
+
+def spans_nodes(placement: Placement, ctx: PlanContext) -> bool:
+    return any(r.cls == DocClass.INTER for r in placement.rings)
+
+
+def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float = float("inf")):
+    """(bound, label, placement) of every fitting fixed shape whose bound is below ``best_s``, routed
+    where a ring spans nodes (and the config allows routing) and also unrouted; placements have
+    remap off (the caller adds it)."""
+    from dataclasses import replace
+    routing = ctx.config.routing_enabled(ctx.topology.nodes)
+    for label, bound, build in fixed_shape_candidates(lengths, ctx, best_s):
+        if bound is not None and bound >= best_s:
+            continue
+        try:
+            pl = build()
+        except PlanError:
+            continue
+        pl = replace(pl, remap=False, balance_linear=False, routing=False, meta=dict(pl.meta))
+        pl.meta["shape"] = label
+        b = compute_bound(pl, ctx)
+        yield max(b, ring_chain_bound(pl, ctx)), label, pl
+        if routing and spans_nodes(pl, ctx):
+            routed = replace(pl, routing=True, meta=dict(pl.meta))
+            yield max(b, ring_chain_bound(routed, ctx)), label + "+routing", routed
+
+
+BOUND_SLACK = 0.97  # the bounds below are the prediction's own compute terms; slack for its step granularity
+
+
+def compute_bound(placement: Placement, ctx: PlanContext) -> float:
+    """A cheap lower bound of a placement's predicted iteration from compute alone (a rank computes
+    one thing at a time; communication and waiting only add), times BOUND_SLACK, for both variants
+    a candidate is assembled in. Per rank its attention (whole local documents, zigzag ring shares)
+    and its projections (they run on the attention layout), then the MLP and vocab head:
+
+    - remap off: on the rank's own attention-layout tokens;
+    - time-balanced remap: each node's tokens spread over its ranks as evenly as they can be within
+      the memory caps the remap honours (assemble.memory_caps: node_time_targets never gives a rank
+      more; the remap keeps node totals), the capped water level of ``capped_level``.
+
+    The lesser of the two bounds the candidate. A candidate whose bound is above the best plan so
+    far need not be assembled."""
+    import numpy as np
+
+    from megatron_zeppelin.planner.build.assemble import activation_weights, memory_caps
+    from megatron_zeppelin.planner.cost.predict import attention_tokens
+    cost, world = ctx.cost, ctx.topology.world_size
+    att = _attention(placement, ctx)
+    tokens = attention_tokens(placement.docs, placement.rings, world)
+    own = att + cost.proj_s_np(tokens)
+    rate = movable_linear_s(1, cost)  # per token (linear in tokens)
+    again, rate_again = recomputed_s(placement, ctx, tokens)
+    own, rate = own + again, rate + rate_again
+    off = float((own + rate * tokens).max())
+    if not ctx.config.remap or rate == 0.0:  # no remap variant, or nothing it can move (MoE)
+        return BOUND_SLACK * off
+    g = ctx.topology.gpus_per_node
+    caps = memory_caps(tokens.astype(np.int64), g, *activation_weights(cost), ctx.capacity)
+    return BOUND_SLACK * min(off, capped_level(own.reshape(-1, g), rate, caps.reshape(-1, g),
+                                               tokens.reshape(-1, g).sum(axis=1)))
+
+
+def _attention(placement: Placement, ctx: PlanContext, passes=(False, True)):
+    """Per rank the attention seconds of its whole local documents and its zigzag ring shares
+    (``passes``: both, or the forward alone), all layers."""
+    import numpy as np
+    cost, world = ctx.cost, ctx.topology.world_size
+    length, local = {d.doc: d.length for d in placement.docs}, DocClass.LOCAL
+    loc = [d for d in placement.docs if d.cls == local]
+    owners = np.fromiter([d.owner for d in loc], dtype=np.int64, count=len(loc))
+    att = (np.bincount(owners, cost.ring_member_attention_np([d.length for d in loc], [1] * len(loc), passes),
+                       minlength=world) if loc else np.zeros(world))
+    pairs = [(length[i], r) for r in placement.rings for i in r.docs]  # each document of each ring
+    if pairs:
+        member = cost.ring_member_attention_np([L for L, _ in pairs], [r.size for _, r in pairs], passes)
+        for (_, r), t in zip(pairs, member.tolist()):
+            att[list(r.ranks)] += t
+    return att
+
+
+def recomputed_s(placement: Placement, ctx: PlanContext, tokens):
+    """What activation recompute runs again in the backward (``cost.recompute``, as predict and
+    lower_bound price it): per rank the forward of its core attention (ring members' shares, local
+    documents whole) and of its projections, and per linear-layout token the forward MLP; (per-rank
+    seconds, seconds per movable token)."""
+    import numpy as np
+    cost, world = ctx.cost, ctx.topology.world_size
+    w_att, w_proj, rate = _recompute_terms(ctx)
+    per_rank = np.zeros(world)
+    if w_att:
+        per_rank += w_att * _attention(placement, ctx, passes=(False,))
+    if w_proj:
+        per_rank += w_proj * (cost.gemm_s(tokens, "qkv") + cost.gemm_s(tokens, "out"))
+    return per_rank, rate
+
+
+def _mean_work(L, member, cp: int, ctx: PlanContext) -> float:
+    """Per rank on average, what a CP placement of size ``cp`` computes: each document's ``member``
+    attention on its cp members, the projections, recompute and MLP of every token."""
+    cost, world = ctx.cost, ctx.topology.world_size
+    total = float(L.sum())
+    w_att, w_proj, rate_again = _recompute_terms(ctx)
+    again = 0.0
+    if w_att:
+        again += w_att * cp * float(cost.ring_member_attention_np(L, [cp] * len(L), passes=(False,)).sum()) / world
+    if w_proj:
+        again += w_proj * float(cost.gemm_s(total / world, "qkv") + cost.gemm_s(total / world, "out"))
+    return (cp * float(member.sum()) / world + float(cost.proj_s_np([total / world])[0]) + again
+            + movable_linear_s(total, cost) / world + rate_again * total / world)
+
+
+def _recompute_terms(ctx: PlanContext):
+    """What ``cost.recompute`` runs again, as weights summed over its layer groups (block recompute:
+    only its first layers): of a rank's forward attention (core_attn), of the projections' forward
+    per token (full), and seconds per movable token (the forward MLP). One place for recomputed_s
+    and the CP bounds before the build."""
+    cost, layers = ctx.cost, ctx.cost.model.layers
+    w_att = w_proj = rate = 0.0
+    for n, rc in cost.recompute.groups(layers):
+        if rc.has("core_attn"):
+            w_att += n / layers
+        if rc.has("mlp") and not cost.model.is_moe:
+            rate += n * float(cost.gemm_s(1, "mlp"))
+        if rc.full:
+            w_proj += n
+    return w_att, w_proj, rate
+
+
+def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext):
+    """``recomputed_s`` of a CP group's member before its placement is built: its documents' forward
+    member attention again (core_attn), its share ``tokens`` of projections (full); and per movable
+    token the forward MLP (mlp). (per-group seconds, seconds per movable token)."""
+    import numpy as np
+    cost = ctx.cost
+    w_att, w_proj, rate = _recompute_terms(ctx)
+    per_group = np.zeros(len(tokens))
+    if w_att:
+        fwd = cost.ring_member_attention_np(L, np.full(len(L), cp), passes=(False,))
+        per_group += w_att * np.bincount(groups, weights=fwd, minlength=len(tokens))
+    if w_proj:
+        per_group += w_proj * (cost.gemm_s(tokens, "qkv") + cost.gemm_s(tokens, "out"))
+    return per_group, rate
+
+
+def capped_level(own, rate: float, caps, need) -> float:
+    """The least possible busiest rank when each node (row) spreads its ``need`` tokens over its
+    ranks, ``rate`` seconds each, a rank taking at most its ``caps`` and keeping its ``own`` seconds:
+    per node the level T with sum(clip((T - own) / rate, 0, caps)) = need (levels.linear_level), or
+    its busiest ``own`` where that is higher; the busiest node's.
+
+    >>> import numpy as np
+    >>> capped_level(np.array([[1.0, 2.0]]), 1.0, np.array([[10, 10]]), np.array([3]))  # (3 + 3) / 2
+    3.0
+    >>> capped_level(np.array([[1.0, 2.0]]), 1.0, np.array([[1, 10]]), np.array([3]))   # rank 0 takes 1 token
+    4.0
+    """
+    import numpy as np
+
+    from megatron_zeppelin.planner.build.levels import linear_level
+    own = np.asarray(own, dtype=np.float64)
+    level = linear_level(own, rate, np.asarray(caps, dtype=np.float64), np.asarray(need, dtype=np.float64))
+    return float(max(level.max(), own.max()))
+
+
+def node_rows(own, tokens, ctx: PlanContext, rate_again: float = 0.0):
+    """Per node, its ranks' ``own`` seconds and the movable seconds of its ``tokens`` (and
+    ``rate_again`` per token: the MLP recompute runs again): the remap of every Zeppelin candidate
+    keeps each node's tokens (node_time_targets, or no remap), so the MLP and head of a node's
+    tokens run inside it."""
+    import numpy as np
+    g, cost = ctx.topology.gpus_per_node, ctx.cost
+    node_tokens = np.asarray(tokens, dtype=np.float64).reshape(-1, g).sum(axis=1)
+    return (np.asarray(own).reshape(-1, g),
+            [movable_linear_s(int(round(t)), cost) + rate_again * t for t in node_tokens])
+
+
+def movable_linear_s(tokens: int, cost) -> float:
+    """Iteration seconds of the work the remap may move, for the batch's ``tokens``: the MLP and the
+    vocab head (cost_model.mlp_s, linear in tokens); none for MoE layers, whose expert load is not."""
+    return 0.0 if cost.model.is_moe else cost.mlp_s(tokens)
+
+
+def water_level(own, movable) -> float:
+    """The least possible busiest rank when each rank has ``own`` seconds and ``movable`` seconds may
+    go anywhere: fill the least busy ranks up to one level. With ``own`` as rows (nodes) and one
+    ``movable`` per row, each row's seconds move only inside it: the busiest row's level.
+
+    >>> water_level([1.0, 2.0, 6.0], 3.0)  # the first two fill up to 3: the busiest keeps its 6
+    6.0
+    >>> water_level([1.0, 2.0, 6.0], 11.0), water_level([4.0], 0.0)  # (11 + 9) / 3
+    (6.666666666666667, 4.0)
+    >>> water_level([[1.0, 2.0], [0.0, 0.0]], [3.0, 1.0])  # node 0: (3 + 3) / 2; node 1: 0.5
+    3.0
+    """
+    import numpy as np
+    a = np.sort(np.atleast_2d(np.asarray(own, dtype=np.float64)), axis=1)
+    m = np.broadcast_to(np.asarray(movable, dtype=np.float64), (a.shape[0],))
+    filled = np.cumsum(a, axis=1)
+    need = np.arange(1, a.shape[1] + 1) * a - filled  # movable seconds that bring the k least busy to a[k-1]
+    k = np.count_nonzero(need <= m[:, None], axis=1)  # need is non-decreasing and need[0] = 0: k >= 1
+    level = (m + filled[np.arange(len(a)), k - 1]) / k
+    return float(max(a[:, -1].max(), level.max()))
+
+
+def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
+    """A second cheap lower bound, from communication alone (schedule.py's zigzag ring: at step s
+    member i receives a block from member i - 1 and passes it on at step s + 1; program.py: a member
+    posts step s + 1 only after its wait on step s). Two chains of hops, one after the other, each hop
+    at least its link's latency plus its block's bytes over one link:
+
+    - a member whose incoming hop is direct receives G - 1 blocks (every block but its own) over
+      that hop, each posted only after it received the one before;
+    - any block reaches the member before its owner after G - 1 hops along the ring (a routed hop:
+      over all the node's NICs at once, every level above NVLink at its fastest).
+
+    Both run in the forward and again in the backward of every layer; the longest chain of any ring
+    bounds the iteration (tests/unit/test_candidate_bounds.py holds it below the prediction).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> from megatron_zeppelin.planner.baselines.static_cp import cp_placement
+    >>> ctx = toy_context(nodes=2, gpus=2)
+    >>> ring_chain_bound(cp_placement([4000, 4000], ctx, 4, Comm.P2P), ctx) > 0
+    True
+    >>> ring_chain_bound(cp_placement([4000, 4000], ctx, 1, Comm.P2P), ctx)  # no ring, no chain
+    0.0
+    """
+    from megatron_zeppelin.planner.build.schedule import block_tokens
+    from megatron_zeppelin.spec.words import Link
+    cost, topo = ctx.cost, ctx.topology
+    outer = [c for c in cost.link_classes if c != Link.NVLINK]
+    spread = topo.nics_per_node if placement.routing else 1
+    far = (min((cost.latency(c) for c in outer), default=0.0),
+           1.0 / (spread * max((cost.bandwidth(c) for c in outer), default=float("inf"))))
+    docs = ring_documents(placement.docs, placement.rings)
+    kvb, best = cost.kv_bytes_per_token, 0.0
+    for r in placement.rings:
+        g = r.size
+        if g < 2 or r.comm != Comm.P2P or not r.docs:
+            continue
+        hop, direct = [], []  # hop i: member i -> i + 1, (latency, seconds per byte)
+        for i in range(g):
+            src, dst = r.ranks[i], r.ranks[(i + 1) % g]
+            link = cost.link_of(src, dst)
+            routed = placement.routing and link != Link.NVLINK
+            hop.append(far if routed else (cost.latency(link), 1.0 / cost.bandwidth(link)))
+            direct.append(not routed)
+        tokens = block_tokens(r, docs)
+        total, lat, inv = sum(tokens), sum(h[0] for h in hop), sum(h[1] for h in hop)
+        sent = sum(1 for n in tokens if n)  # an empty block is no message
+        for b, n in enumerate(tokens):
+            into = hop[b - 1]  # the hop into member b
+            if n:  # block b along the ring: every hop but the one into its owner
+                best = max(best, lat - into[0] + kvb * n * (inv - into[1]))
+            if direct[b - 1]:  # member b receives every other (non-empty) block over the hop into it
+                best = max(best, (sent - (n > 0)) * into[0] + kvb * (total - n) * into[1])
+    return 2 * cost.model.layers * best
+
+
+def placement_key(placement: Placement) -> tuple:
+    """Equal keys: the same documents on the same ranks (rings as rank tuples), the same routing."""
+    ranks = {r.id: r.ranks for r in placement.rings}
+    return (placement.routing,) + tuple((d.owner, ranks.get(d.ring, ())) for d in sorted(placement.docs, key=lambda d: d.doc))

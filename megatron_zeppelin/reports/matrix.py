@@ -1,0 +1,198 @@
+"""docs/results.md from a bench results document (``zeppelin bench --json``): tables and figures.
+
+>>> fmt_speed(2.3456), fmt_s(0.01234)
+('2.35x', '0.0123')
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional
+
+
+def fmt_speed(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def fmt_s(x: float) -> str:
+    return f"{x:.4f}" if x < 1 else f"{x:.3f}"
+
+
+def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _x(v) -> str:
+    return "-" if v is None else fmt_speed(v)
+
+
+def _summary_table(s: dict) -> List[str]:
+    from megatron_zeppelin.sim.matrix import baselines
+    rows = []
+    for b, x in baselines(s["summary"]).items():
+        d, o = x["deployed"], x["oracle"]
+        rows.append([b, _x(d["mean_speedup"]), _x(d["geomean_speedup"]), _x(d["max_speedup"]), _x(d["min_speedup"]),
+                     str(d["configs"]), str(len(d["losses"])), str(x.get("out_of_memory", 0)),
+                     _x(o["mean_speedup"]), _x(o["max_speedup"]), _x(o["min_speedup"]), str(o["configs"]),
+                     str(len(o["losses"])),
+                     f"{x['lower_bound_ratio']:.2f}" if x.get("lower_bound_ratio") else "-"])
+    lines = _table(["baseline", "deployed: mean speedup", "geomean", "max", "min", "configs", "Zeppelin slower in",
+                    "no fixed setting fits (OOM)", "oracle: mean speedup", "max", "min", "configs",
+                    "Zeppelin slower in", "deployed baseline / lower bound (mean)"], rows)
+    lb = s["summary"].get("zeppelin_lower_bound")
+    if lb:
+        lines += ["", f"Zeppelin's mean simulated iteration / lower bound: mean {lb['mean']:.3f}, "
+                      f"max {lb['max']:.3f} over {lb['configs']} configurations."]
+    if s.get("balance"):
+        lines += ["", "Imbalance of the plans, max / mean over ranks (mean over configurations; memory: per-rank "
+                      "peak activation memory, attention and linear layouts, with the run's recompute):", ""]
+        lines += _table(["strategy", "time", "memory", "memory (worst)", "configs"],
+                        [[v, f"{x['time_imbalance']:.2f}", f"{x['memory_imbalance']:.2f}",
+                          f"{x['memory_imbalance_max']:.2f}", str(x["configs"])] for v, x in s["balance"].items()])
+    return lines
+
+
+def _per_config(runs: List[dict], study: str, variants: List[str]) -> List[str]:
+    by: Dict[str, Dict[str, dict]] = defaultdict(dict)
+    for r in runs:
+        if r["study"] == study:
+            by[r["key"]][r["variant"]] = r
+    rows = []
+    for key in sorted(by):
+        vs = by[key]
+        z = vs.get("zeppelin")
+        z = z if z and z.get("iteration_s") else None
+        any_r = next(iter(vs.values()))
+        label = any_r.get("label") or key
+        if any_r.get("recompute", "none") != "none":
+            label += f" rc={any_r['recompute']}"
+        cells = []
+        for v in variants:
+            r = vs.get(v)
+            if r is None:
+                cells.append("-")
+                continue
+            cell = fmt_s(r["iteration_s"]) if r.get("iteration_s") else "OOM"
+            if r.get("run_setting"):
+                cell += f" ({'cp' if r.get('run_setting_name') == 'cp_size' else 'mslpr '}{r['run_setting']})"
+            if r.get("oracle_iteration_s") and (not r.get("iteration_s") or r["oracle_iteration_s"] < r["iteration_s"] * 0.9995):
+                cell += f" / {fmt_s(r['oracle_iteration_s'])}"
+            cells.append(cell)
+        base = [r["iteration_s"] for v, r in vs.items() if v != "zeppelin" and r.get("iteration_s")]
+        sp = fmt_speed(min(base) / z["iteration_s"]) if z and base else "-"
+        lb = f"{z['iteration_s'] / z['lower_bound_s']:.3f}" if z else "-"
+        bal = f"{z['time_imbalance']:.2f} / {z['memory_imbalance']:.2f}" if z and "memory_imbalance" in z else "-"
+        rows.append([label] + cells + [sp, lb, bal])
+    return _table(["configuration"] + variants + ["vs best deployed baseline", "Zeppelin / LB",
+                                                   "Zeppelin imbalance time / memory"], rows)
+
+
+def _losses(doc: dict) -> List[str]:
+    from megatron_zeppelin.sim.matrix import baselines
+    out = []
+    for b, x in baselines(doc["summary"]).items():
+        for col in ("deployed", "oracle"):
+            c = x[col]
+            for k, sp in zip(c["losses"], c.get("loss_speedups", [None] * len(c["losses"]))):
+                by = f" (Zeppelin's speedup {sp:.3f}x)" if sp is not None else ""
+                out.append(f"- {k}: {b} ({col}) is faster than Zeppelin{by}")
+    return out or ["- none: Zeppelin is at least as fast as every baseline, deployed and oracle, in every configuration"]
+
+
+def _against_default(runs: List[dict], study: str) -> List[str]:
+    """For a study planning Zeppelin with --zeppelin-balance-memory: its Zeppelin against the default
+    Zeppelin of the same configurations (the same batches) in the report's other studies."""
+    def same(r):
+        return tuple(r.get(k) for k in ("cluster", "model", "tp", "dataset", "context", "nodes", "tokens_per_gpu",
+                                         "capacity", "recompute", "seed", "batches"))
+    ok = [r for r in runs if r["variant"] == "zeppelin" and r.get("iteration_s") and not r.get("error")]
+    mine = [r for r in ok if r["study"] == study and r.get("balance_memory")]
+    default = {same(r): r for r in ok if not r.get("balance_memory")}
+    pairs = [(default[same(r)], r) for r in mine if same(r) in default]
+    if not pairs:
+        return []
+    t = sorted(b["iteration_s"] / a["iteration_s"] for a, b in pairs)
+    m0, m1 = [a["memory_imbalance"] for a, _ in pairs], [b["memory_imbalance"] for _, b in pairs]
+    return ["", f"Against the default Zeppelin of the same {len(pairs)} configurations (the same batches, in the other "
+            f"studies): mean simulated iteration x{sum(t) / len(t):.4f} (median x{t[len(t) // 2]:.4f}, max "
+            f"x{t[-1]:.4f}, min x{t[0]:.4f}); memory max / mean {sum(m0) / len(m0):.3f} -> {sum(m1) / len(m1):.3f} "
+            f"(worst {max(m0):.3f} -> {max(m1):.3f})."]
+
+
+def _scaling(runs: List[dict], study: str = "scaling") -> List[str]:
+    recs = [r for r in runs if r["study"] == study and not r.get("error") and r.get("iteration_s")]
+    if not recs:
+        return []
+    variants = sorted({r["variant"] for r in recs}, key=lambda v: (v != "zeppelin", v))
+    rows = []
+    for ds in sorted({r["dataset"] for r in recs}):
+        for g in sorted({r["ranks"] * r["tp"] for r in recs}):
+            cells = []
+            for v in variants:
+                m = [r for r in recs if r["dataset"] == ds and r["ranks"] * r["tp"] == g and r["variant"] == v]
+                cells.append(f"{m[0]['tokens'] / m[0]['iteration_s'] / 1e3:.1f}" if m else "-")
+            rows.append([ds, str(g)] + cells)
+    return _table(["dataset", "GPUs"] + [f"{v} (K tok/s)" for v in variants], rows)
+
+
+def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: Optional[dict] = None,
+           notes: str = "") -> str:
+    runs = doc["runs"]
+    studies = doc.get("studies", {})
+    L = ["# Results: Zeppelin vs the baselines on the simulator", "",
+         "Generated by `zeppelin report`; do not edit by hand. Made with:", "", "```"] + commands + ["```", ""]
+    if notes:
+        L += [notes, ""]
+    L += ["A configuration is a run of N batches sampled from its dataset. Speedup = the baseline's mean simulated "
+          "iteration over the run / Zeppelin's. Two columns per baseline: *deployed*, its run-level settings "
+          "(CP size; dynamic_cp's max_seqlen_per_dp_cp_rank) fixed for the whole run at the value with the least "
+          "mean time among those that never run out of memory on any batch of the run, as a user must fix them; "
+          "and *oracle*, tuned per batch, with hindsight (an upper bound on the baseline, not deployable). A "
+          "baseline none of whose fixed settings fits every batch is counted under OOM. The last column, the "
+          "deployed baseline's time over the lower bound, is the most any strategy could gain over it on average. "
+          "In the per-configuration tables a cell is the deployed mean (its setting) / the oracle mean where lower.",
+          ""]
+    for title, part in doc.get("regimes", {}).items():
+        L += [f"## Summary: {title}", ""] + _summary_table(part) + ["", "Where Zeppelin loses:", ""] + _losses(part)
+        L += [""]
+    L += ["## Summary: all studies together (but the ablations, whose baselines are not at their best setting, "
+          "and `balance_memory`, whose Zeppelin trades time for memory)", ""]
+    L += _summary_table(doc)
+    L += ["", "### Where Zeppelin loses", ""] + _losses(doc)
+    first = ("memory", "memory_scaling", "ablation_memory", "main", "context", "scaling", "ablation")
+    for study in [s for s in first if s in studies] + [s for s in studies if s not in first]:
+        variants = sorted({r["variant"] for r in runs if r["study"] == study}, key=lambda v: (v != "zeppelin", v))
+        L += ["", f"## Study `{study}`", "", "Speedup of Zeppelin over each baseline:", ""]
+        L += _summary_table(studies[study])
+        L += ["", "Mean simulated iteration time (s) over each run, deployed (setting) / oracle:", ""]
+        L += _per_config(runs, study, variants)
+        if "scaling" in study:
+            L += ["", "Throughput:", ""] + _scaling(runs, study)
+        L += _against_default(runs, study)
+        for name, path in figures.items():
+            if name.split(": ")[-1] == study:  # "speedup bars: memory" is not ablation_memory's
+                L += ["", f"![{name}]({path})"]
+    for name, path in figures.items():
+        if name.startswith("gantt"):
+            L += ["", f"### Timeline: {name}", "", f"![{name}]({path})"]
+    if validation:
+        L += ["", "## Validation: simulator vs measured engine runs on this CPU", ""]
+        L += [validation.get("note", "")]
+        vrows = validation.get("rows", [])
+        cpu = bool(vrows) and all("measured_cpu_s" in r for r in vrows)  # rows since 2026-12-02 have them
+        speed = bool(vrows) and all("error_at_calibration" in r for r in vrows)  # since 2026-12-03 (validation set 10)
+        rows = [[str(r["world"]), r["strategy"], f"{r['measured_s'] * 1e3:.1f}", f"{r['predicted_s'] * 1e3:.1f}",
+                 f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f}%"]
+                + ([f"{r['measured_cpu_s'] * 1e3:.1f}", f"{r['simulated_cpu_s'] * 1e3:.1f}",
+                    f"{100 * (r['simulated_cpu_s'] / r['measured_cpu_s'] - 1):+.1f}%"] if cpu else [])
+                + ([f"{100 * r['error_at_calibration']:+.1f}%"] if speed else [])
+                for r in vrows]
+        head = ["world", "strategy", "measured ms", "simulated ms", "error"]
+        if cpu:  # all ranks' CPU time of a pass against the simulated pass's (validation/validate.py)
+            head += ["measured CPU ms", "simulated CPU ms", "CPU error"]
+        if speed:  # each repeat at the calibration's host speed (validation/host_speed.py)
+            head += ["error at calibration speed"]
+        L += [""] + _table(head, rows)
+    return "\n".join(L) + "\n"

@@ -1,0 +1,2 @@
+"""SLURM jobs for a run matrix (Zeppelin and the stock Megatron baselines), their Megatron flags, and
+the collection of their results."""

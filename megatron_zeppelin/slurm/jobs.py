@@ -1,0 +1,136 @@
+"""SLURM jobs for a run matrix: Zeppelin and the stock Megatron baselines on the same model and data.
+
+A matrix (YAML) has ``defaults`` and ``runs``; each run expands to one job per mode (the modes and
+their flags: :mod:`megatron_zeppelin.slurm.args`). A job is an sbatch script rendered from
+scripts/slurm/job.sbatch.tmpl that sources scripts/slurm/env.sh and starts the ranks one of two ways:
+
+- ``launcher: torchrun`` (default): one ``torchrun`` per node (``srun --ntasks-per-node=1``);
+- ``launcher: srun``: one SLURM task per rank (RANK / LOCAL_RANK / WORLD_SIZE from SLURM's ids).
+
+``emulate_nodes: true`` runs the ``nodes x gpus_per_node`` ranks as tasks of one SLURM node (the
+one-node cluster of scripts/slurm/local-cluster.sh); each rank's "node" is ``rank // gpus_per_node``,
+as Zeppelin's topology reads it. ``device: cpu`` drops the GPU request and the CUDA-only flags.
+
+>>> run = {"name": "r", "model": "tiny", "nodes": 2, "gpus_per_node": 2, "device": "cpu",
+...        "emulate_nodes": True, "seq_length": 512, "global_batch_tokens": "2K", "data_path": "/d"}
+>>> sbatch_lines(run)
+['--job-name=JOB', '--nodes=1', '--ntasks=4', '--time=01:00:00', '--output=logs/JOB-%j.log']
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import yaml
+
+from megatron_zeppelin.slurm.args import (DEFAULTS as ARG_DEFAULTS, MODES, SlurmError, check_run, megatron_args,  # noqa: F401
+                         parse_tokens, tokens_per_iteration)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEMPLATE = os.path.join(REPO, "scripts", "slurm", "job.sbatch.tmpl")
+ENV_SH = os.path.join(REPO, "scripts", "slurm", "env.sh")
+ZEPPELIN_ENTRY = os.path.join(REPO, "scripts", "pretrain_gpt_zeppelin.py")
+PACKED_ENTRY = os.path.join(REPO, "scripts", "slurm", "pretrain_gpt_packed.py")
+LAUNCHERS = ("torchrun", "srun")
+DEFAULTS = {**ARG_DEFAULTS, "megatron_lm": "$MEGATRON_LM", "python": "python", "launcher": "torchrun",
+            "emulate_nodes": False, "log_dir": "logs", "sbatch": {}, "env": {}}
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    mode: str
+    path: str
+    script: str
+    log_dir: str
+    entry: str
+    args: tuple
+    world_size: int
+    tokens_per_iteration: int
+    env: tuple = ()  # the matrix's `env:` exports, (name, value) pairs
+
+
+def load_matrix(path: str) -> Dict:
+    if not os.path.exists(path):
+        raise SlurmError(f"matrix file {path} not found (pass --matrix FILE)")
+    with open(path) as f:
+        d = yaml.safe_load(f) or {}
+    if not isinstance(d, dict) or not isinstance(d.get("runs"), list) or not d["runs"]:
+        raise SlurmError(f"{path}: a matrix needs a non-empty `runs:` list (and optional `defaults:`)")
+    return d
+
+
+def entry_of(run: Dict, mode: str) -> str:
+    """The training script: Zeppelin's entry; for stock modes the checkout's pretrain_gpt.py, or, with
+    ``megatron_lm`` empty, scripts/slurm/pretrain_gpt_packed.py (pretrain_gpt.py's GPT path on
+    megatron-core >= 0.19's megatron.training, for installs without a Megatron-LM checkout)."""
+    if mode == "zeppelin":
+        return ZEPPELIN_ENTRY
+    if not run.get("megatron_lm"):
+        return PACKED_ENTRY
+    return os.path.join(str(run["megatron_lm"]), "pretrain_gpt.py")
+
+
+def sbatch_lines(run: Dict) -> List[str]:
+    """The ``#SBATCH`` options of the run's jobs (job name and log name as JOB)."""
+    r = {**DEFAULTS, **run}
+    nodes, g = int(r["nodes"]), int(r["gpus_per_node"])
+    if r["emulate_nodes"]:
+        lines = ["--nodes=1", f"--ntasks={nodes * g}"]
+    elif r["launcher"] == "srun":
+        lines = [f"--nodes={nodes}", f"--ntasks-per-node={g}"]
+    else:
+        lines = [f"--nodes={nodes}", "--ntasks-per-node=1"]
+    if r["device"] == "gpu":
+        lines.append(f"--gpus-per-node={g}")
+    lines += [f"--time={r['time']}", f"--output={r['log_dir']}/JOB-%j.log"]
+    lines += [f"--{k}={v}" for k, v in (r["sbatch"] or {}).items()]
+    return ["--job-name=JOB"] + lines
+
+
+def render_jobs(matrix_path: str, out_dir: str) -> List[Job]:
+    d = load_matrix(matrix_path)
+    with open(TEMPLATE) as f:
+        tmpl = f.read()
+    jobs = []
+    for i, run in enumerate(d["runs"]):
+        r = {**DEFAULTS, **(d.get("defaults") or {}), **run}
+        for key in ("name", "model", "nodes", "data_path"):
+            if key not in r:
+                raise SlurmError(f"{matrix_path}: run {i} lacks `{key}`")
+        if r["launcher"] not in LAUNCHERS:
+            raise SlurmError(f"run {r['name']}: launcher {r['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
+        check_run(r)
+        tokens = tokens_per_iteration(r)
+        world = int(r["nodes"]) * int(r["gpus_per_node"])
+        for mode in r["modes"]:
+            args = megatron_args(r, mode)
+            entry = entry_of(r, mode)
+            job_name = f"{r['name']}-{mode}"
+            launch = "zeppelin_srun" if (r["emulate_nodes"] or r["launcher"] == "srun") else "zeppelin_launch"
+            script = tmpl.format(
+                matrix=os.path.basename(matrix_path), name=r["name"], mode=mode,
+                sbatch="\n".join("#SBATCH " + x.replace("JOB", job_name) for x in sbatch_lines(r)),
+                nodes=r["nodes"], gpus_per_node=r["gpus_per_node"], tokens=tokens, world=world,
+                env_sh=ENV_SH, python=r["python"],
+                env_exports="\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in (r["env"] or {}).items()),
+                launch=launch, entry=entry,
+                args=" \\\n".join("  " + " ".join(shlex.quote(x) for x in pair) for pair in _pairs(args)))
+            path = os.path.join(out_dir, f"{job_name}.sbatch")
+            jobs.append(Job(r["name"], mode, path, script, str(r["log_dir"]), entry, tuple(args), world, tokens,
+                            tuple((str(k), str(v)) for k, v in (r["env"] or {}).items())))
+    return jobs
+
+
+def _pairs(args: Sequence[str]) -> List[List[str]]:
+    """Group ``--flag value...`` for one flag a line."""
+    out: List[List[str]] = []
+    for a in args:
+        if a.startswith("--") or not out:
+            out.append([a])
+        else:
+            out[-1].append(a)
+    return out

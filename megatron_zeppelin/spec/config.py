@@ -1,0 +1,97 @@
+"""ZeppelinConfig: every Zeppelin option, typed, frozen and validated.
+
+Errors name the command-line flag to change (the argparse bridge is integration/args.py).
+
+>>> ZeppelinConfig(routing="multi-nic").routing_enabled(nodes=2), ZeppelinConfig().routing_enabled(nodes=1)
+(True, False)
+>>> ZeppelinConfig(strategy="bogus")
+Traceback (most recent call last):
+...
+megatron_zeppelin.spec.config.ConfigError: unknown strategy 'bogus' (set --zeppelin-strategy to one of zeppelin, packed_dp, static_cp, allgather_cp, hybrid_dp, dynamic_cp)
+"""
+
+from __future__ import annotations
+
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.recompute import Recompute
+
+from dataclasses import dataclass, field, replace
+from typing import Tuple
+
+ROUTING = ("auto", "multi-nic", "off")
+
+
+class ConfigError(ZeppelinError):
+    pass
+
+
+def strategy_names() -> Tuple[str, ...]:
+    """The registered strategies (planner/strategies.py), read when first needed: the planner's
+    modules import this one."""
+    from megatron_zeppelin.planner.strategies import names
+    return names()
+
+
+def __getattr__(name: str):
+    if name == "STRATEGIES":  # the registry's list, kept under its old name for the flags' choices
+        return strategy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@dataclass(frozen=True)
+class ZeppelinConfig:
+    balance: bool = False  # --zeppelin-balance: plan every micro-batch with Zeppelin
+    strategy: str = "zeppelin"  # --zeppelin-strategy
+    gpus_per_node: int = 8  # --zeppelin-gpus-per-node
+    nics_per_node: int = 0  # --zeppelin-nics-per-node (0 = one per GPU, or the profile's)
+    gpu_nic_map: Tuple[int, ...] = field(default=())  # --zeppelin-gpu-nic-map
+    cluster: str = "h200"  # --zeppelin-cluster: profile preset or YAML path
+    routing: str = "auto"  # --zeppelin-routing: auto = multi-nic when the domain spans nodes
+    remap: bool = True  # --zeppelin-remap / --no-zeppelin-remap
+    capacity_tokens: int = 0  # --zeppelin-capacity-tokens: per-rank attention tokens, 0 = 2x the mean
+    balance_memory: bool = False  # --zeppelin-balance-memory: every rank's tokens within 1.10x the mean
+    cp_size: int = 0  # --zeppelin-cp-size: CP group size for static_cp/allgather_cp, 0 = best for the batch
+    min_route_bytes: int = 0  # --zeppelin-min-route-bytes: 0 = derived from the profile
+    debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
+    plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
+    tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
+    # activation recompute (from Megatron's --recompute-granularity / --recompute-modules;
+    # spec/recompute.py): plans are predicted with the recomputed forward it runs
+    recompute: str = "none"
+    sequence_parallel: bool = False  # Megatron's --sequence-parallel: layouts split over TP along tokens
+
+    def __post_init__(self):
+        if self.strategy not in strategy_names():
+            raise ConfigError(f"unknown strategy '{self.strategy}' (set --zeppelin-strategy to one of "
+                              f"{', '.join(strategy_names())})")
+        if self.routing not in ROUTING:
+            raise ConfigError(f"unknown routing '{self.routing}' (set --zeppelin-routing to one of "
+                              f"{', '.join(ROUTING)})")
+        if self.gpus_per_node < 1:
+            raise ConfigError(f"--zeppelin-gpus-per-node must be >= 1, got {self.gpus_per_node}")
+        if self.nics_per_node < 0:
+            raise ConfigError(f"--zeppelin-nics-per-node must be >= 0, got {self.nics_per_node}")
+        if self.capacity_tokens < 0:
+            raise ConfigError(f"--zeppelin-capacity-tokens must be >= 0, got {self.capacity_tokens}")
+        if self.cp_size < 0 or (self.cp_size & (self.cp_size - 1)):
+            raise ConfigError(f"--zeppelin-cp-size must be 0 (auto) or a power of two, got {self.cp_size}")
+        if self.min_route_bytes < 0:
+            raise ConfigError(f"--zeppelin-min-route-bytes must be >= 0, got {self.min_route_bytes}")
+        if self.tp < 1:
+            raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1 (or drop it)")
+        object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
+        object.__setattr__(self, "recompute", Recompute.parse(self.recompute).describe())
+
+    def routing_enabled(self, nodes: int) -> bool:
+        return self.routing == "multi-nic" or (self.routing == "auto" and nodes > 1)
+
+    @classmethod
+    def from_args(cls, args) -> "ZeppelinConfig":
+        """From parsed ``--zeppelin-*`` flags (defined in integration/args.py, which has no megatron import)."""
+        from megatron_zeppelin.integration.args import config_from_args
+        return config_from_args(args)
+
+    def with_(self, **kw) -> "ZeppelinConfig":
+        return replace(self, **kw)

@@ -1,0 +1,287 @@
+"""HardwareProfile: the costs of one machine type (megatron_zeppelin/presets/clusters/*.yaml).
+
+Attention throughput depends on the length of the attended block: short documents run far below
+peak (tile quantization, launch overhead). Between table points the rate is interpolated linearly in
+log2(length); outside the table it is clamped.
+
+>>> p = HardwareProfile(name="toy", gpu="toy", gemm_tflops=100.0, attn_seqlen=(512, 2048),
+...                     attn_fwd_tflops=(50.0, 100.0), attn_bwd_tflops=(40.0, 80.0),
+...                     nvlink_GBps=100.0, nvlink_latency_us=2.0, nic_GBps=10.0, nic_latency_us=10.0,
+...                     gpus_per_node=8, nics_per_node=4)
+>>> p.attn_tflops(1024), p.attn_tflops(4096, backward=True)
+(75.0, 80.0)
+"""
+
+from __future__ import annotations
+
+from megatron_zeppelin.errors import ZeppelinError
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Tuple
+
+import yaml
+
+from megatron_zeppelin.spec.words import Link
+from megatron_zeppelin.presets import preset_dir
+
+CLUSTERS_DIR = preset_dir("clusters")
+ALIASES = {"a": "a800", "b": "h800", "c": "h200"}
+
+
+class ProfileError(ZeppelinError):
+    pass
+
+
+@dataclass(frozen=True)
+class NetworkLevel:
+    """A network level above the NICs' own (e.g. the spine of a rail-optimised fabric, joining
+    leaf groups): its link class ``name``, GB/s per NIC per direction, latency, and how many
+    consecutive nodes one of its domains joins (0: all nodes). A message between nodes that no
+    lower level joins takes this level's link: it leaves on the sender's NIC as any network hop."""
+    name: str
+    GBps: float
+    latency_us: float
+    nodes: int = 0
+
+
+SPLIT_FIELDS = ("split_fwd_us", "split_bwd_us", "split_row_fwd_us", "split_row_bwd_us")  # YAML attention.*
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    gpu: str
+    gemm_tflops: float
+    attn_seqlen: Tuple[int, ...]
+    attn_fwd_tflops: Tuple[float, ...]
+    attn_bwd_tflops: Tuple[float, ...]
+    nvlink_GBps: float  # per GPU, per direction, achieved
+    nvlink_latency_us: float
+    nic_GBps: float  # per NIC, per direction, achieved
+    nic_latency_us: float
+    gpus_per_node: int = 8
+    nics_per_node: int = 8
+    gpu_to_nic: Tuple[int, ...] = ()
+    memory_GB: float = 80.0
+    assumed: Tuple[str, ...] = field(default=())  # fields that are assumptions, not published/measured
+    # Fixed seconds per attention kernel call (launch, cu_seqlens, LSE merge; the engine makes one
+    # call per rank per Compute of the layer program, every block of it packed), and per *sequence*
+    # inside a call (one query chunk with every key block it attends in that call: the kernels merge
+    # them, attention/kernels/pieces.py; pairing segments, masks, slicing the K/V message), forward
+    # and backward, on top of FLOPs / rate; 0 in the GPU presets (folded into the rate table),
+    # measured by `zeppelin bench --validate-cpu`.
+    attn_call_fwd_us: float = 0.0
+    attn_call_bwd_us: float = 0.0
+    attn_seq_fwd_us: float = 0.0
+    attn_seq_bwd_us: float = 0.0
+    # What a *split* sequence adds (one query chunk with full keys then its causal run, which a
+    # kernel knowing only top-left causal masks runs as two sequences and a merge: the CPU kernel,
+    # attention/kernels/cpu.py) beyond its two sequences: a fixed part and a part per query row,
+    # forward and backward. 0 in the GPU presets (their kernels take bottom-right masks), measured by
+    # `zeppelin bench --validate-cpu` against the model's own price of the same blocks.
+    attn_split_fwd_us: float = 0.0
+    attn_split_bwd_us: float = 0.0
+    attn_split_row_fwd_us: float = 0.0
+    attn_split_row_bwd_us: float = 0.0
+    # Cores of one host CPU that all ranks' compute shares (processor sharing: with n ranks computing,
+    # each runs at min(1, host_cores / n) of the single-core rates above; sim/host.py). 0 = ranks do
+    # not share compute (GPUs). Set by the CPU validation's calibration (validation/concurrent.py): the
+    # affinity mask's cores, or, with more ranks than cores, the compute they got running at once if
+    # less (a fraction: every switch between ranks costs cache refills).
+    host_cores: float = 0.0
+    # On a shared host (host_cores > 0): bytes per second one core copies through the transport
+    # (gloo over TCP copies every message on both ends); each message then takes bytes / rate seconds
+    # of CPU at its sender and at its receiver, shared with the compute. 0 = messages take no CPU.
+    host_copy_GBps: float = 0.0
+    # On a shared host (host_cores > 0): the engine's own CPU per Post and per Wait of the layer
+    # program on each rank the exchange involves, outside any kernel call: a fixed part (building
+    # and posting the exchange; waiting), and at a Wait the bytes of the messages ending at the rank
+    # at host_land_GBps (landing the rows in place and adding them up). 0 = none (GPUs: the host
+    # runs ahead of the device, so this hides behind the kernels).
+    host_post_us: float = 0.0
+    host_wait_us: float = 0.0
+    host_land_GBps: float = 0.0
+    # On a shared host: the engine's CPU packing a rank's own rows of each of its rings into the K/V
+    # message it holds, at the start of every pass (attention/runner.py LayerRun: a row gather and a
+    # concatenation), at this many bytes per second. 0 = none (GPUs: it hides behind the kernels).
+    host_pack_GBps: float = 0.0
+    # Throughput of *full* (non-causal) blocks by the same lengths, for the simulator's ring steps
+    # (off-diagonal zigzag blocks); empty = the causal tables above (FLOPs count the same either way:
+    # right where a kernel skips the masked tiles, as GPU flash kernels do). Torch's CPU flash kernel
+    # costs a causal block of <= 512 tokens as much as a full one, so there it is ~2x the causal rate.
+    attn_full_fwd_tflops: Tuple[float, ...] = ()
+    attn_full_bwd_tflops: Tuple[float, ...] = ()
+    # Cluster levels above the node (YAML ``nic.nodes`` and ``levels``): the NIC level joins groups
+    # of ``nic_nodes`` consecutive nodes (0: all nodes, the usual two-level cluster); each further
+    # level (innermost first) joins groups of its ``nodes``, a multiple of the level below's.
+    nic_nodes: int = 0
+    levels: Tuple[NetworkLevel, ...] = ()
+
+    def __post_init__(self):
+        for f in ("attn_seqlen", "attn_fwd_tflops", "attn_bwd_tflops", "gpu_to_nic", "assumed",
+                  "attn_full_fwd_tflops", "attn_full_bwd_tflops", "levels"):
+            object.__setattr__(self, f, tuple(getattr(self, f)))
+        self._check_levels()
+        n = len(self.attn_seqlen)
+        if n == 0 or len(self.attn_fwd_tflops) != n or len(self.attn_bwd_tflops) != n:
+            raise ProfileError(f"profile {self.name}: attention.seqlen, fwd_tflops and bwd_tflops must be "
+                               "non-empty lists of the same length")
+        if list(self.attn_seqlen) != sorted(set(self.attn_seqlen)) or self.attn_seqlen[0] < 1:
+            raise ProfileError(f"profile {self.name}: attention.seqlen must be strictly increasing and positive")
+        for f in ("gemm_tflops", "nvlink_GBps", "nic_GBps"):
+            if not getattr(self, f) > 0:
+                raise ProfileError(f"profile {self.name}: {f} must be > 0")
+        if min(self.attn_fwd_tflops) <= 0 or min(self.attn_bwd_tflops) <= 0:
+            raise ProfileError(f"profile {self.name}: attention throughputs must be > 0")
+        for f in ("attn_full_fwd_tflops", "attn_full_bwd_tflops"):
+            v = getattr(self, f)
+            if v and (len(v) != n or min(v) <= 0):
+                raise ProfileError(f"profile {self.name}: attention.{f[5:]} must be empty or one positive "
+                                   "throughput per attention.seqlen")
+        if self.nvlink_latency_us < 0 or self.nic_latency_us < 0:
+            raise ProfileError(f"profile {self.name}: latencies must be >= 0")
+        if not self.host_cores >= 0:
+            raise ProfileError(f"profile {self.name}: host_cores must be >= 0 (0: compute not shared)")
+        if not self.host_copy_GBps >= 0:
+            raise ProfileError(f"profile {self.name}: host_copy_GBps must be >= 0 (0: messages take no CPU)")
+        if not (self.host_post_us >= 0 and self.host_wait_us >= 0 and self.host_land_GBps >= 0
+                and self.host_pack_GBps >= 0):
+            raise ProfileError(f"profile {self.name}: host_post_us, host_wait_us, host_land_GBps and "
+                               "host_pack_GBps must be >= 0 (0: none)")
+
+    def _check_levels(self) -> None:
+        names, below = {Link.NVLINK, Link.NIC}, self.nic_nodes
+        for lv in self.levels:
+            if lv.name in names or not lv.name.isidentifier():
+                raise ProfileError(f"profile {self.name}: level '{lv.name}' must have a new identifier for a name")
+            names.add(lv.name)
+            if not lv.GBps > 0 or lv.latency_us < 0:
+                raise ProfileError(f"profile {self.name}: level {lv.name} needs GBps > 0 and latency_us >= 0")
+            if below == 0 or lv.nodes < 0 or (lv.nodes and lv.nodes % below):
+                raise ProfileError(f"profile {self.name}: level {lv.name} joins {lv.nodes} nodes; the level below "
+                                   f"joins {below or 'all'}: each level's domain must be a multiple of the one below")
+            below = lv.nodes
+        if self.nic_nodes < 0:
+            raise ProfileError(f"profile {self.name}: nic.nodes must be >= 0 (0: all nodes)")
+
+    @property
+    def links(self):
+        """Per link class, innermost first (nvlink, nic, then ``levels``): (GB/s per direction, latency in us)."""
+        out = {Link.NVLINK: (self.nvlink_GBps, self.nvlink_latency_us), Link.NIC: (self.nic_GBps, self.nic_latency_us)}
+        out.update((lv.name, (lv.GBps, lv.latency_us)) for lv in self.levels)
+        return out
+
+    @property
+    def spans(self) -> Tuple[int, ...]:
+        """Nodes one domain of each network level joins (nic first; 0: all), for Topology.level_of."""
+        return (self.nic_nodes,) + tuple(lv.nodes for lv in self.levels)
+
+    def attn_tflops(self, length: float, backward: bool = False) -> float:
+        xs, ys = self.attn_seqlen, (self.attn_bwd_tflops if backward else self.attn_fwd_tflops)
+        if length <= xs[0]:
+            return ys[0]
+        if length >= xs[-1]:
+            return ys[-1]
+        x = math.log2(length)
+        for i in range(1, len(xs)):
+            if length <= xs[i]:
+                x0, x1 = math.log2(xs[i - 1]), math.log2(xs[i])
+                return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
+        return ys[-1]  # unreachable
+
+    # --- (de)serialisation ----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        out = {k: d[k] for k in ("name", "gpu", "memory_GB", "gpus_per_node", "nics_per_node")}
+        out["gpu_to_nic"] = list(self.gpu_to_nic)
+        out["gemm_tflops"] = self.gemm_tflops
+        out["attention"] = {"seqlen": list(self.attn_seqlen), "fwd_tflops": list(self.attn_fwd_tflops),
+                            "bwd_tflops": list(self.attn_bwd_tflops)}
+        # The YAML keeps the plain words (yaml.safe_dump writes no enum members).
+        out["nvlink"] = {"GBps": self.nvlink_GBps, "latency_us": self.nvlink_latency_us}
+        out["nic"] = {"GBps": self.nic_GBps, "latency_us": self.nic_latency_us}
+        if self.nic_nodes:
+            out["nic"]["nodes"] = self.nic_nodes
+        if self.levels:
+            out["levels"] = [asdict(lv) for lv in self.levels]
+        out["assumed"] = list(self.assumed)
+        if self.attn_call_fwd_us or self.attn_call_bwd_us:
+            out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
+        if self.attn_seq_fwd_us or self.attn_seq_bwd_us:
+            out["attention"].update(seq_fwd_us=self.attn_seq_fwd_us, seq_bwd_us=self.attn_seq_bwd_us)
+        split = {k: getattr(self, "attn_" + k) for k in SPLIT_FIELDS}
+        if any(split.values()):
+            out["attention"].update(split)
+        if self.attn_full_fwd_tflops:
+            out["attention"].update(full_fwd_tflops=list(self.attn_full_fwd_tflops),
+                                    full_bwd_tflops=list(self.attn_full_bwd_tflops))
+        if self.host_cores:
+            out["host_cores"] = self.host_cores
+        if self.host_copy_GBps:
+            out["host_copy_GBps"] = self.host_copy_GBps
+        if self.host_post_us or self.host_wait_us or self.host_land_GBps or self.host_pack_GBps:
+            out.update(host_post_us=self.host_post_us, host_wait_us=self.host_wait_us,
+                       host_land_GBps=self.host_land_GBps, host_pack_GBps=self.host_pack_GBps)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<dict>") -> "HardwareProfile":
+        try:
+            att, nv, nic = d["attention"], d["nvlink"], d["nic"]
+            if "block_fwd_us" in att or "block_bwd_us" in att:
+                raise ProfileError(f"profile {source}: attention.block_fwd_us / block_bwd_us (per block) are now "
+                                   "seq_fwd_us / seq_bwd_us (per sequence of a kernel call): recalibrate it "
+                                   "(zeppelin bench --validate-cpu)")
+            return cls(
+                name=str(d["name"]), gpu=str(d.get("gpu", d["name"])), gemm_tflops=float(d["gemm_tflops"]),
+                attn_seqlen=tuple(int(x) for x in att["seqlen"]),
+                attn_fwd_tflops=tuple(float(x) for x in att["fwd_tflops"]),
+                attn_bwd_tflops=tuple(float(x) for x in att["bwd_tflops"]),
+                nvlink_GBps=float(nv["GBps"]), nvlink_latency_us=float(nv["latency_us"]),
+                nic_GBps=float(nic["GBps"]), nic_latency_us=float(nic["latency_us"]),
+                gpus_per_node=int(d.get("gpus_per_node", 8)), nics_per_node=int(d.get("nics_per_node", 8)),
+                gpu_to_nic=tuple(int(x) for x in d.get("gpu_to_nic", ())),
+                memory_GB=float(d.get("memory_GB", 80.0)), assumed=tuple(d.get("assumed", ())),
+                attn_call_fwd_us=float(att.get("call_fwd_us", 0.0)),
+                attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)),
+                attn_seq_fwd_us=float(att.get("seq_fwd_us", 0.0)),
+                attn_seq_bwd_us=float(att.get("seq_bwd_us", 0.0)),
+                **{f"attn_{k}": float(att.get(k, 0.0)) for k in SPLIT_FIELDS},
+                host_cores=float(d.get("host_cores", 0.0)), host_copy_GBps=float(d.get("host_copy_GBps", 0.0)),
+                host_post_us=float(d.get("host_post_us", 0.0)), host_wait_us=float(d.get("host_wait_us", 0.0)),
+                host_land_GBps=float(d.get("host_land_GBps", 0.0)), host_pack_GBps=float(d.get("host_pack_GBps", 0.0)),
+                attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
+                attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())),
+                nic_nodes=int(nic.get("nodes", 0)),
+                levels=tuple(NetworkLevel(str(lv["name"]), float(lv["GBps"]), float(lv["latency_us"]),
+                                          int(lv.get("nodes", 0))) for lv in d.get("levels", ())))
+        except ProfileError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"malformed profile {source}: missing or bad field {e}") from None
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+
+
+def load_profile(name_or_path: str, flag: str = "--cluster") -> HardwareProfile:
+    """A preset (``a800``/``h800``/``h200``, or the paper's cluster letters ``a``/``b``/``c``) or a YAML path;
+    an unknown one is an error naming ``flag``."""
+    path = name_or_path
+    if not os.path.exists(path):
+        path = os.path.join(CLUSTERS_DIR, f"{ALIASES.get(name_or_path.lower(), name_or_path)}.yaml")
+    if not os.path.exists(path):
+        known = sorted(f[:-5] for f in os.listdir(CLUSTERS_DIR) if f.endswith(".yaml"))
+        raise ProfileError(f"unknown cluster '{name_or_path}' (set {flag} to one of {known}, a/b/c, "
+                           "or a profile YAML path)")
+    try:
+        with open(path) as f:
+            d = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ProfileError(f"malformed profile {path}: {' '.join(str(e).split())}") from None
+    if not isinstance(d, dict):
+        raise ProfileError(f"malformed profile {path}: expected a mapping")
+    return HardwareProfile.from_dict(d, source=path)
