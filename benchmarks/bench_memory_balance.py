@@ -1,6 +1,6 @@
 """Memory balance probe: what a memory-balanced placement costs where Zeppelin's fastest plan is not.
 
-Zeppelin's pick (planner/portfolio/memory.py) takes the fastest plan whose per-rank peak activation
+Zeppelin's pick (planner/choice.py) takes the fastest plan whose per-rank peak activation
 memory is within MEMORY_BALANCE (1.10) x the mean when it is at most MEMORY_SLACK (3%) slower. On
 the main study's worst configuration (a800, llama-7b, prolong64k at 64K, 4 nodes, 16K tokens per
 GPU, full recompute) no candidate it builds qualifies. This probe builds one more family, *spread*,
@@ -40,7 +40,7 @@ from megatron_zeppelin.planner import make_context, plan_batch
 from megatron_zeppelin.planner.build.assemble import MEMORY_BALANCE, activation_weights, assemble, prepare
 from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, member_tokens, placement_from_groups
 from megatron_zeppelin.planner.context import Placement
-from megatron_zeppelin.planner.portfolio.memory import memory_imbalance
+from megatron_zeppelin.planner.choice import memory_imbalance
 from megatron_zeppelin.planner.partitioner.thresholds import zeppelin_thresholds
 from megatron_zeppelin.planner.types import PlanError
 from megatron_zeppelin.spec.hardware import load_profile

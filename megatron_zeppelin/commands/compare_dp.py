@@ -45,7 +45,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from megatron_zeppelin.distributed.launch import run_distributed
-    from megatron_zeppelin.dp_study import report
+    from megatron_zeppelin.reports import dp_study as report
     from megatron_zeppelin.dp_study.runner import RunSpec, worker
     from megatron_zeppelin.integration.data import build_corpus, cache_dir, default_corpus
     from megatron_zeppelin.spec.model import load_model

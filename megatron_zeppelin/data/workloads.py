@@ -43,7 +43,11 @@ from typing import Optional, Tuple
 import numpy as np
 import yaml
 
+from megatron_zeppelin.data.tokenizers import make_tokenizer
 from megatron_zeppelin.errors import ZeppelinError
+# Megatron's indexed reader: it imports megatron only when it reads a dataset (only integration/
+# imports megatron), and nothing of the package but errors.
+from megatron_zeppelin.integration.indexed_lengths import indexed_document_lengths
 from megatron_zeppelin.presets import preset_dir
 
 DATASETS_DIR = preset_dir("datasets")
@@ -160,7 +164,6 @@ def load_distribution(name_or_path: str, flag: str = "--dataset") -> Distributio
 
 # --- real lengths from files ------------------------------------------------------------------
 def _jsonl_lengths(path: str, field: Optional[str], flag: str, tokenizer=None) -> np.ndarray:
-    from megatron_zeppelin.data.tokenizers import make_tokenizer
     count = (tokenizer or make_tokenizer()).count
     out = []
     with open(path) as f:
@@ -214,7 +217,6 @@ def read_lengths(spec: str, flag: str = "--dataset", tokenizer=None) -> np.ndarr
     1-D array of positive integers in file order."""
     prefix = _indexed_prefix(spec)
     if prefix is not None:
-        from megatron_zeppelin.integration.indexed_lengths import indexed_document_lengths  # lazy: imports megatron
         x = indexed_document_lengths(prefix, flag)
         path = prefix + ".idx"
     else:

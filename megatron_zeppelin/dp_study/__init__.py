@@ -7,6 +7,7 @@ domain tokens), the global per-token mean of Megatron's per-token-loss conventio
 
 from __future__ import annotations
 
-from megatron_zeppelin.dp_study.base import Variant, VariantError, get_variant, VARIANTS
+from megatron_zeppelin.dp_study.base import Variant, VariantError, VARIANTS
+from megatron_zeppelin.dp_study.variants import get_variant
 
 __all__ = ["Variant", "VariantError", "get_variant", "VARIANTS"]

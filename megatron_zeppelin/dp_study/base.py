@@ -1,20 +1,17 @@
-"""The interface every data-parallel variant implements, and the registry of variants.
+"""The interface every data-parallel variant implements, and the names of the variants.
 
 A variant wraps a freshly built model for one process group, builds its optimizer, and turns the
 local gradients of one backward into the domain's summed gradients. ``loss_scale(world)`` is the
 factor the local loss is multiplied by so that a variant whose collective *averages* (torch DDP,
 FSDP) yields the same summed gradient as one that sums (naive, bucketed, megatron-core DDP with
 per-token loss): averaging over W ranks after scaling by W is exact in float32 for W = 1, 2, 4.
+The variants' modules import this one; ``get_variant`` (variants.py) builds one by name.
 
 >>> [v for v in VARIANTS]
 ['single', 'naive', 'bucketed', 'torch_ddp', 'mcore_ddp', 'mcore_distopt', 'zero1', 'zero2', 'zero3']
->>> get_variant("zero3").zero_stage, get_variant("naive").loss_scale(4), get_variant("torch_ddp").loss_scale(4)
-(3, 1, 4)
 """
 
 from __future__ import annotations
-
-import importlib
 
 import torch
 
@@ -36,13 +33,6 @@ VARIANTS = {
 
 class VariantError(ZeppelinError):
     pass
-
-
-def get_variant(name: str, **kw) -> "Variant":
-    if name not in VARIANTS:
-        raise VariantError(f"unknown DP variant '{name}' (set --variants to some of {', '.join(VARIANTS)})")
-    mod, cls = VARIANTS[name]
-    return getattr(importlib.import_module(f"megatron_zeppelin.dp_study.{mod}"), cls)(**kw)
 
 
 def make_adamw(params, lr: float, **kw):

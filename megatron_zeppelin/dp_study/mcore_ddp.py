@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from megatron_zeppelin.dp_study.base import Variant, make_adamw
+from megatron_zeppelin.integration.mcore_dp import wrap_mcore_ddp  # imports megatron when it wraps
 
 
 class McoreDDP(Variant):
@@ -15,7 +16,6 @@ class McoreDDP(Variant):
     overlap = True
 
     def wrap(self, model, group):
-        from megatron_zeppelin.integration.mcore_dp import wrap_mcore_ddp
         # megatron-core reduces over parallel_state's data-parallel group (all domain ranks here).
         return wrap_mcore_ddp(model, overlap=True, bucket_size=max(1, self.bucket_bytes // 4))
 
@@ -60,7 +60,6 @@ class McoreDistOpt(McoreDDP):
     def wrap(self, model, group):
         import torch.distributed as dist
 
-        from megatron_zeppelin.integration.mcore_dp import wrap_mcore_ddp
         module = wrap_mcore_ddp(model, overlap=True, bucket_size=max(1, self.bucket_bytes // 4),
                                 distributed_optimizer=True)
         world, rank = dist.get_world_size(group), dist.get_rank(group)

@@ -87,7 +87,7 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
     from megatron_zeppelin.planner import Planner
     from megatron_zeppelin.spec.hardware import load_profile
     from megatron_zeppelin.spec.topology import Topology
-    from megatron_zeppelin.dp_study.base import get_variant
+    from megatron_zeppelin.dp_study.variants import get_variant
     from megatron_zeppelin.dp_study.measure import peak_step_bytes, rss_peak_bytes
     from megatron_zeppelin.spec.memory import predict_memory
     from megatron_zeppelin.dp_study.traffic import CollectiveCounter

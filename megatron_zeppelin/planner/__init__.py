@@ -22,6 +22,11 @@ from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.cost_model import CostModel
 from megatron_zeppelin.planner.strategies import pick
 from megatron_zeppelin.planner.types import Plan, PlanError
+from megatron_zeppelin.planner.portfolio.memory import plan_memory_first
+# The strategies' modules: importing them fills strategies.py's registry. Python runs this file
+# before any module of the planner, so the registry is full wherever it is read.
+from megatron_zeppelin.planner import baselines  # noqa: F401 -- the baselines register
+from megatron_zeppelin.planner.partitioner import partition  # noqa: F401 -- Zeppelin registers
 
 __all__ = ["plan_batch", "Planner", "make_context", "Plan", "PlanError", "PlanContext", "Placement", "CostModel"]
 
@@ -108,7 +113,6 @@ class Planner:
         gc.disable()
         try:
             if config.balance_memory and name == "zeppelin":
-                from megatron_zeppelin.planner.portfolio.memory import plan_memory_first
                 return plan_memory_first(lengths, ctx)
             return pick(name, lengths, ctx)[0]
         finally:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterable, Iterator, Optional, Tuple
 
+from megatron_zeppelin.planner.errors import PlanError
+
 Tried = Tuple[Tuple[int, float], ...]  # (run-level value, predicted iteration seconds), by value
 
 
@@ -60,7 +62,6 @@ class PlanMeta:
         out = {}
         for k, v in pairs:
             if k not in known:
-                from megatron_zeppelin.planner.types import PlanError
                 raise PlanError(f"unknown plan metadata '{k}' (PlanMeta fields: {', '.join(sorted(known))})")
             out[k] = _parse(k, str(v))
         return cls(**out)

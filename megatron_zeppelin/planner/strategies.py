@@ -9,8 +9,11 @@ candidate's ``bound`` (a lower bound of its prediction) lets ``pick`` skip it un
 remap variant's ``versus`` (the same placement without its remap, proposed later) lets ``pick``
 assemble that one first and skip the variant on its least prediction (assemble.least_iteration_s).
 
-Strategies register themselves with ``@strategy(name, order)`` where they are defined;
-``names()`` (what --zeppelin-strategy accepts, spec/config.py) is the registry's list in ``order``:
+Strategies register themselves with ``@strategy(name, order)`` where they are defined, under a
+name of spec/config.py's STRATEGIES (what --zeppelin-strategy accepts). This module sits below
+them: ``megatron_zeppelin.planner`` (its __init__, which Python runs before any of its modules)
+imports the strategies' modules, so the registry is full wherever it is read. ``names()`` is the
+registry's list in ``order``:
 
 >>> names()
 ('zeppelin', 'packed_dp', 'static_cp', 'allgather_cp', 'hybrid_dp', 'dynamic_cp')
@@ -18,31 +21,17 @@ Strategies register themselves with ``@strategy(name, order)`` where they are de
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
+from megatron_zeppelin.spec.config import STRATEGIES
+from megatron_zeppelin.planner.build.assemble import assemble, least_iteration_s, remapped
+from megatron_zeppelin.planner.choice import MEMORY_SLACK, MemoryChoice, faster
 from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.cost.predict import lower_bound
 from megatron_zeppelin.planner.types import Plan, PlanError
-
-# The modules that define strategies: importing them registers them (the baselines package
-# imports its modules).
-_HOMES = ("megatron_zeppelin.planner.partitioner.partition", "megatron_zeppelin.planner.baselines")
-
-
-TIE = 1e-9  # predictions this close (relative) are equal: their last bits depend on summation order
-
-
-def faster(a: float, b: float) -> bool:
-    """``a`` is a faster prediction than ``b`` beyond rounding (ties keep the first proposed, so the
-    pick does not depend on the order of the batch's documents, which changes the last bits of sums).
-
-    >>> faster(1.0, 1.0 + 1e-15), faster(1.0, 1.0 + 1e-6), faster(2.0, 1.0)
-    (False, True, False)
-    """
-    return a < b * (1.0 - TIE)
 
 
 @dataclass(frozen=True)
@@ -89,7 +78,7 @@ class Strategy:
     propose: Callable[[Sequence[int], PlanContext, Search], Iterable[Candidate]]
 
 
-_REGISTRY: Dict[str, Strategy] = {}  # filled once, by the decorator, when the homes are imported
+_REGISTRY: Dict[str, Strategy] = {}  # filled once, by the decorator, when planner/__init__ imports the strategies
 
 
 def strategy(name: str, order: int, *, searches: bool = False):
@@ -98,6 +87,8 @@ def strategy(name: str, order: int, *, searches: bool = False):
     ``(lengths, ctx, search) -> Iterable[Candidate]``. The function itself is returned unchanged."""
     def register(fn):
         source = f"{fn.__module__}.{fn.__qualname__}"
+        if name not in STRATEGIES:
+            raise PlanError(f"strategy '{name}' ({source}) is not in spec/config.py STRATEGIES: add its name there")
         if name in _REGISTRY and _REGISTRY[name].source != source:
             raise PlanError(f"two strategies are registered as '{name}': {_REGISTRY[name].source} and {source}")
         if searches:
@@ -112,8 +103,6 @@ def strategy(name: str, order: int, *, searches: bool = False):
 
 
 def names() -> Tuple[str, ...]:
-    for home in _HOMES:  # after the first call, lookups in sys.modules
-        importlib.import_module(home)
     return tuple(s.name for s in sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name)))
 
 
@@ -131,14 +120,10 @@ def pick(name: str, lengths: Sequence[int], ctx: PlanContext) -> Tuple[Plan, Can
 def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
            propose: Callable[[Sequence[int], PlanContext, Search], Iterable[Candidate]]) -> Tuple[Plan, Candidate]:
     """Assemble the proposed candidates and keep the least predicted iteration (ties: the first
-    proposed; for Zeppelin the fastest memory-balanced one where that costs little, memory_choice.py);
+    proposed; for Zeppelin the fastest memory-balanced one where that costs little, choice.py);
     a candidate whose bound is at or above the best so far is not assembled. Candidates
     whose assembly raises PlanError (over a set capacity) are skipped; if none is left the last
     error is raised. The winner's label becomes its ``variant``."""
-    from megatron_zeppelin.planner.build.assemble import assemble, least_iteration_s, remapped  # late: assemble imports the planner's other parts
-    from megatron_zeppelin.planner.portfolio.memory import MEMORY_SLACK, MemoryChoice
-    from megatron_zeppelin.planner.cost.predict import lower_bound
-
     arr = np.asarray(lengths, dtype=np.int64)
     search, won, errors = Search(lengths=arr, whole_s=ctx.cost.doc_attention_np(arr)), None, []
     memory = MemoryChoice(ctx) if name == "zeppelin" else None  # Zeppelin's memory balance
@@ -202,7 +187,7 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
                             + "; ".join(f"{s[0]}={s[1]}: {e}" for s, e in errors))
         raise errors[-1][1]
     plan = search.best
-    if memory is not None:  # the fastest memory-balanced plan where it costs little (memory_choice.py)
+    if memory is not None:  # the fastest memory-balanced plan where it costs little (choice.py)
         _, plan, won = memory.pick()
     if won.label:
         plan = replace(plan, meta=replace(plan.meta, variant=won.label))

@@ -15,8 +15,6 @@ of both ranks (4 zigzag chunks), document 1 local on rank 1.
 
 from __future__ import annotations
 
-from megatron_zeppelin.errors import ZeppelinError
-
 import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -27,11 +25,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.spec.words import CLASSES, LINKS, Comm, DocClass, Link, Stage
+from megatron_zeppelin.planner.errors import PlanError  # noqa: F401 (re-exported: its users import it from here)
 from megatron_zeppelin.planner.meta import PlanMeta
-
-
-class PlanError(ZeppelinError):
-    """A plan that breaks the contract or does not match the data it is used with."""
 
 
 @dataclass(frozen=True, order=True)

@@ -1,13 +1,14 @@
 """Plots of ``zeppelin compare-dp`` (one PNG per question, per model): loss against step and against
 time, speedup and scaling efficiency, exposed communication and bytes per step, peak memory per
-rank by category. Rows come from report.summarize."""
+rank by category. Rows come from reports/dp_study.py's summarize (which imports this module: the
+memory categories are the ones its rows carry)."""
 
 from __future__ import annotations
 
 import os
 from typing import Dict, List
 
-from megatron_zeppelin.reports.dp_study import CATEGORIES
+LABELS = {"param": "parameters", "grad": "gradients", "opt": "optimizer states", "act": "activations"}
 
 
 def _fig(n=1, w=6.0, h=4.0):
@@ -97,10 +98,9 @@ def _memory(rows, path, model):
     rows = [r for r in rows if not r["balance"]] or rows
     xs = list(range(len(rows)))
     bottom = [0.0] * len(rows)
-    for c in CATEGORIES:
+    for c in dict.fromkeys(c for r in rows for c in r["mem_by_category"]):  # the rows' categories, in order
         vals = [r["mem_by_category"].get(c, 0) / 1e6 for r in rows]
-        ax.bar(xs, vals, 0.7, bottom=bottom, label={"param": "parameters", "grad": "gradients",
-                                                    "opt": "optimizer states", "act": "activations"}[c])
+        ax.bar(xs, vals, 0.7, bottom=bottom, label=LABELS.get(c, c))
         bottom = [x + y for x, y in zip(bottom, vals)]
     ax.scatter(xs, [r["mem_predicted_bytes"] / 1e6 for r in rows], color="k", marker="_", s=200, zorder=3,
                label="predicted total (memory.py)")

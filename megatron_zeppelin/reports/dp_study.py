@@ -26,6 +26,8 @@ import statistics
 from collections import defaultdict
 from typing import Dict, List
 
+from megatron_zeppelin.plots.dp_study import plot_all  # matplotlib is imported only when it draws
+
 CATEGORIES = ("param", "grad", "opt", "act")  # MemTracker's: parameters, gradients, optimizer states, activations
 
 
@@ -102,7 +104,6 @@ def write_outputs(rows: List[dict], records: List[dict], out_dir: str, meta: dic
     paths = {"json": os.path.join(out_dir, "compare_dp.json")}
     with open(paths["json"], "w") as f:
         json.dump({"meta": meta, "rows": rows, "records": records}, f, indent=1)
-    from megatron_zeppelin.plots.dp_study import plot_all
     paths.update(plot_all(rows, out_dir))
     return paths
 

@@ -1,6 +1,8 @@
 """ZeppelinConfig: every Zeppelin option, typed, frozen and validated.
 
-Errors name the command-line flag to change (the argparse bridge is integration/args.py).
+Errors name the command-line flag to change. Spec is the lowest layer: the argparse bridge is
+integration/args.py (``config_from_args``), and the strategies' code registers under the names
+listed here (planner/strategies.py refuses a name that is not).
 
 >>> ZeppelinConfig(routing="multi-nic").routing_enabled(nodes=2), ZeppelinConfig().routing_enabled(nodes=1)
 (True, False)
@@ -20,22 +22,13 @@ from typing import Tuple
 
 ROUTING = ("auto", "multi-nic", "off")
 
+# What --zeppelin-strategy accepts, in the order of tables and --compare. The planner's registry
+# (planner/strategies.py) holds one strategy under each name: a new strategy adds its name here.
+STRATEGIES = ("zeppelin", "packed_dp", "static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp")
+
 
 class ConfigError(ZeppelinError):
     pass
-
-
-def strategy_names() -> Tuple[str, ...]:
-    """The registered strategies (planner/strategies.py), read when first needed: the planner's
-    modules import this one."""
-    from megatron_zeppelin.planner.strategies import names
-    return names()
-
-
-def __getattr__(name: str):
-    if name == "STRATEGIES":  # the registry's list, kept under its old name for the flags' choices
-        return strategy_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -61,9 +54,9 @@ class ZeppelinConfig:
     sequence_parallel: bool = False  # Megatron's --sequence-parallel: layouts split over TP along tokens
 
     def __post_init__(self):
-        if self.strategy not in strategy_names():
+        if self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy '{self.strategy}' (set --zeppelin-strategy to one of "
-                              f"{', '.join(strategy_names())})")
+                              f"{', '.join(STRATEGIES)})")
         if self.routing not in ROUTING:
             raise ConfigError(f"unknown routing '{self.routing}' (set --zeppelin-routing to one of "
                               f"{', '.join(ROUTING)})")
@@ -86,12 +79,6 @@ class ZeppelinConfig:
 
     def routing_enabled(self, nodes: int) -> bool:
         return self.routing == "multi-nic" or (self.routing == "auto" and nodes > 1)
-
-    @classmethod
-    def from_args(cls, args) -> "ZeppelinConfig":
-        """From parsed ``--zeppelin-*`` flags (defined in integration/args.py, which has no megatron import)."""
-        from megatron_zeppelin.integration.args import config_from_args
-        return config_from_args(args)
 
     def with_(self, **kw) -> "ZeppelinConfig":
         return replace(self, **kw)

@@ -39,8 +39,8 @@ def test_sequence_parallel_is_accepted_with_tensor_parallelism():
 
 
 def test_flags_round_trip_and_without_balance_nothing_is_refused():
-    c = ZeppelinConfig.from_args(_args("--zeppelin-strategy", "static_cp", "--zeppelin-cp-size", "4",
-                                       "--no-zeppelin-remap", tensor_model_parallel_size=2))
+    c = config_from_args(_args("--zeppelin-strategy", "static_cp", "--zeppelin-cp-size", "4",
+                                "--no-zeppelin-remap", tensor_model_parallel_size=2))
     assert (c.strategy, c.cp_size, c.remap, c.tp, c.balance) == ("static_cp", 4, False, 2, True)
     a = add_zeppelin_args(argparse.ArgumentParser()).parse_args([])
     a.context_parallel_size = 4

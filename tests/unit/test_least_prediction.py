@@ -10,7 +10,6 @@ import pytest
 import megatron_zeppelin.planner.strategies as strategies
 from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.model import load_model
-from megatron_zeppelin.planner.build import assemble as asm
 from megatron_zeppelin.planner import make_context
 from megatron_zeppelin.planner.build.assemble import least_iteration_s, prepare, remapped
 from megatron_zeppelin.planner.cost.predict import predict
@@ -70,19 +69,19 @@ def test_the_pick_is_the_same_as_assembling_every_candidate(monkeypatch):
     for case in CASES:
         for seed in (1, 2):
             lengths, ctx = _context(*case, seed=seed)
-            calls = []  # assemblies, counted where choose takes assemble from
-            orig = asm.assemble
+            calls = []  # assemblies, counted where choose takes assemble from (strategies' import)
+            orig = strategies.assemble
 
             def counting(*a, **k):
                 calls.append(1)
                 return orig(*a, **k)
-            monkeypatch.setattr(asm, "assemble", counting)
+            monkeypatch.setattr(strategies, "assemble", counting)
             plan, won = strategies.choose("zeppelin", lengths, ctx, propose)
             weighed = len(calls)
             calls.clear()
             ref, ref_won = strategies.choose("zeppelin", lengths, ctx, lambda l, c, s: (
                 replace(x, prepared=None, versus=None) for x in propose(l, c, s)))
-            monkeypatch.setattr(asm, "assemble", orig)
+            monkeypatch.setattr(strategies, "assemble", orig)
             assert plan == ref and won.label == ref_won.label, (case, seed)
             assert weighed <= len(calls)
             skipped += len(calls) - weighed

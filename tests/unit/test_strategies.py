@@ -1,6 +1,7 @@
-"""The strategy protocol: the registry names the strategies (and --zeppelin-strategy takes them from
-it), and one place (strategies.choose) assembles what a strategy proposes and keeps the least
-predicted plan, skipping candidates bounded above the best so far and those that do not fit."""
+"""The strategy protocol: the registry holds one strategy under each name --zeppelin-strategy takes
+(spec/config.py STRATEGIES), and one place (strategies.choose) assembles what a strategy proposes
+and keeps the least predicted plan, skipping candidates bounded above the best so far and those
+that do not fit."""
 
 import pytest
 
@@ -21,6 +22,9 @@ def test_the_names_come_from_the_registry():
         ZeppelinConfig(strategy="nope")
     with pytest.raises(PlanError, match="two strategies are registered as 'packed_dp'"):
         strategy("packed_dp", 1)(lambda lengths, ctx: None)
+    with pytest.raises(PlanError, match="'nope' .* is not in spec/config.py STRATEGIES"):  # a name the flags refuse
+        strategy("nope", 9)(lambda lengths, ctx: None)
+    assert "nope" not in names()
 
 
 def test_choose_keeps_the_least_predicted_and_prunes_by_bound():

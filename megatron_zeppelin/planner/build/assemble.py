@@ -22,8 +22,10 @@ from megatron_zeppelin.planner.build.levels import linear_level, smallest_level
 from megatron_zeppelin.planner.cost.predict import attention_tokens, lower_bound, predict, ring_costs
 from megatron_zeppelin.planner.program import local_arrays
 from megatron_zeppelin.planner.build.remap import remap_flows, remap_moves
+from megatron_zeppelin.planner.build.routing import route_schedule
 from megatron_zeppelin.planner.build.schedule import ring_ops
 from megatron_zeppelin.planner.types import Plan, PlanError, PlanMeta, ring_documents
+from megatron_zeppelin.spec.memory import activation_bytes
 from megatron_zeppelin.spec.words import CLASSES, DocClass
 
 _DOC = attrgetter("doc")
@@ -66,7 +68,6 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     dmap = ring_documents(docs, rings)  # ring_ops reads ring documents only
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of)
     if placement.routing:
-        from megatron_zeppelin.planner.build.routing import route_schedule
         ops = route_schedule(ops, topo, cost, ctx.config)
     arrays = local_arrays(docs, local)  # the attention tokens and the ring costs both read them
     tokens = tuple(attention_tokens(docs, rings, topo.world_size, arrays).astype(np.int64).tolist())
@@ -160,7 +161,6 @@ def activation_weights(cost) -> Tuple[float, float]:
     """Activation bytes a rank keeps per token of its attention layout and per token of its linear
     layout: spec/memory.py's model (all layers, the head on the linear layout) with the run's recompute
     and sequence parallelism (``cost.recompute``, ``cost.sp``), as plan_memory_balance reports it."""
-    from megatron_zeppelin.spec.memory import activation_bytes
     n = 1 << 20  # per token, without the model's integer rounding
     return (activation_bytes(cost.model, n, 0, cost.tp, cost.recompute, cost.sp) / n,
             activation_bytes(cost.model, 0, n, cost.tp, cost.recompute, cost.sp) / n)
@@ -246,7 +246,7 @@ def _check_fits(strategy: str, att, lin, capacity: int) -> None:
     >>> _check_fits("packed_dp", [[Segment(0, 0, 6)], []], [[Segment(0, 0, 6)], []], 4)
     Traceback (most recent call last):
     ...
-    megatron_zeppelin.planner.types.PlanError: packed_dp runs out of memory: rank 0 holds 6 tokens in its attention layout > capacity 4 (--zeppelin-capacity-tokens)
+    megatron_zeppelin.planner.errors.PlanError: packed_dp runs out of memory: rank 0 holds 6 tokens in its attention layout > capacity 4 (--zeppelin-capacity-tokens)
     """
     for name, layout in (("attention", att), ("linear", lin)):
         for r, segs in enumerate(layout):

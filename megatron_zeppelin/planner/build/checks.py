@@ -29,7 +29,7 @@ Worked example: a hand-made plan breaks the zigzag invariant.
 >>> check_plan(plan, capacity=4)
 Traceback (most recent call last):
 ...
-megatron_zeppelin.planner.types.PlanError: capacity: rank 0 holds 5 attention tokens > 4
+megatron_zeppelin.planner.errors.PlanError: capacity: rank 0 holds 5 attention tokens > 4
 """
 
 from __future__ import annotations

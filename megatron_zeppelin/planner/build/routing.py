@@ -42,7 +42,9 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Dict, List, Sequence, Tuple
 
+from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.planner.cost.predict import step_message_times
 from megatron_zeppelin.planner.types import CommOp
 from megatron_zeppelin.spec.words import RING_QUEUES, STAGES, DocClass, Link, Stage
 
@@ -231,10 +233,7 @@ def explain_step(cost, topo: Topology, nbytes: int, config=None) -> dict:
     >>> e["pieces"], e["nics_used"], e["routed_s"] < e["direct_s"]
     (2, 2, True)
     """
-    from megatron_zeppelin.planner.cost.predict import step_message_times  # predict imports nothing of routing; keep module load light
-
     if config is None:
-        from megatron_zeppelin.spec.config import ZeppelinConfig
         config = ZeppelinConfig()
     config = replace(config, routing="multi-nic")
     t2 = topo if topo.nodes >= 2 else Topology(2, topo.gpus_per_node, topo.nics_per_node, topo.gpu_to_nic)

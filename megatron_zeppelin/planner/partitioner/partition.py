@@ -55,10 +55,13 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 import numpy as np
 
 from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.build.assemble import prepare
 from megatron_zeppelin.planner.build.layout import zigzag_bounds
+from megatron_zeppelin.planner.choice import MEMORY_SLACK
 from megatron_zeppelin.planner.partitioner.lpt import place_short
 from megatron_zeppelin.planner.strategies import Candidate, Search, pick, strategy
 from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
+from megatron_zeppelin.planner.portfolio.shapes import candidate_placements, placement_key
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
 from megatron_zeppelin.spec.words import DocClass, Link
 
@@ -284,8 +287,6 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
     once; its remap variants share that."""
     from dataclasses import replace as dc_replace
 
-    from megatron_zeppelin.planner.build.assemble import prepare  # late: assemble consumes Placements
-
     seen, placed = [], {}
     memo = {} if search.lengths is None else {"arrays": (search.lengths, search.whole_s)}  # the pick's, once
     offs = {}  # free rings: each placement's remap-off candidate, which its time variant is weighed against
@@ -327,19 +328,16 @@ def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
 
 
 def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candidate]:
-    """Every fixed-shape candidate (candidates.py): the baselines' shapes, so that Zeppelin's
+    """Every fixed-shape candidate (portfolio/shapes.py): the baselines' shapes, so that Zeppelin's
     prediction is never above theirs. None when the best so far is within NEAR_BOUND of the lower
     bound (no plan can gain more); in order of their bounds, until a bound reaches MEMORY_SLACK
     above the best so far."""
     from dataclasses import replace as dc_replace
 
-    from megatron_zeppelin.planner.build.assemble import prepare
-    from megatron_zeppelin.planner.portfolio.shapes import candidate_placements, placement_key
-    from megatron_zeppelin.planner.portfolio.memory import MEMORY_SLACK
     if search.within(NEAR_BOUND):
         return
     # A shape up to MEMORY_SLACK slower than the best may still be faster than the memory-balanced
-    # plan the pick takes instead (memory_choice.py), which must then not be above it: so weigh those too.
+    # plan the pick takes instead (choice.py), which must then not be above it: so weigh those too.
     reach = (1 + MEMORY_SLACK) * search.best_s
     cands, seen = [], set()
     for bound, label, pl0 in candidate_placements(lengths, ctx, reach):

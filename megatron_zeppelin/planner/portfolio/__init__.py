@@ -1,2 +1,3 @@
 """The portfolio Zeppelin weighs beside its partitioner: every baseline's fixed shape as a candidate
-(shapes), and memory as a constraint on the pick (memory)."""
+(shapes), and Zeppelin planned under a memory cap for --zeppelin-balance-memory (memory). The pick's
+own memory rule is planner/choice.py."""

@@ -1,56 +1,18 @@
-"""Memory as a constraint with a price, for Zeppelin's pick (strategies.choose).
+"""--zeppelin-balance-memory: Zeppelin planned under a memory cap (``plan_memory_first``).
 
-When the fastest plan's per-rank peak activation memory is over MEMORY_BALANCE x the mean
-(assemble.py), the fastest plan within it is taken instead if it is at most MEMORY_SLACK slower
-and no slower than any baseline shape assembled (candidates.py: Zeppelin still never predicts
-slower than a baseline). Remap off moves nothing but leaves the attention layout's token imbalance
-in memory; the time-balanced remap, capped by memory (assemble.memory_caps), evens it out inside
-each node (not across nodes: a node running a long document's ring while the other nodes take the
-short documents stays imbalanced).
+The default pick weighs memory as a constraint with a price (choice.py, MemoryChoice); this entry
+plans the same search with a tighter capacity instead, so every rank's both layouts stay within
+MEMORY_BALANCE x the batch's mean tokens.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from dataclasses import replace
 
-import numpy as np
-
-from megatron_zeppelin.planner.build.assemble import MEMORY_BALANCE, activation_weights
+from megatron_zeppelin.planner.build.assemble import MEMORY_BALANCE
 from megatron_zeppelin.planner.context import PlanContext
-from megatron_zeppelin.planner.build.remap import linear_tokens
-from megatron_zeppelin.planner.strategies import faster
-
-MEMORY_SLACK = 0.03
-
-
-class MemoryChoice:
-    """The fastest plan offered, the fastest whose memory is balanced, and the fastest baseline
-    shape: (seconds, plan, candidate) each, or None."""
-
-    def __init__(self, ctx: PlanContext):
-        self.best = self.fit = self.shape = None
-        self.weights = activation_weights(ctx.cost)
-
-    def offer(self, plan, candidate) -> None:
-        t = plan.predicted_iteration_s
-        if "shape" in candidate.placement.meta and (self.shape is None or faster(t, self.shape[0])):
-            self.shape = (t, plan, candidate)  # a baseline's shape (candidates.py)
-        if (self.best is not None and not faster(t, self.best[0]) and self.fit is not None
-                and not faster(t, self.fit[0])):
-            return
-        mem = memory_imbalance(plan, candidate.prepared, self.weights)
-        if self.best is None or faster(t, self.best[0]):
-            self.best = (t, plan, candidate)
-        if (self.fit is None or faster(t, self.fit[0])) and mem <= MEMORY_BALANCE:
-            self.fit = (t, plan, candidate)
-
-    def pick(self) -> Optional[Tuple[float, object, object]]:
-        b, f = self.best, self.fit
-        if b is None or f is None or f is b or f[0] > (1 + MEMORY_SLACK) * b[0]:
-            return b
-        if self.shape is not None and faster(self.shape[0], f[0]):
-            return b
-        return f
+from megatron_zeppelin.planner.strategies import pick
+from megatron_zeppelin.planner.types import PlanError
 
 
 def memory_cap(lengths, ctx: PlanContext) -> int:
@@ -83,10 +45,6 @@ def plan_memory_first(lengths, ctx: PlanContext):
     >>> plan.meta.token_cap, [plan.tokens(r) for r in range(4)], [plan.tokens(r, "linear") for r in range(4)]
     (2557, [2500, 2000, 2300, 2500], [2500, 2000, 2300, 2500])
     """
-    from dataclasses import replace
-
-    from megatron_zeppelin.planner.strategies import pick
-    from megatron_zeppelin.planner.types import PlanError
     cap = memory_cap(lengths, ctx)
     if cap < ctx.capacity:
         try:
@@ -95,16 +53,3 @@ def plan_memory_first(lengths, ctx: PlanContext):
         except PlanError:
             pass  # no placement holds the batch under the cap
     return pick("zeppelin", lengths, ctx)[0]
-
-
-def memory_imbalance(plan, prepared, weights) -> float:
-    """Per-rank peak activation memory, max / mean: attention tokens from the prepared placement
-    (or the plan's layout), linear tokens after the remap's moves."""
-    a, l = weights
-    if prepared is not None and getattr(prepared, "att_tokens", ()):
-        att = np.asarray(prepared.att_tokens, dtype=np.float64)
-    else:
-        att = np.array([sum([s.stop - s.start for s in r]) for r in plan.attention_layout], dtype=np.float64)
-    mem = a * att + l * linear_tokens(att, plan.remap)
-    mean = float(mem.mean())
-    return float(mem.max()) / mean if mean > 0 else 1.0

@@ -21,9 +21,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
+from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes
+from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
+from megatron_zeppelin.planner.baselines.hybrid_dp import plan_hybrid_dp
+from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement
+from megatron_zeppelin.planner.build.assemble import activation_weights, memory_caps
+from megatron_zeppelin.planner.build.levels import linear_level
+from megatron_zeppelin.planner.build.schedule import block_tokens
 from megatron_zeppelin.planner.context import Placement, PlanContext
+from megatron_zeppelin.planner.cost.predict import attention_tokens
 from megatron_zeppelin.planner.types import PlanError, ring_documents
-from megatron_zeppelin.spec.words import Comm, DocClass
+from megatron_zeppelin.spec.words import Comm, DocClass, Link
 
 
 SMALL_BATCH = 4  # documents per rank up to which hybrid_dp's and dynamic_cp's shapes are candidates too
@@ -43,12 +53,6 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
     thousands of documents, so they are candidates only for batches of up to SMALL_BATCH documents
     per rank (where those baselines' shapes differ most from Zeppelin's greedy), and hybrid_dp's
     also for batches of up to HYBRID_DOCS documents."""
-    import numpy as np
-
-    from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes
-    from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
-    from megatron_zeppelin.planner.baselines.hybrid_dp import plan_hybrid_dp
-    from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement
     world, cost = ctx.topology.world_size, ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
     out = []
@@ -125,10 +129,6 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
 
     The lesser of the two bounds the candidate. A candidate whose bound is above the best plan so
     far need not be assembled."""
-    import numpy as np
-
-    from megatron_zeppelin.planner.build.assemble import activation_weights, memory_caps
-    from megatron_zeppelin.planner.cost.predict import attention_tokens
     cost, world = ctx.cost, ctx.topology.world_size
     att = _attention(placement, ctx)
     tokens = attention_tokens(placement.docs, placement.rings, world)
@@ -148,7 +148,6 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
 def _attention(placement: Placement, ctx: PlanContext, passes=(False, True)):
     """Per rank the attention seconds of its whole local documents and its zigzag ring shares
     (``passes``: both, or the forward alone), all layers."""
-    import numpy as np
     cost, world = ctx.cost, ctx.topology.world_size
     length, local = {d.doc: d.length for d in placement.docs}, DocClass.LOCAL
     loc = [d for d in placement.docs if d.cls == local]
@@ -168,7 +167,6 @@ def recomputed_s(placement: Placement, ctx: PlanContext, tokens):
     lower_bound price it): per rank the forward of its core attention (ring members' shares, local
     documents whole) and of its projections, and per linear-layout token the forward MLP; (per-rank
     seconds, seconds per movable token)."""
-    import numpy as np
     cost, world = ctx.cost, ctx.topology.world_size
     w_att, w_proj, rate = _recompute_terms(ctx)
     per_rank = np.zeros(world)
@@ -215,7 +213,6 @@ def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext):
     """``recomputed_s`` of a CP group's member before its placement is built: its documents' forward
     member attention again (core_attn), its share ``tokens`` of projections (full); and per movable
     token the forward MLP (mlp). (per-group seconds, seconds per movable token)."""
-    import numpy as np
     cost = ctx.cost
     w_att, w_proj, rate = _recompute_terms(ctx)
     per_group = np.zeros(len(tokens))
@@ -239,9 +236,6 @@ def capped_level(own, rate: float, caps, need) -> float:
     >>> capped_level(np.array([[1.0, 2.0]]), 1.0, np.array([[1, 10]]), np.array([3]))   # rank 0 takes 1 token
     4.0
     """
-    import numpy as np
-
-    from megatron_zeppelin.planner.build.levels import linear_level
     own = np.asarray(own, dtype=np.float64)
     level = linear_level(own, rate, np.asarray(caps, dtype=np.float64), np.asarray(need, dtype=np.float64))
     return float(max(level.max(), own.max()))
@@ -252,7 +246,6 @@ def node_rows(own, tokens, ctx: PlanContext, rate_again: float = 0.0):
     ``rate_again`` per token: the MLP recompute runs again): the remap of every Zeppelin candidate
     keeps each node's tokens (node_time_targets, or no remap), so the MLP and head of a node's
     tokens run inside it."""
-    import numpy as np
     g, cost = ctx.topology.gpus_per_node, ctx.cost
     node_tokens = np.asarray(tokens, dtype=np.float64).reshape(-1, g).sum(axis=1)
     return (np.asarray(own).reshape(-1, g),
@@ -277,7 +270,6 @@ def water_level(own, movable) -> float:
     >>> water_level([[1.0, 2.0], [0.0, 0.0]], [3.0, 1.0])  # node 0: (3 + 3) / 2; node 1: 0.5
     3.0
     """
-    import numpy as np
     a = np.sort(np.atleast_2d(np.asarray(own, dtype=np.float64)), axis=1)
     m = np.broadcast_to(np.asarray(movable, dtype=np.float64), (a.shape[0],))
     filled = np.cumsum(a, axis=1)
@@ -309,8 +301,6 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
     >>> ring_chain_bound(cp_placement([4000, 4000], ctx, 1, Comm.P2P), ctx)  # no ring, no chain
     0.0
     """
-    from megatron_zeppelin.planner.build.schedule import block_tokens
-    from megatron_zeppelin.spec.words import Link
     cost, topo = ctx.cost, ctx.topology
     outer = [c for c in cost.link_classes if c != Link.NVLINK]
     spread = topo.nics_per_node if placement.routing else 1
