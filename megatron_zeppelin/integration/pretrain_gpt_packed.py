@@ -4,7 +4,7 @@ megatron-core >= 0.19 ships ``megatron.training`` (``pretrain``) but not Megatro
 ``pretrain_gpt.py``. This is the GPT path of that script (at the commit named in patches/README.md)
 for PP = 1 without MTP / SFT / FIM / distillation, written on megatron-core's own pieces and nothing
 of the plugin's: ``GPTDataset`` samples of ``--seq-length`` tokens packed from the dataset's
-documents (``BlendedMegatronDatasetBuilder``), the batch broadcast over TP
+documents (``BlendedMegatronDatasetBuilder``; ``MockGPTDataset`` with ``--mock-data``), the batch broadcast over TP
 (``get_batch_on_this_tp_rank``) and split over CP (``get_batch_on_this_cp_rank``), THD
 ``PackedSeqParams`` from the dataset's ``cu_seqlens`` with ``--dataloader-inter-document-masking``,
 and the masked per-token loss (sum, token count, report) with Megatron's NaN / Inf checks.
@@ -97,7 +97,7 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
 def datasets_provider(train_val_test_num_samples, vp_stage=None):
     from megatron.core import mpu
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
     from megatron.training import get_args, print_rank_0
     from megatron.training.utils import get_blend_and_blend_per_split
@@ -114,7 +114,9 @@ def datasets_provider(train_val_test_num_samples, vp_stage=None):
         sequence_parallel_size=args.tensor_model_parallel_size * args.sequence_parallel,
         inter_document_masking=args.dataloader_inter_document_masking)
     print_rank_0("> building train, validation, and test datasets for GPT ...")
-    return BlendedMegatronDatasetBuilder(GPTDataset, train_val_test_num_samples,
+    # --mock-data (advise's placeholder data): random documents, as pretrain_gpt.py builds them
+    cls = MockGPTDataset if args.mock_data else GPTDataset
+    return BlendedMegatronDatasetBuilder(cls, train_val_test_num_samples,
                                         lambda: mpu.get_tensor_model_parallel_rank() == 0, config).build()
 
 
