@@ -7,8 +7,10 @@ setup(
                 "multi-NIC routing and attention/MLP remapping for variable-length data-parallel training",
     packages=find_packages(include=["megatron_zeppelin", "megatron_zeppelin.*"]),
     python_requires=">=3.11",
-    # presets (hardware profiles, models, datasets, run matrices) are read through importlib.resources
-    package_data={"megatron_zeppelin.presets": ["*/*.yaml"]},
+    # presets (hardware profiles, models, datasets, run matrices) and the SLURM job template with its
+    # env.sh are read through importlib.resources
+    package_data={"megatron_zeppelin.presets": ["*/*.yaml"],
+                  "megatron_zeppelin.slurm": ["templates/job.sbatch.tmpl", "templates/env.sh"]},
     install_requires=[
         "torch>=2.4",
         "megatron-core>=0.16.1",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import shlex
 from typing import List
 
+from megatron_zeppelin.spec.entries import PACKED_ENTRY, ZEPPELIN_ENTRY, launch_args
 from megatron_zeppelin.spec.model import ModelSpec
 
 DATA_FLAGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--lr", "3e-4", "--min-lr", "3e-5",
@@ -75,10 +76,11 @@ def launch_env(c) -> dict:
 
 
 def launcher(c, nodes: int, gpus_per_node: int) -> str:
-    script = ("scripts/pretrain_gpt_zeppelin.py" if c.strategy in ("zeppelin", "hybrid_dp")
-              else "pretrain_gpt.py")
+    """torchrun of an entry module the package ships (a wheel install has it): the Zeppelin entry, or
+    for stock Megatron the packed entry (pretrain_gpt.py's GPT path on megatron.training)."""
+    entry = ZEPPELIN_ENTRY if c.strategy in ("zeppelin", "hybrid_dp") else PACKED_ENTRY
     env = "".join(f"{k}={v} " for k, v in launch_env(c).items())
-    return f"{env}torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} {script}"
+    return f"{env}torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} {' '.join(launch_args(entry))}"
 
 
 def command_line(c, m: ModelSpec, nodes: int, gpus_per_node: int, seq_length: int, global_batch_tokens: int,

@@ -16,7 +16,8 @@ def add_parser(sub):
                                    "cp_a2a_p2p, cp_all_gather) from a matrix YAML, then print (--dry-run) or "
                                    "submit them. With --collect, tabulate finished job logs (tokens per "
                                    "second, iteration time) and write JSON/CSV.")
-    p.add_argument("--matrix", help="matrix YAML (see megatron_zeppelin/presets/runs/slurm_example.yaml)")
+    p.add_argument("--matrix", help="matrix YAML, or a preset's name: slurm_example, slurm_cpu "
+                                    "(megatron_zeppelin/presets/runs/)")
     p.add_argument("--out", default="out/slurm", help="where rendered job scripts go (default out/slurm)")
     p.add_argument("--dry-run", action="store_true", help="print the sbatch commands instead of submitting")
     p.add_argument("--collect", metavar="LOG_DIR", help="parse job logs in LOG_DIR instead of rendering")

@@ -1,6 +1,6 @@
 """Hooks for Megatron-LM's own ``pretrain(...)`` (pretrain_gpt.py): flags, layer spec, data, step.
 
-Used by ``scripts/pretrain_gpt_zeppelin.py`` and by ``patches/megatron-lm-zeppelin.patch``:
+Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patches/megatron-lm-zeppelin.patch``:
 
 - ``extra_args_provider(parser)``: the ``--zeppelin-*`` flags (chains another provider if given).
 - ``--spec megatron_zeppelin.integration.megatron_lm zeppelin_layer_spec``: ``zeppelin_layer_spec``

@@ -2,7 +2,8 @@
 
 A matrix (YAML) has ``defaults`` and ``runs``; each run expands to one job per mode (the modes and
 their flags: :mod:`megatron_zeppelin.slurm.args`). A job is an sbatch script rendered from
-scripts/slurm/job.sbatch.tmpl that sources scripts/slurm/env.sh and starts the ranks one of two ways:
+templates/job.sbatch.tmpl that sources templates/env.sh (package data of this package, so a wheel
+install renders the same jobs) and starts the ranks one of two ways:
 
 - ``launcher: torchrun`` (default): one ``torchrun`` per node (``srun --ntasks-per-node=1``);
 - ``launcher: srun``: one SLURM task per rank (RANK / LOCAL_RANK / WORLD_SIZE from SLURM's ids).
@@ -22,18 +23,20 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass
+from importlib.resources import files
 from typing import Dict, List, Sequence
 
 import yaml
 
+from megatron_zeppelin.presets import preset_dir
 from megatron_zeppelin.slurm.args import (DEFAULTS as ARG_DEFAULTS, MODES, SlurmError, check_run, megatron_args,  # noqa: F401
                          parse_tokens, tokens_per_iteration)
+from megatron_zeppelin.spec.entries import PACKED_ENTRY, ZEPPELIN_ENTRY, launch_args
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TEMPLATE = os.path.join(REPO, "scripts", "slurm", "job.sbatch.tmpl")
-ENV_SH = os.path.join(REPO, "scripts", "slurm", "env.sh")
-ZEPPELIN_ENTRY = os.path.join(REPO, "scripts", "pretrain_gpt_zeppelin.py")
-PACKED_ENTRY = os.path.join(REPO, "scripts", "slurm", "pretrain_gpt_packed.py")
+# Package data, as paths on disk (the package is never zipped): the rendered job sources ENV_SH where
+# the package is installed, so the compute nodes must see that install (as they must to run the entry).
+TEMPLATE = str(files("megatron_zeppelin.slurm") / "templates" / "job.sbatch.tmpl")
+ENV_SH = str(files("megatron_zeppelin.slurm") / "templates" / "env.sh")
 LAUNCHERS = ("torchrun", "srun")
 DEFAULTS = {**ARG_DEFAULTS, "megatron_lm": "$MEGATRON_LM", "python": "python", "launcher": "torchrun",
             "emulate_nodes": False, "log_dir": "logs", "sbatch": {}, "env": {}}
@@ -46,14 +49,25 @@ class Job:
     path: str
     script: str
     log_dir: str
-    entry: str
-    args: tuple
+    entry: str  # the training program after the launcher, as the script has it: ``-m MODULE`` or a path
+    args: tuple  # the training flags
     world_size: int
     tokens_per_iteration: int
     env: tuple = ()  # the matrix's `env:` exports, (name, value) pairs
 
 
+def matrix_file(path: str) -> str:
+    """The matrix file as given, else the preset of that bare name (``slurm_example``, ``slurm_cpu``:
+    presets/runs/, found wherever the package is installed)."""
+    name = path if path.endswith(".yaml") else path + ".yaml"
+    preset = os.path.join(preset_dir("runs"), name)
+    if not os.path.exists(path) and os.sep not in path and os.path.exists(preset):
+        return preset
+    return path
+
+
 def load_matrix(path: str) -> Dict:
+    path = matrix_file(path)
     if not os.path.exists(path):
         raise SlurmError(f"matrix file {path} not found (pass --matrix FILE)")
     with open(path) as f:
@@ -63,15 +77,16 @@ def load_matrix(path: str) -> Dict:
     return d
 
 
-def entry_of(run: Dict, mode: str) -> str:
-    """The training script: Zeppelin's entry; for stock modes the checkout's pretrain_gpt.py, or, with
-    ``megatron_lm`` empty, scripts/slurm/pretrain_gpt_packed.py (pretrain_gpt.py's GPT path on
-    megatron-core >= 0.19's megatron.training, for installs without a Megatron-LM checkout)."""
+def entry_of(run: Dict, mode: str) -> List[str]:
+    """The training program, as the launcher's arguments: Zeppelin's entry module; for stock modes the
+    checkout's pretrain_gpt.py, or, with ``megatron_lm`` empty, the packed entry module
+    (pretrain_gpt.py's GPT path on megatron-core >= 0.19's megatron.training, for installs without a
+    Megatron-LM checkout). The modules ship in the package (spec/entries.py)."""
     if mode == "zeppelin":
-        return ZEPPELIN_ENTRY
+        return launch_args(ZEPPELIN_ENTRY)
     if not run.get("megatron_lm"):
-        return PACKED_ENTRY
-    return os.path.join(str(run["megatron_lm"]), "pretrain_gpt.py")
+        return launch_args(PACKED_ENTRY)
+    return [os.path.join(str(run["megatron_lm"]), "pretrain_gpt.py")]
 
 
 def sbatch_lines(run: Dict) -> List[str]:
@@ -108,7 +123,7 @@ def render_jobs(matrix_path: str, out_dir: str) -> List[Job]:
         world = int(r["nodes"]) * int(r["gpus_per_node"])
         for mode in r["modes"]:
             args = megatron_args(r, mode)
-            entry = entry_of(r, mode)
+            entry = " ".join(entry_of(r, mode))  # unquoted: a megatron_lm path may be $MEGATRON_LM
             job_name = f"{r['name']}-{mode}"
             launch = "zeppelin_srun" if (r["emulate_nodes"] or r["launcher"] == "srun") else "zeppelin_launch"
             script = tmpl.format(

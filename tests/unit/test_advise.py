@@ -12,6 +12,7 @@ from megatron_zeppelin.spec.memory import predict_memory
 from megatron_zeppelin.spec.recompute import ADVISE_LEVELS, Recompute
 from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.entries import PACKED_ENTRY, ZEPPELIN_ENTRY
 
 SEQ = 8192
 BATCH = [8192] * 16 + [4096] * 32  # 256K tokens = 32 sequences of 8K
@@ -56,6 +57,18 @@ def test_flag_line_is_complete_and_consistent(a13):
                 "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     line = command_line(a13.best, m, 1, 8, SEQ, sum(BATCH), "a800", 4)
     assert line.startswith(("torchrun", "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun")) and "--global-batch-size 32" in line
+
+
+def test_line_runs_an_entry_the_package_ships(a13):
+    """The launcher runs a module of the package (a wheel install has it), never a checkout's script."""
+    import dataclasses
+    import importlib.util
+    m = load_model("llama-13b")
+    for strategy, entry in (("zeppelin", ZEPPELIN_ENTRY), ("hybrid_dp", ZEPPELIN_ENTRY), ("packed_dp", PACKED_ENTRY)):
+        c = dataclasses.replace(a13.best, strategy=strategy)
+        line = command_line(c, m, 1, 8, SEQ, sum(BATCH), "a800", 4)
+        assert f"--nproc-per-node 8 -m {entry} --num-layers" in line, line
+        assert importlib.util.find_spec(entry) is not None and ".py" not in line.split(" --num-layers")[0]
 
 
 def test_consistency_check_catches_incomplete_recompute(a13):

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from megatron_zeppelin.cli import main
-from megatron_zeppelin.slurm.jobs import MODES, render_jobs
+from megatron_zeppelin.slurm.jobs import ENV_SH, MODES, TEMPLATE, render_jobs
 from megatron_zeppelin.slurm.results import collect, table
+from megatron_zeppelin.spec.entries import PACKED_ENTRY, ZEPPELIN_ENTRY
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "megatron_zeppelin", "presets", "runs", "slurm_example.yaml")
@@ -39,7 +40,7 @@ def test_every_mode_renders_valid_bash(tmp_path):
 def test_flags_per_mode(tmp_path):
     jobs = {(j.name, j.mode): _args(j.script) for j in render_jobs(EXAMPLE, str(tmp_path))}
     z = jobs[("7b-arxiv-64k", "zeppelin")]
-    assert z[0].endswith("scripts/pretrain_gpt_zeppelin.py") and "--zeppelin-balance" in z
+    assert z[:2] == ["-m", ZEPPELIN_ENTRY] and "--zeppelin-balance" in z
     assert _flag(z, "--zeppelin-cluster") == ["h200"] and "--context-parallel-size" not in z
     assert _flag(z, "--dataloader-type") == ["external"] and "--calculate-per-token-loss" in z
     dp = jobs[("7b-arxiv-64k", "dp")]
@@ -106,10 +107,27 @@ def test_cpu_matrix_emulates_two_nodes(tmp_path):
         assert "#SBATCH --nodes=1" in j.script and "#SBATCH --ntasks=4" in j.script
         assert "--gpus-per-node" not in j.script and "zeppelin_srun " in j.script
         assert _flag(list(j.args), "--distributed-backend") == ["gloo"] and "--bf16" not in j.args
-    assert jobs["zeppelin"].entry.endswith("scripts/pretrain_gpt_zeppelin.py")
-    assert jobs["dp"].entry.endswith("scripts/slurm/pretrain_gpt_packed.py")  # no checkout named
+    assert jobs["zeppelin"].entry == f"-m {ZEPPELIN_ENTRY}"
+    assert jobs["dp"].entry == f"-m {PACKED_ENTRY}"  # no checkout named: the package's packed entry
     assert _flag(list(jobs["zeppelin"].args), "--zeppelin-gpus-per-node") == ["2"]
     assert "--zeppelin-balance" not in jobs["dp"].args and "--reset-attention-mask" in jobs["dp"].args
+
+
+def test_template_and_entries_ship_in_the_package(tmp_path):
+    """What a job sources and runs is inside the package (a wheel install has it), never scripts/."""
+    pkg = os.path.join(REPO, "megatron_zeppelin")
+    for path in (TEMPLATE, ENV_SH):
+        assert os.path.commonpath([path, pkg]) == pkg and os.path.exists(path)
+    for j in render_jobs(CPU, str(tmp_path)):
+        assert f"source {ENV_SH}\n" in j.script and "scripts/" not in j.script
+
+
+def test_matrix_by_preset_name(tmp_path, capsys):
+    """A bare preset name finds presets/runs/ from any directory (a wheel install has no checkout)."""
+    assert [j.path for j in render_jobs("slurm_cpu", str(tmp_path))] == [j.path for j in render_jobs(CPU, str(tmp_path))]
+    assert main(["slurm", "--matrix", "slurm_example", "--out", str(tmp_path / "jobs"), "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("sbatch ") == 10
+    assert main(["slurm", "--matrix", "no_such_preset", "--dry-run"]) == 2
 
 
 def test_dry_run_prints_commands(tmp_path, capsys):

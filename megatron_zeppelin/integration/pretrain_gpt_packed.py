@@ -1,18 +1,21 @@
-#!/usr/bin/env python
 """Stock Megatron GPT pre-training on packed samples, for megatron.training installs without a checkout.
 
 megatron-core >= 0.19 ships ``megatron.training`` (``pretrain``) but not Megatron-LM's
 ``pretrain_gpt.py``. This is the GPT path of that script (at the commit named in patches/README.md)
 for PP = 1 without MTP / SFT / FIM / distillation, written on megatron-core's own pieces and nothing
 of the plugin's: ``GPTDataset`` samples of ``--seq-length`` tokens packed from the dataset's
-documents (``BlendedMegatronDatasetBuilder``), the batch broadcast over TP
+documents (``BlendedMegatronDatasetBuilder``; ``MockGPTDataset`` with ``--mock-data``), the batch broadcast over TP
 (``get_batch_on_this_tp_rank``) and split over CP (``get_batch_on_this_cp_rank``), THD
 ``PackedSeqParams`` from the dataset's ``cu_seqlens`` with ``--dataloader-inter-document-masking``,
 and the masked per-token loss (sum, token count, report) with Megatron's NaN / Inf checks.
 
-``zeppelin slurm`` runs it for the stock modes (``dp``, ``cp_*``) of a matrix with ``megatron_lm: ""``
-(megatron_zeppelin/presets/runs/slurm_cpu.yaml). Without CUDA, the plugin's CPU shim for megatron.training
-(integration/cpu_megatron_lm.py) is installed first, as for scripts/pretrain_gpt_zeppelin.py.
+A module of the package, so a wheel install has it: ``torchrun ... -m
+megatron_zeppelin.integration.pretrain_gpt_packed <pretrain_gpt.py flags>``. ``zeppelin slurm`` runs
+it for the stock modes (``dp``, ``cp_*``) of a matrix with ``megatron_lm: ""``
+(megatron_zeppelin/presets/runs/slurm_cpu.yaml), and advise's stock lines name it. Without CUDA,
+the plugin's CPU shim for megatron.training (integration/cpu_megatron_lm.py) is installed first, as
+for the Zeppelin entry (integration/pretrain_gpt.py). megatron is imported inside the functions, for
+the reasons that module gives: importing this one patches nothing and needs no megatron.training.
 """
 
 import sys
@@ -20,34 +23,20 @@ from functools import partial
 
 import torch
 
-try:
-    from megatron_zeppelin.integration import cpu_megatron_lm
-except ImportError:  # the shim comes with the Megatron-LM integration; needed only without CUDA
-    cpu_megatron_lm = None
-if not torch.cuda.is_available():
-    if cpu_megatron_lm is None:
-        sys.exit("pretrain_gpt_packed.py: no CUDA and no megatron_zeppelin.integration.cpu_megatron_lm shim")
-    cpu_megatron_lm.install()  # before megatron.training is imported
+from megatron_zeppelin.integration import cpu_megatron_lm
+from megatron_zeppelin.integration.megatron_lm import use_prebuilt_dataset_helpers
 
-from megatron.core import mpu  # noqa: E402
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig  # noqa: E402
-from megatron.core.enums import ModelType  # noqa: E402
-from megatron.core.packed_seq_params import PackedSeqParams  # noqa: E402
-from megatron.core.rerun_state_machine import get_rerun_state_machine  # noqa: E402
-from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer  # noqa: E402
-from megatron.core.utils import (flatten_batch_for_packed_sequences, get_batch_on_this_cp_rank,  # noqa: E402
-                                 get_batch_on_this_tp_rank)
-from megatron.training import get_args, pretrain, print_rank_0  # noqa: E402
-from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args  # noqa: E402
-from megatron.training.arguments import parse_and_validate_args  # noqa: E402
-from megatron.training.utils import get_blend_and_blend_per_split  # noqa: E402
-
+PROG = "megatron_zeppelin.integration.pretrain_gpt_packed"  # as errors name this entry
 KEYS = ("attention_mask", "cu_seqlens", "cu_seqlens_padded", "hybrid_cp_group", "labels", "local_cp_size",
         "loss_mask", "max_seqlen", "position_ids", "tokens")
 
 
 def get_batch(data_iterator):
+    from megatron.core import mpu
+    from megatron.core.utils import (flatten_batch_for_packed_sequences, get_batch_on_this_cp_rank,
+                                     get_batch_on_this_tp_rank)
+    from megatron.training import get_args
+
     args = get_args()
     tp_rank = mpu.get_tensor_model_parallel_rank()
     thd = args.dataloader_inter_document_masking
@@ -69,6 +58,9 @@ def get_batch(data_iterator):
 
 
 def loss_func(loss_mask, output_tensor):
+    from megatron.core.rerun_state_machine import get_rerun_state_machine
+    from megatron.training import get_args
+
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * mask)
@@ -83,6 +75,9 @@ def loss_func(loss_mask, output_tensor):
 
 
 def forward_step(data_iterator, model, return_schedule_plan: bool = False):
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.training import get_args
+
     args = get_args()
     b = get_batch(data_iterator)
     packed = None
@@ -100,6 +95,13 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
 
 
 def datasets_provider(train_val_test_num_samples, vp_stage=None):
+    from megatron.core import mpu
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+    from megatron.training import get_args, print_rank_0
+    from megatron.training.utils import get_blend_and_blend_per_split
+
     args = get_args()
     blend, blend_per_split = get_blend_and_blend_per_split(args)
     config = GPTDatasetConfig(
@@ -112,7 +114,9 @@ def datasets_provider(train_val_test_num_samples, vp_stage=None):
         sequence_parallel_size=args.tensor_model_parallel_size * args.sequence_parallel,
         inter_document_masking=args.dataloader_inter_document_masking)
     print_rank_0("> building train, validation, and test datasets for GPT ...")
-    return BlendedMegatronDatasetBuilder(GPTDataset, train_val_test_num_samples,
+    # --mock-data (advise's placeholder data): random documents, as pretrain_gpt.py builds them
+    cls = MockGPTDataset if args.mock_data else GPTDataset
+    return BlendedMegatronDatasetBuilder(cls, train_val_test_num_samples,
                                         lambda: mpu.get_tensor_model_parallel_rank() == 0, config).build()
 
 
@@ -120,13 +124,17 @@ datasets_provider.is_distributed = True
 
 
 def main():
+    cpu_megatron_lm.install()  # before megatron.training is imported; a no-op where CUDA exists
+    from megatron.core.enums import ModelType
+    from megatron.training import pretrain
+    from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+
     args = parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
     if args.pipeline_model_parallel_size != 1:
-        sys.exit("pretrain_gpt_packed.py: pipeline parallelism needs Megatron-LM's pretrain_gpt.py "
+        sys.exit(f"{PROG}: pipeline parallelism needs Megatron-LM's pretrain_gpt.py "
                  "(set megatron_lm in the matrix)")
-    if cpu_megatron_lm is not None:
-        from megatron_zeppelin.integration.megatron_lm import use_prebuilt_dataset_helpers
-        use_prebuilt_dataset_helpers()  # pip's megatron-core: compiled helpers, no Makefile to run
+    use_prebuilt_dataset_helpers()  # pip's megatron-core: compiled helpers, no Makefile to run
     pretrain(pretrain_cfg_container_from_args(args, gpt_config_from_args(args)), datasets_provider,
              ModelType.encoder_or_decoder, forward_step)
 
