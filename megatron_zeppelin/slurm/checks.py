@@ -114,7 +114,7 @@ def data_problems(data_path, workdir: str) -> List[str]:
     return out
 
 
-def entry_problem(entry: str, mode: str, workdir: str, key: str) -> Optional[str]:
+def entry_problem(entry: str, workdir: str, key: str) -> Optional[str]:
     """Why the job's training script cannot be found (None when it can); ``key`` is the matrix key
     that chose it ('' for the plugin's own scripts)."""
     var = _unset(entry)
@@ -127,25 +127,23 @@ def entry_problem(entry: str, mode: str, workdir: str, key: str) -> Optional[str
     if key:
         return (f"`{key}`: {path} does not exist: set {key} to a Megatron-LM checkout holding pretrain_gpt.py, "
                 f"or to '' for the plugin's stock entry (scripts/slurm/pretrain_gpt_packed.py)")
-    return f"the plugin's entry for mode {mode}, {path}, does not exist: reinstall megatron_zeppelin"
+    return f"the plugin's entry {path} does not exist: reinstall megatron_zeppelin"
 
 
 def check_jobs(jobs: Sequence) -> List[str]:
-    """One line per problem that would stop a job of ``jobs`` (render_jobs' Jobs) from starting, each
-    naming the run, the mode where it is the mode's own, and the matrix key to change; [] when every
-    job can start."""
-    out: List[str] = []
+    """One line per problem that would stop jobs of ``jobs`` (render_jobs' Jobs) from starting, each
+    naming the run, the modes when it is theirs alone (a missing checkout: the stock modes), and the
+    matrix key to change; [] when every job can start."""
+    run_lines: List[str] = []
+    mode_lines: Dict[tuple, List[str]] = {}  # (run, problem) -> the modes it stops
     for j in jobs:
-        lines = []
         p = python_problem(j.python, j.workdir)
-        if p:
-            lines.append(f"run {j.name}: {p}")
-        lines += [f"run {j.name}: {d}" for d in data_problems(list(j.data_path), j.workdir)]
-        e = entry_problem(j.entry, j.mode, j.workdir, j.entry_key)
-        if e:
-            lines.append(f"run {j.name} ({j.mode}): {e}")
+        lines = ([p] if p else []) + data_problems(list(j.data_path), j.workdir)
         if not os.path.isfile(j.env_sh):
-            lines.append(f"run {j.name}: the job environment {j.env_sh} (sourced by every job) does not exist: "
-                         "reinstall megatron_zeppelin")
-        out += [x for x in lines if x not in out]
-    return out
+            lines.append(f"the job environment {j.env_sh} (sourced by every job) does not exist: reinstall "
+                         "megatron_zeppelin")
+        run_lines += [x for x in (f"run {j.name}: {line}" for line in lines) if x not in run_lines]
+        e = entry_problem(j.entry, j.workdir, j.entry_key)
+        if e:
+            mode_lines.setdefault((j.name, e), []).append(j.mode)
+    return run_lines + [f"run {name} ({', '.join(modes)}): {e}" for (name, e), modes in mode_lines.items()]

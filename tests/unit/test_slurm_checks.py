@@ -65,7 +65,7 @@ def test_missing_data_python_and_checkout_are_named_and_nothing_is_submitted(tmp
     assert any("run tiny:" in e and "`data_path` data/docs" in e and str(submit_dir / "data" / "docs.bin") in e
                for e in err), err
     assert any("run tiny:" in e and "`python` venv/bin/python" in e and "job's directory" in e for e in err), err
-    assert any("run tiny (dp):" in e and "`megatron_lm`" in e and "pretrain_gpt.py" in e for e in err), err
+    assert any("run tiny (dp):" in e and "`megatron_lm`" in e and "pretrain_gpt.py" in e for e in err), err  # its only stock mode
     assert "nothing rendered or submitted" in err[-1]
     assert not calls.exists() and not (tmp_path / "jobs").exists()
     # the same checks in a dry run
