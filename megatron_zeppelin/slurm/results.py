@@ -118,6 +118,8 @@ def why_failed(r: Dict) -> str:
 
 
 def collect(log_dir: str, warmup: int = 3) -> List[Dict]:
+    """Every job log of ``log_dir``; a job without a result that a later job of the same run and mode
+    (a larger SLURM job id) replaced is left out: the rerun after a fix is what counts."""
     out = []
     for path in sorted(glob.glob(os.path.join(log_dir, "*.log"))):
         with open(path, errors="replace") as f:
@@ -126,7 +128,13 @@ def collect(log_dir: str, warmup: int = 3) -> List[Dict]:
         if rec:
             rec["log"] = path
             out.append(rec)
-    return out
+    return [r for r in out if not (r["status"] in FAILED and any(
+        o["run"] == r["run"] and o["mode"] == r["mode"] and _job_id(o) > _job_id(r) for o in out))]
+
+
+def _job_id(rec: Dict) -> int:
+    m = re.search(r"-(\d+)\.log$", rec["log"])
+    return int(m.group(1)) if m else 0
 
 
 def table(records: List[Dict]) -> str:

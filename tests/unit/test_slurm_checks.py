@@ -178,3 +178,12 @@ def test_collect_of_finished_jobs_exits_0_and_warmup_covering_a_job_is_named(tmp
     assert main(["slurm", "--collect", str(tmp_path), "--warmup", "1"]) == 0
     assert main(["slurm", "--collect", str(tmp_path), "--warmup", "6"]) == 1
     assert "lower --warmup" in capsys.readouterr().err
+
+
+def test_a_failed_job_rerun_after_a_fix_no_longer_fails_collect(tmp_path, capsys):
+    _log(tmp_path / "r-dp-3.log", tail="bash: line 1: /x/python: No such file or directory\n")
+    assert main(["slurm", "--collect", str(tmp_path), "--warmup", "1"]) == 1
+    assert "FAILED" in capsys.readouterr().out
+    _log(tmp_path / "r-dp-12.log", iters=range(1, 7))  # the later job of the same run and mode
+    assert main(["slurm", "--collect", str(tmp_path), "--warmup", "1"]) == 0
+    assert "FAILED" not in capsys.readouterr().out
