@@ -24,6 +24,9 @@ of the first Python traceback, else the first line that reads as an error: bash'
 >>> first_error(["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
 ...              "    f()", "ValueError: bad flag", "srun: error: n1: task 3: Exited with exit code 1"])
 'ValueError: bad flag'
+>>> first_error(["usage: pretrain_gpt.py [-h] [--num-layers NUM_LAYERS]", "       [--error-injection-rate R]",
+...              "pretrain_gpt.py: error: unrecognized arguments: --bogus"])
+'pretrain_gpt.py: error: unrecognized arguments: --bogus'
 >>> first_error(["[rank1]: Traceback (most recent call last):", '[rank1]:   File "x.py", line 1, in <module>',
 ...              "[rank1]: RuntimeError: boom"])
 'RuntimeError: boom'
@@ -57,13 +60,17 @@ def first_error(lines: List[str]) -> Optional[str]:
     """The first line that says why a job failed: the exception line closing the first Python
     traceback (a rank's root cause; tracebacks of the launcher follow it), else the first line that
     reads as an error; None when no line does."""
+    lines = [_RANK.sub("", ln) for ln in lines]
     in_tb = False
-    for line in (_RANK.sub("", ln) for ln in lines):
+    for line in lines:
         if line.startswith("Traceback (most recent call last)"):
             in_tb = True
         elif in_tb and line.strip() and not line[0].isspace() and not line.startswith("During handling"):
             return line.strip()[:300]
-    return next((ln.strip()[:300] for ln in lines if _ERROR.search(ln)), None)
+    # Not an indented line (a traceback's frames, an argparse usage's continuation listing
+    # `--error-injection-rate`) nor a usage line: the message itself.
+    return next((ln.strip()[:300] for ln in lines
+                 if ln[:1].strip() and not ln.startswith("usage:") and _ERROR.search(ln)), None)
 
 
 def parse_log(text: str, warmup: int = 3) -> Optional[Dict]:
