@@ -3,7 +3,7 @@ distributions (datasets/) and run matrices (runs/). Read through importlib.resou
 found in a wheel install as in a source checkout.
 
 >>> sorted(p[:-5] for p in os.listdir(preset_dir("clusters")) if p.endswith(".yaml"))[:2]
-['a800', 'h200']
+['a800', 'h100']
 """
 
 from __future__ import annotations

@@ -60,6 +60,14 @@ class SlurmError(ZeppelinError):
     pass
 
 
+def data_words(data_path) -> List[str]:
+    """``--data-path``'s words: one prefix, or a Megatron blend (``"0.3 A 0.7 B"`` or a YAML list)."""
+    words = data_path.split() if isinstance(data_path, str) else [str(x) for x in (data_path or [])]
+    if not words:
+        raise SlurmError("data_path is empty: give a Megatron indexed dataset prefix (PREFIX.bin + PREFIX.idx)")
+    return words
+
+
 def _full(run: Dict) -> Dict:
     return {**DEFAULTS, **run}
 
@@ -150,7 +158,7 @@ def megatron_args(run: Dict, mode: str) -> List[str]:
          "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear",
          "--attention-dropout", 0, "--hidden-dropout", 0, "--tensor-model-parallel-size", tp,
-         "--calculate-per-token-loss", "--data-path", r["data_path"], "--split", "100,0,0",
+         "--calculate-per-token-loss", "--data-path", *data_words(r["data_path"]), "--split", "100,0,0",
          "--tokenizer-type", r["tokenizer_type"], *r["tokenizer_args"], "--seed", r["seed"],
          "--train-iters", iters, "--lr", "3e-4", "--min-lr", "3e-5", "--lr-decay-style", "cosine",
          "--lr-warmup-iters", min(2, iters - 1), "--log-interval", 1, "--eval-iters", 0,

@@ -29,8 +29,9 @@ from typing import Dict, List, Sequence
 import yaml
 
 from megatron_zeppelin.presets import preset_dir
-from megatron_zeppelin.slurm.args import (DEFAULTS as ARG_DEFAULTS, MODES, SlurmError, check_run, megatron_args,  # noqa: F401
-                         parse_tokens, tokens_per_iteration)
+from megatron_zeppelin.slurm.args import (DEFAULTS as ARG_DEFAULTS, MODES, SlurmError, check_run, data_words,  # noqa: F401
+                         megatron_args, parse_tokens, tokens_per_iteration)
+from megatron_zeppelin.slurm.checks import interpreter, job_dir
 from megatron_zeppelin.spec.entries import PACKED_ENTRY, ZEPPELIN_ENTRY, launch_args
 
 # Package data, as paths on disk (the package is never zipped): the rendered job sources ENV_SH where
@@ -54,6 +55,12 @@ class Job:
     world_size: int
     tokens_per_iteration: int
     env: tuple = ()  # the matrix's `env:` exports, (name, value) pairs
+    # What must exist before sbatch (megatron_zeppelin.slurm.checks), as the job will look for it:
+    python: str = "python"      # the ranks' interpreter as the matrix names it (the script: made absolute)
+    data_path: tuple = ()       # --data-path's words (a prefix, or a blend's weights and prefixes)
+    workdir: str = "."          # the job's working directory: relative paths resolve here
+    entry_key: str = ""         # the matrix key that chose `entry` ('' for the plugin's own scripts)
+    env_sh: str = ENV_SH        # the environment every job sources
 
 
 def matrix_file(path: str) -> str:
@@ -106,8 +113,11 @@ def sbatch_lines(run: Dict) -> List[str]:
     return ["--job-name=JOB"] + lines
 
 
-def render_jobs(matrix_path: str, out_dir: str) -> List[Job]:
+def render_jobs(matrix_path: str, out_dir: str, submit_dir: str = "") -> List[Job]:
+    """The jobs of a matrix, as ``sbatch`` called from ``submit_dir`` (default: here) will run them:
+    a relative ``python`` is made absolute against the job's directory."""
     d = load_matrix(matrix_path)
+    submit_dir = os.path.abspath(submit_dir or os.getcwd())
     with open(TEMPLATE) as f:
         tmpl = f.read()
     jobs = []
@@ -121,6 +131,7 @@ def render_jobs(matrix_path: str, out_dir: str) -> List[Job]:
         check_run(r)
         tokens = tokens_per_iteration(r)
         world = int(r["nodes"]) * int(r["gpus_per_node"])
+        workdir = job_dir(r, submit_dir)
         for mode in r["modes"]:
             args = megatron_args(r, mode)
             entry = " ".join(entry_of(r, mode))  # unquoted: a megatron_lm path may be $MEGATRON_LM
@@ -130,13 +141,15 @@ def render_jobs(matrix_path: str, out_dir: str) -> List[Job]:
                 matrix=os.path.basename(matrix_path), name=r["name"], mode=mode,
                 sbatch="\n".join("#SBATCH " + x.replace("JOB", job_name) for x in sbatch_lines(r)),
                 nodes=r["nodes"], gpus_per_node=r["gpus_per_node"], tokens=tokens, world=world,
-                env_sh=ENV_SH, python=r["python"],
+                env_sh=ENV_SH, python=interpreter(r["python"], workdir),
                 env_exports="\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in (r["env"] or {}).items()),
                 launch=launch, entry=entry,
                 args=" \\\n".join("  " + " ".join(shlex.quote(x) for x in pair) for pair in _pairs(args)))
             path = os.path.join(out_dir, f"{job_name}.sbatch")
             jobs.append(Job(r["name"], mode, path, script, str(r["log_dir"]), entry, tuple(args), world, tokens,
-                            tuple((str(k), str(v)) for k, v in (r["env"] or {}).items())))
+                            tuple((str(k), str(v)) for k, v in (r["env"] or {}).items()), python=str(r["python"]),
+                            data_path=tuple(data_words(r["data_path"])), workdir=workdir,
+                            entry_key="megatron_lm" if (mode != "zeppelin" and r.get("megatron_lm")) else ""))
     return jobs
 
 

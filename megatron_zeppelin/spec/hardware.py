@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from megatron_zeppelin.errors import ZeppelinError
 
+import difflib
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -268,15 +269,24 @@ class HardwareProfile:
 
 
 def load_profile(name_or_path: str, flag: str = "--cluster") -> HardwareProfile:
-    """A preset (``a800``/``h800``/``h200``, or the paper's cluster letters ``a``/``b``/``c``) or a YAML path;
-    an unknown one is an error naming ``flag``."""
+    """A preset (``a800``/``h100``/``h200``/``h800``, or the paper's cluster letters ``a``/``b``/``c``) or a
+    YAML path; an unknown one is an error naming ``flag``, the presets and how to write a profile.
+
+    >>> load_profile("h100x")
+    Traceback (most recent call last):
+    ...
+    megatron_zeppelin.spec.hardware.ProfileError: unknown cluster 'h100x' (did you mean h100?): set --cluster to a preset (a800, h100, h200, h800; a/b/c: the paper's clusters A/B/C) or a profile YAML path; docs/cluster.md ("Your own cluster") shows how to write one
+    """
     path = name_or_path
     if not os.path.exists(path):
         path = os.path.join(CLUSTERS_DIR, f"{ALIASES.get(name_or_path.lower(), name_or_path)}.yaml")
     if not os.path.exists(path):
         known = sorted(f[:-5] for f in os.listdir(CLUSTERS_DIR) if f.endswith(".yaml"))
-        raise ProfileError(f"unknown cluster '{name_or_path}' (set {flag} to one of {known}, a/b/c, "
-                           "or a profile YAML path)")
+        close = difflib.get_close_matches(name_or_path.lower(), known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ProfileError(f"unknown cluster '{name_or_path}'{hint}: set {flag} to a preset ({', '.join(known)}; "
+                           "a/b/c: the paper's clusters A/B/C) or a profile YAML path; docs/cluster.md "
+                           '("Your own cluster") shows how to write one')
     try:
         with open(path) as f:
             d = yaml.safe_load(f)

@@ -5,7 +5,7 @@
 
 JOBS.json is a list of {"name", "mode", "args", "world_size", "env"} (tests/slurm writes it from
 ``megatron_zeppelin.slurm.jobs.render_jobs``); run it in the job's environment (``source
-scripts/slurm/env.sh`` first), the matrix's ``env`` is applied per job. For each job, as rank 0 of
+megatron_zeppelin/slurm/templates/env.sh`` first), the matrix's ``env`` is applied per job. For each job, as rank 0 of
 ``world_size`` ranks:
 ``megatron.training.arguments.parse_args`` (with the ``--zeppelin-*`` flags only for the zeppelin
 job, as its entry adds them), ``validate_args``, and ``set_global_variables`` without a tokenizer (the

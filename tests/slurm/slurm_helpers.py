@@ -3,8 +3,6 @@
 import os
 import subprocess
 
-import numpy as np
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER = os.path.join(REPO, "scripts", "slurm", "local-cluster.sh")
 # A python with megatron-core >= 0.19 (megatron.training) and this package: scripts/setup.sh makes it.
@@ -25,20 +23,10 @@ def mlm_python_missing() -> str:
 
 def write_documents(prefix: str, n_docs: int = 400, seed: int = 0) -> str:
     """A Megatron indexed dataset of variable-length documents (long-tailed, 8..600 tokens), byte
-    tokens below EOD and each document ending in EOD, built with megatron-core's IndexedDatasetBuilder."""
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    tokens below EOD and each document ending in EOD: what ``zeppelin slurm --tiny-data`` writes."""
+    from megatron_zeppelin.integration.byte_documents import write_byte_documents
 
-    rng = np.random.default_rng(seed)
-    lengths = np.clip(rng.lognormal(mean=4.0, sigma=1.0, size=n_docs), 8, 600).astype(int)
-    os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint8)
-    for n in lengths:
-        doc = rng.integers(0, EOD, size=int(n), dtype=np.uint8)
-        doc[-1] = EOD
-        builder.add_document(torch.from_numpy(doc), [int(n)])
-    builder.finalize(prefix + ".idx")
-    return prefix
+    return write_byte_documents(prefix, n_docs, seed)
 
 
 def cpu_shim_missing() -> str:

@@ -1,10 +1,13 @@
 """Real SLURM: the one-node cluster runs the rendered zeppelin and stock DP jobs of the CPU matrix.
 
-The cluster (scripts/slurm/local-cluster.sh) is started for this module and stopped after it. Both
-jobs go through real ``sbatch`` (``zeppelin slurm --matrix``): a tiny GPT trained by Megatron's own
-``pretrain()`` on 4 gloo ranks (2 emulated nodes x 2), then ``zeppelin slurm --collect`` tabulates
-their tokens per second. Skipped, with the reason, where slurmd cannot run or megatron.training is
-missing; a job that fails or overruns fails the test with its log.
+The cluster (scripts/slurm/local-cluster.sh) is started for this module and stopped after it. The
+test follows docs/slurm.md's recipe with the CPU matrix as shipped: from a submit directory that
+holds the recipe's ``.venv-mlm`` (the matrix's relative ``python``), ``zeppelin slurm --tiny-data``
+makes the matrix's ``data_path``, both jobs go through real ``sbatch`` (``zeppelin slurm --matrix``):
+a tiny GPT trained by Megatron's own ``pretrain()`` on 4 gloo ranks (2 emulated nodes x 2), then
+``zeppelin slurm --collect`` tabulates their tokens per second. Skipped, with the reason, where
+slurmd cannot run or megatron.training is missing; a job that fails or overruns fails the test
+with its log.
 """
 
 import math
@@ -19,7 +22,7 @@ import yaml
 from megatron_zeppelin.cli import main
 from megatron_zeppelin.slurm.results import collect
 
-from slurm_helpers import CLUSTER, MLM_PYTHON, REPO, cpu_shim_missing, mlm_python_missing, write_documents
+from slurm_helpers import CLUSTER, MLM_PYTHON, REPO, cpu_shim_missing, mlm_python_missing
 
 pytestmark = pytest.mark.slurm
 CPU_MATRIX = os.path.join(REPO, "megatron_zeppelin", "presets", "runs", "slurm_cpu.yaml")
@@ -76,16 +79,21 @@ def test_sbatch_zeppelin_and_stock_dp_jobs(cluster, tmp_path, monkeypatch, capsy
         monkeypatch.setenv(k, v)
     # the jobs inherit this environment (sbatch exports it): they import this tree's megatron_zeppelin
     monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    prefix = write_documents(str(tmp_path / "data" / "docs"))
     with open(CPU_MATRIX) as f:
         matrix = yaml.safe_load(f)
-    logs = tmp_path / "logs"
-    matrix["defaults"].update(python=MLM_PYTHON, log_dir=str(logs))
-    matrix["runs"][0]["data_path"] = prefix
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump(matrix))
+    matrix_path = CPU_MATRIX
+    venv = os.path.dirname(os.path.dirname(MLM_PYTHON))
+    if matrix["defaults"]["python"] == ".venv-mlm/bin/python" and MLM_PYTHON == os.path.join(venv, "bin", "python"):
+        os.symlink(venv, tmp_path / ".venv-mlm")  # the recipe's venv, where the matrix's relative path looks
+    else:  # $ZEPPELIN_MLM_PYTHON is no venv's bin/python: name it in a copy of the matrix
+        matrix["defaults"]["python"] = MLM_PYTHON
+        matrix_path = str(tmp_path / "m.yaml")
+        (tmp_path / "m.yaml").write_text(yaml.safe_dump(matrix))
+    logs = tmp_path / matrix["defaults"]["log_dir"]
     monkeypatch.chdir(tmp_path)
+    assert main(["slurm", "--tiny-data", matrix["runs"][0]["data_path"]]) == 0
 
-    assert main(["slurm", "--matrix", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "jobs")]) == 0
+    assert main(["slurm", "--matrix", matrix_path, "--out", str(tmp_path / "jobs")]) == 0
     out = capsys.readouterr().out
     ids = dict((mode, jid) for jid, mode in re.findall(r"Submitted batch job (\d+) \(\S+ (\S+)\)", out))
     assert set(ids) == {"zeppelin", "dp"}, out
@@ -107,3 +115,25 @@ def test_sbatch_zeppelin_and_stock_dp_jobs(cluster, tmp_path, monkeypatch, capsy
         assert r["iterations"] == iters - 1 and r["tokens_per_iteration"] == 2048, (r, detail)
         assert r["tokens_per_s"] > 0 and math.isfinite(r["final_loss"]), (r, detail)
         assert re.search(rf"tiny-cpu\s+{mode}\s+\S+\s+[\d.]+\s+[\d.]+s", table), table
+
+
+def test_collect_names_a_failed_job(cluster, tmp_path, monkeypatch, capsys):
+    """A job Megatron refuses (a flag it does not know) ends without iterations: --collect names it with
+    Megatron's own error line and exits 1, instead of a row of n/a."""
+    for k, v in cluster.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.chdir(tmp_path)
+    with open(CPU_MATRIX) as f:
+        matrix = yaml.safe_load(f)
+    assert main(["slurm", "--tiny-data", "data/docs"]) == 0
+    matrix["defaults"].update(python=MLM_PYTHON, log_dir=str(tmp_path / "logs"), modes=["dp"],
+                              extra_args=["--no-such-megatron-flag"])
+    matrix["runs"][0]["data_path"] = "data/docs"
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(matrix))
+    assert main(["slurm", "--matrix", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "jobs")]) == 0
+    ids = re.findall(r"Submitted batch job (\d+)", capsys.readouterr().out)
+    assert len(ids) == 1 and _wait(ids, JOB_TIMEOUT_S)
+    assert main(["slurm", "--collect", str(tmp_path / "logs"), "--warmup", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert "FAILED" in out and "tiny-cpu dp" in err and "--no-such-megatron-flag" in err, (out, err)
