@@ -25,7 +25,7 @@ included) next to the CPU time the simulated pass charges on this machine's core
 speed): a time error with the same CPU error is work the model leaves out; a time error alone is
 waiting (idle cores) it gets wrong.
 
-The host's own speed drifts within a run (benchmarks/bench_host_drift.py), so every rank also runs a
+The host's own speed drifts within a run (validation_probes/bench_host_drift.py), so every rank also runs a
 short fixed reference round (validation/host_speed.py) right before and after each timed pass and
 REF_ROUNDS times around each calibration sample; each row reports, beside the raw error, the error
 against its repeats scaled to the calibration's host speed (``error_at_calibration``; ``host_speed``
@@ -151,7 +151,7 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
             samples.append(sample())
     profile = profile_from(samples, world)  # the profile simulated: medians over the three samples
     # each sample's own host_cores beside the profile's median: a sample on a stretch where the host
-    # delivered fewer cores (benchmarks/bench_host_cores.py) shows here
+    # delivered fewer cores (validation_probes/bench_host_cores.py) shows here
     per_sample = [host_cores([x]) for x in samples]
     return RankRun((planned.to_dict(), profile.to_dict(), per_sample) if rank == 0 else None, times, calib_ref)
 
