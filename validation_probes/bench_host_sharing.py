@@ -1,9 +1,9 @@
 """Host sharing by kind of work: the cores the CPU validation's ranks get computing at once, per plan.
 
 The simulator shares the host's cores among the ranks computing at once with one number per run,
-the host's ``cores`` (spec/host.py, sim/host.py), measured by validation/concurrent.py's sharing probe. This benchmark asks
-whether one number fits every plan: for each strategy's plan of the validation batch (validation/validate.py:
-same batch, topology and config) every rank runs the layer program's Compute instructions only
+the host's ``cores`` (spec/host.py, sim/host.py), measured by validation/concurrent.py's sharing
+probe. This benchmark asks whether one number fits every plan: for each strategy's plan of the
+validation batch (validation/validate.py: same batch, topology and config) every rank runs the layer program's Compute instructions only
 (forward then backward, no exchanges: K/V blocks of the right sizes stand in for the received ones),
 first alone (the ranks take turns) and then all at once from a barrier, ``--repeat`` times. Per
 repeat and strategy:

@@ -103,7 +103,8 @@ class HostModel:
         """What ``n`` split sequences of ``rows`` query rows in all add beyond their two sequences
         each. Vectorised over n and rows.
 
-        >>> round(float(HostModel(split_fwd_us=30.0, split_row_fwd_us=0.5).split_s(2, 100)) * 1e6, 6)  # 2 x 30 + 100 x 0.5 us
+        >>> h = HostModel(split_fwd_us=30.0, split_row_fwd_us=0.5)
+        >>> round(float(h.split_s(2, 100)) * 1e6, 6)  # 2 x 30 + 100 x 0.5 us
         110.0
         """
         fixed, row = ((self.split_bwd_us, self.split_row_bwd_us) if backward

@@ -470,16 +470,16 @@ def engine_host(samples: Sequence[Sequence[Dict]]) -> Tuple[float, float, float]
 
 def profile_from(samples: Sequence[Sequence[Dict]], world: int, gpus_per_node: int = 0,
                  name: str = "") -> CpuProfile:
-    """The profile and its host (spec/host.py) from every rank's ``measure`` (``samples[k][r]``: rank r's of sample k; the
-    validation takes one before, one mid-way through and one after its timed runs): single-core
-    rates, the links measured with every rank running, and the host's cores that the ranks share.
-    The ranks measured compute one at a time, so theirs are repeats of one measurement: the median
-    over ranks and samples is kept, of each one's own difference where a fixed cost is taken out
-    (the maxima of two noisy figures, differenced, once made a 16-token block look 10x faster than
-    a 32-token one). One sample is a moment of this shared machine: within one run the same table
-    point measured 1.4-1.9 ms on the 4 ranks in turn, and the sample's median moved the simulated
-    time of a ring plan by up to 12% from sample to sample; one sample of the host's cores alone once
-    gave 1.29 where the other runs gave 1.77-1.84 (every plan of that run simulated 15-54% too slow)."""
+    """The profile and its host (spec/host.py) from every rank's ``measure`` (``samples[k][r]``: rank
+    r's of sample k; the validation takes one before, one mid-way through and one after its timed runs):
+    single-core rates, the links measured with every rank running, and the host's cores that the ranks
+    share. The ranks measured compute one at a time, so theirs are repeats of one measurement: the
+    median over ranks and samples is kept, of each one's own difference where a fixed cost is taken out
+    (the maxima of two noisy figures, differenced, once made a 16-token block look 10x faster than a
+    32-token one). One sample is a moment of this shared machine: within one run the same table point
+    measured 1.4-1.9 ms on the 4 ranks in turn, and the sample's median moved the simulated time of a
+    ring plan by up to 12% from sample to sample; one sample of the host's cores alone once gave 1.29
+    where the other runs gave 1.77-1.84 (every plan of that run simulated 15-54% too slow)."""
     from megatron_zeppelin.planner.cost.cost_model import BWD_FLOPS
     m = CPU_MODEL
     every = _ranks(samples)

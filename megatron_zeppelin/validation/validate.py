@@ -188,7 +188,7 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
     lengths = make_batch(seed, tokens_per_rank * world, tokens_per_rank)
     res: List[RankRun] = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
     planned_d, profile_d, cores_per_sample = res[0].profiles
-    planned, cpu = CpuProfile.from_dict(planned_d), CpuProfile.from_dict(profile_d)
+    planned, simulated = CpuProfile.from_dict(planned_d), CpuProfile.from_dict(profile_d)
     calib_ref = [max(x) for x in zip(*(r.calib_ref for r in res))]  # slowest rank
     topo = cpu_topology(world)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -204,7 +204,7 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
         measured = statistics.median(per_iter[i] for i in keep)
         speed = [host_speed(calib_ref, [max(x.ref_before for x in p), max(x.ref_after for x in p)]) for p in passes]
         at_calib = statistics.median(at_calibration(per_iter[i], speed[i]) for i in keep)
-        g, links = attention_graph(plan, cpu.profile, CPU_MODEL, host=cpu.host)
+        g, links = attention_graph(plan, simulated.profile, CPU_MODEL, host=simulated.host)
         sim = g.run(links.capacity)
         predicted = sim.makespan
         # Where a miss lies: the CPU time the ranks took (with their transport threads, barrier to
@@ -221,4 +221,4 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
                      "repeats": per_iter, "background_cores": bg,
                      "clean": bool(clean), "classes": plan.class_counts(),
                      "documents": len(lengths), "tokens": sum(lengths), "ops": len(plan.schedule)})
-    return cpu, rows
+    return simulated, rows
