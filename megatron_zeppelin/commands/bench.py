@@ -196,21 +196,22 @@ def run_validation(args) -> int:
     os.makedirs(args.profiles, exist_ok=True)
     rows, profiles = [], []
     for w in worlds:
-        prof, vrows = validate(w, repeat=args.repeat, calib_repeat=args.repeat)
+        cpu, vrows = validate(w, repeat=args.repeat, calib_repeat=args.repeat)
+        prof, host = cpu
         path = os.path.join(args.profiles, f"{prof.name}.yaml")
-        prof.save(path)
-        profiles.append(prof.to_dict())  # kept with the rows: a run's misses are read against its profile
+        cpu.save(path)  # the profile, and its host: section (spec/host.py) that only CPU profiles have
+        profiles.append(cpu.to_dict())  # kept with the rows: a run's misses are read against its profile
         print(f"world {w}: attention fwd {min(prof.attn_fwd_tflops) * 1e3:.2f}..{max(prof.attn_fwd_tflops) * 1e3:.2f} "
               f"GFLOP/s, {prof.attn_call_fwd_us:.0f}/{prof.attn_call_bwd_us:.0f} us per kernel call + "
               f"{prof.attn_seq_fwd_us:.0f}/{prof.attn_seq_bwd_us:.0f} us per sequence (fwd/bwd), a split one "
-              f"+{prof.attn_split_fwd_us:.0f}/{prof.attn_split_bwd_us:.0f} us + {prof.attn_split_row_fwd_us:.2f}/"
-              f"{prof.attn_split_row_bwd_us:.2f} us per row, "
+              f"+{host.split_fwd_us:.0f}/{host.split_bwd_us:.0f} us + {host.split_row_fwd_us:.2f}/"
+              f"{host.split_row_bwd_us:.2f} us per row, "
               f"GEMM {prof.gemm_tflops * 1e3:.1f} GFLOP/s, p2p {prof.nvlink_GBps:.2f} GB/s + "
-              f"{prof.nvlink_latency_us:.0f} us; {prof.host_cores:.2f} host cores (samples "
+              f"{prof.nvlink_latency_us:.0f} us; {host.cores:.2f} host cores (samples "
               f"{', '.join(f'{c:.2f}' for c in vrows[0]['host_cores_per_sample']) if vrows else '-'}), copies "
-              f"{prof.host_copy_GBps:.1f} GB/s; engine {prof.host_post_us:.0f} us per Post, "
-              f"{prof.host_wait_us:.0f} us per Wait + landing {prof.host_land_GBps:.1f} GB/s, packing "
-              f"{prof.host_pack_GBps:.1f} GB/s; wrote {path}")
+              f"{host.copy_GBps:.1f} GB/s; engine {host.post_us:.0f} us per Post, "
+              f"{host.wait_us:.0f} us per Wait + landing {host.land_GBps:.1f} GB/s, packing "
+              f"{host.pack_GBps:.1f} GB/s; wrote {path}")
         for r in vrows:
             rows.append(r)
             bg = statistics.median(r["background_cores"]) if r["background_cores"] else float("nan")
@@ -232,7 +233,8 @@ def run_validation(args) -> int:
                        "simulated with the profile calibrated in the same spawned run (single-core rates, the "
                        "host's cores shared among the ranks computing at once, the engine's CPU per Post and "
                        "Wait; every figure the median of three calibrations: before, mid-way through and after "
-                       "the timed repeats); `profiles` holds each world's. `error_at_calibration`: the same against each "
+                       "the timed repeats); `profiles` holds each world's, its `host` section the host's terms. "
+                       "`error_at_calibration`: the same against each "
                        "repeat's time scaled by the host's speed around it (`host_speed`: a reference round on "
                        "every rank before and after the pass, against the rounds around the calibrations; "
                        "validation/host_speed.py). `host_cores_per_sample`: each calibration's own host_cores "

@@ -16,6 +16,7 @@ import numpy as np
 from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.model import ModelSpec
 from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.host import HostModel
 from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.planner.context import Placement, PlanContext
@@ -33,18 +34,21 @@ __all__ = ["plan_batch", "Planner", "make_context", "Plan", "PlanError", "PlanCo
 
 def make_context(topology: Topology, profile: HardwareProfile, model: ModelSpec,
                  config: Optional[ZeppelinConfig] = None, total_tokens: int = 0,
-                 cost: Optional[CostModel] = None) -> PlanContext:
+                 cost: Optional[CostModel] = None, *, host: Optional[HostModel] = None) -> PlanContext:
     """The context of one batch; ``cost``: a cost model of the same topology, profile, model and
-    config to reuse (a Planner's), else a new one."""
+    config to reuse (a Planner's), else a new one (with ``host``: ranks sharing one CPU, the CPU
+    validation's; spec/host.py)."""
     config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
     world = topology.world_size
     capacity = config.capacity_tokens or max(1, 2 * -(-total_tokens // world))
-    cost = cost or cost_model_of(topology, profile, model, config)
+    cost = cost or cost_model_of(topology, profile, model, config, host)
     return PlanContext(topology, model, profile, config, cost, capacity)
 
 
-def cost_model_of(topology: Topology, profile: HardwareProfile, model: ModelSpec, config: ZeppelinConfig) -> CostModel:
-    return CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute), config.sequence_parallel)
+def cost_model_of(topology: Topology, profile: HardwareProfile, model: ModelSpec, config: ZeppelinConfig,
+                  host: Optional[HostModel] = None) -> CostModel:
+    return CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute), config.sequence_parallel,
+                     host)
 
 
 def check_lengths(lengths: Sequence[int], capacity: int, world: int, checked: bool = False) -> list:
@@ -67,10 +71,12 @@ def check_lengths(lengths: Sequence[int], capacity: int, world: int, checked: bo
 
 
 def plan_batch(lengths: Sequence[int], topology: Topology, profile: HardwareProfile, model: ModelSpec,
-               config: Optional[ZeppelinConfig] = None, strategy: Optional[str] = None) -> Plan:
+               config: Optional[ZeppelinConfig] = None, strategy: Optional[str] = None, *,
+               host: Optional[HostModel] = None) -> Plan:
     """Plan one global micro-batch. ``strategy`` defaults to ``config.strategy``. A run planning
-    many batches keeps a Planner instead (the same Plans, without rebuilding the run's cost model)."""
-    return Planner(topology, profile, model, config).plan(lengths, strategy)
+    many batches keeps a Planner instead (the same Plans, without rebuilding the run's cost model).
+    ``host``: the ranks share one CPU (the CPU validation's; spec/host.py), None on GPUs."""
+    return Planner(topology, profile, model, config, host=host).plan(lengths, strategy)
 
 
 class Planner:
@@ -88,10 +94,10 @@ class Planner:
     """
 
     def __init__(self, topology: Topology, profile: HardwareProfile, model: ModelSpec,
-                 config: Optional[ZeppelinConfig] = None):
+                 config: Optional[ZeppelinConfig] = None, *, host: Optional[HostModel] = None):
         self.topology, self.profile, self.model = topology, profile, model
         self.config = config or ZeppelinConfig(gpus_per_node=topology.gpus_per_node)
-        self.cost = cost_model_of(topology, profile, model, self.config)
+        self.cost = cost_model_of(topology, profile, model, self.config, host)
 
     def plan(self, lengths: Sequence[int], strategy: Optional[str] = None) -> Plan:
         """The Plan of one global micro-batch; ``strategy`` defaults to the config's."""

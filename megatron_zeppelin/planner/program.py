@@ -137,7 +137,7 @@ def sequences_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, size: i
 def splits_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, q: Optional[np.ndarray], size: int):
     """(split sequences, their query rows) per ``key`` (an index < size) among the blocks given:
     the sequences mixing full and causal blocks (``sequences_per`` counts each twice), which
-    cost.split_s prices; rows 0 where ``q`` (each block's query rows) is None.
+    a shared CPU host's ``split_s`` prices (spec/host.py); rows 0 where ``q`` (each block's query rows) is None.
 
     >>> n, rows = splits_per(np.array([0, 0, 0, 2]), np.array([5, 5, 6, 5]), np.array([True, False, True, False]),
     ...                      np.array([7.0, 7.0, 3.0, 7.0]), 3)
@@ -168,11 +168,12 @@ def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps
         has = n > 0
         fwd += has * cost.call_s() + n * cost.seq_s()
         bwd += has * cost.call_s(True) + n * cost.seq_s(True)
-        if cost.splits:
+        host = cost.host
+        if host is not None:  # a shared CPU host's kernel merges its split sequences (spec/host.py)
             ns, rows = (x.reshape(steps, world) for x in splits_per(b.step * world + b.rank, b.seq, b.causal, b.q,
                                                                     steps * world))
-            fwd += cost.split_s(ns, rows)
-            bwd += cost.split_s(ns, rows, True)
+            fwd += host.split_s(ns, rows)
+            bwd += host.split_s(ns, rows, True)
     return fwd, bwd
 
 
@@ -350,8 +351,10 @@ class AttentionWork:
     """The compute of a plan's core attention priced once by the cost model: every ring block and
     every local document, forward and backward; ``seconds`` gives a Compute's seconds per rank
     (its blocks' FLOPs, a fixed cost per sequence (query chunk) and one kernel call on every rank
-    that has any: the engine packs them, runner.py; a local document is one sequence); ``pack`` the
-    host CPU per rank with which each pass starts (cost.pack_s of its own ring rows; 0 on GPUs)."""
+    that has any: the engine packs them, runner.py; a local document is one sequence). With a shared
+    CPU host (``cost.host``, spec/host.py; None on GPUs) a Compute also pays its split sequences'
+    merge, and ``pack`` is the host CPU per rank with which each pass starts (``host.pack_s`` of its
+    own ring rows; None without a host)."""
 
     def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int, local=None):
         """``local``: ``local_arrays(docs)``, where the caller has it."""
@@ -361,7 +364,7 @@ class AttentionWork:
         self.ring_id = ids[b.ring] if len(b.q) else b.ring
         self._top_id = int(ids.max(initial=-1)) + 1
         self.step, self.rank, self.seq, self.causal, self.q = b.step, b.rank, b.seq, b.causal, b.q
-        self.cost, self.splits = cost, cost.splits
+        self.cost, self.host = cost, cost.host
         self.sec = {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) for bw in (False, True)}
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
@@ -375,15 +378,7 @@ class AttentionWork:
             self.local[bw] = t
         self.local_ranks = tuple(ranks.tolist())
         self.world = world
-        # Each pass starts with every member packing its own rows of each ring (its chunks i and
-        # 2G-1-i of every document) into the K/V message it holds (runner.LayerRun), on the host.
-        own = np.zeros(world)
-        for r in rings if cost.profile.host_pack_GBps else ():  # GPU profiles: no packing cost to sum
-            if r.docs and r.size:
-                chunks = np.diff(np.array([dmap[d].bounds for d in r.docs], dtype=np.float64), axis=1).sum(0)
-                g = r.size
-                np.add.at(own, list(r.ranks), chunks[:g] + chunks[g:][::-1])
-        self.pack = cost.pack_s(own)  # seconds per rank, each pass
+        self.pack = None if self.host is None else self._pack(cost, rings, dmap, world)
         self._seconds: Dict[Tuple[Compute, bool], np.ndarray] = {}
         self._by_step = None
 
@@ -408,11 +403,24 @@ class AttentionWork:
             out[np.bincount(self.rank[m], minlength=self.world) > 0] += self.call[backward]  # one call per rank
             if self.per_seq[backward]:  # each query chunk's blocks of the call: one sequence
                 out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.causal[m], self.world)
-            if self.splits:  # those mixing full keys and a causal run: their merge
-                out += self.cost.split_s(*splits_per(self.rank[m], self.seq[m], self.causal[m], self.q[m], self.world),
+            if self.host is not None:  # those mixing full keys and a causal run: their merge (CPU kernel)
+                out += self.host.split_s(*splits_per(self.rank[m], self.seq[m], self.causal[m], self.q[m], self.world),
                                          backward)
             self._seconds[key] = out
         return out
+
+    @staticmethod
+    def _pack(cost, rings: Sequence[Ring], dmap, world: int) -> np.ndarray:
+        """Seconds per rank, each pass, with which every member packs its own rows of each ring (its
+        chunks i and 2G-1-i of every document) into the K/V message it holds (runner.LayerRun), on
+        a shared host's CPU."""
+        own = np.zeros(world)
+        for r in rings:
+            if r.docs and r.size:
+                chunks = np.diff(np.array([dmap[d].bounds for d in r.docs], dtype=np.float64), axis=1).sum(0)
+                g = r.size
+                np.add.at(own, list(r.ranks), chunks[:g] + chunks[g:][::-1])
+        return cost.host.pack_s(own * cost.kv_bytes_per_token)
 
     def _step_blocks(self, step: int) -> np.ndarray:
         """Indices of the blocks of ring step ``step``, in block order."""

@@ -16,9 +16,9 @@ and dK/dV travel together), with its message (``msg_src`` -> ``msg_dst``, ``msg`
 telling apart messages between the same ends) and rows [``start``, ``stop``). ``msg_src`` /
 ``msg_dst`` of -1 mean a one-hop message (the hop's own ends). ``reverse_hops`` turns a forward op
 list around (Llama-3 CP's dK/dV reduce-scatter, a remap's backward): same rows and bytes, ends
-swapped, stage order mirrored. On a shared host CPU (LinkTable ``copy_Bps``) a hop also takes CPU at
-both ends to copy its bytes (the transport's copies, sharing the cores with compute), and is done
-when both copies and the transfer are.
+swapped, stage order mirrored. On a shared host CPU (LinkTable ``copy_Bps``, from the validation's
+spec/host.py HostModel; None on GPUs) a hop also takes CPU at both ends to copy its bytes (the
+transport's copies, sharing the cores with compute), and is done when both copies and the transfer are.
 
 >>> from megatron_zeppelin.spec.topology import Topology
 >>> from megatron_zeppelin.sim.network import LinkTable
@@ -100,6 +100,7 @@ def run_step(g: TaskGraph, links: LinkTable, topo: Topology, hops: Sequence[Hop]
     own: Dict[int, List[int]] = {r: [post[r]] for r in ranks}
     arrived: Dict[Tuple, List[Tuple[int, int, int]]] = defaultdict(list)  # (message, rank) -> (start, stop, flow)
     relay: Dict[int, int] = {}  # proxy -> its relay's last forward (posted in order)
+    copies = links.copy_Bps is not None  # a shared CPU host's transport copies every message (sim/host.py)
     for stage in exchange_phases():  # a relayed piece arrives in an earlier phase than it leaves
         for h in hops:
             if h.stage != stage:
@@ -114,8 +115,8 @@ def run_step(g: TaskGraph, links: LinkTable, topo: Topology, hops: Sequence[Hop]
                 deps = [relay[h.src], post[h.dst]]
             t = g.flow(h.nbytes, links.of(h.link, h.src, h.dst, h.nic), latency[h.link],
                        deps=deps, tag=(h.src, h.cat, f"{h.stage} {h.src}->{h.dst}"))
-            cpu = links.copy_s(h.nbytes)
-            if cpu > 0:  # on a shared host CPU both ends copy the bytes, competing with compute
+            if copies and h.nbytes > 0:  # both ends copy the bytes, competing with compute
+                cpu = links.copy_s(h.nbytes)
                 ends = [g.work(cpu, links.io(r), deps=deps, tag=(r, "copy", f"copy {h.src}->{h.dst}"))
                         for r in (h.src, h.dst)]
                 t = g.join([t, *ends])

@@ -32,6 +32,7 @@ from megatron_zeppelin.spec.model import ModelSpec
 from megatron_zeppelin.planner.cost.cost_model import CostModel
 from megatron_zeppelin.planner.types import Plan
 from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.host import HostModel
 from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.sim.allreduce import exposed_s
 from megatron_zeppelin.sim.compute import LayerCosts
@@ -91,19 +92,23 @@ class _Run:
 
 
 def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1,
-             options: Optional[SimOptions] = None, sequence_parallel: bool = False) -> SimResult:
+             options: Optional[SimOptions] = None, sequence_parallel: bool = False,
+             host: Optional[HostModel] = None) -> SimResult:
+    """One iteration of ``plan`` on ``profile``; ``host``: the ranks share one CPU (the CPU
+    validation's, spec/host.py: its cores shared by the ranks' compute, copies and engine CPU;
+    None on GPUs)."""
     opt = options or SimOptions()
     if opt.layers not in ("scale", "all"):
         from megatron_zeppelin.errors import ZeppelinError
         raise ZeppelinError(f"unknown layers mode '{opt.layers}' (set --sim-layers to scale or all)")
     topo = plan.topology
-    cost = CostModel(model, profile, topo, tp, plan_recompute(plan), sequence_parallel)
+    cost = CostModel(model, profile, topo, tp, plan_recompute(plan), sequence_parallel, host)
     costs = LayerCosts(cost)
-    links = LinkTable.of_cost(cost, profile.host_cores, profile.host_copy_GBps * 1e9)
+    links = LinkTable.of_cost(cost)
     L = model.layers
     world = plan.world_size
     head = [costs.head_iteration_s(cost.layout_rows(plan.tokens(r, "linear"))) for r in range(world)]
-    head_s = shared_makespan(head, profile.host_cores)
+    head_s = max(head, default=0.0) if host is None else shared_makespan(head, host.cores)
     runs: List[_Run] = []
     if opt.layers == "scale":
         cache: dict = {}
@@ -188,11 +193,12 @@ def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L
                      nic=nics, link_bytes=dict(kinds), timeline=timeline)
 
 
-def attention_graph(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1):
+def attention_graph(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1,
+                    host: Optional[HostModel] = None):
     """(task graph, links) of one layer's core attention, forward then backward, every rank starting
-    together (what one engine call plus its backward takes)."""
-    cost = CostModel(model, profile, plan.topology, tp)
-    links = LinkTable.of_cost(cost, profile.host_cores, profile.host_copy_GBps * 1e9)
+    together (what one engine call plus its backward takes); ``host`` as ``simulate``'s."""
+    cost = CostModel(model, profile, plan.topology, tp, host=host)
+    links = LinkTable.of_cost(cost)
     g = TaskGraph()
     b = LayerBuilder(plan, LayerCosts(cost), links, g, False)
     b.attention(False)
@@ -200,7 +206,8 @@ def attention_graph(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, t
     return g, links
 
 
-def simulate_attention(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1) -> float:
+def simulate_attention(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1,
+                       host: Optional[HostModel] = None) -> float:
     """Seconds of ``attention_graph``: the term validated against measured runs."""
-    g, links = attention_graph(plan, profile, model, tp=tp)
+    g, links = attention_graph(plan, profile, model, tp=tp, host=host)
     return g.run(links.capacity).makespan

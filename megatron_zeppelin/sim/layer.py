@@ -10,8 +10,10 @@ Attention is the layer program (planner/program.py ``attention_program``: the en
 compute, posted exchanges and waits, with its overlap points and the pipelined dK/dV), turned into
 tasks: each Compute is a kernel on every rank it involves, each Post a StepExchange of the Plan's
 CommOps (executor.run_step, so routed schedules are timed as run), each Wait a join of the rank's
-stream with its part of that exchange. On a shared host (a CPU profile) a Post and a Wait also cost
-each rank of the exchange the engine's CPU (``CostModel.post_s``, ``wait_s``, category ``engine``).
+stream with its part of that exchange. On a shared host CPU (``CostModel.host``, the CPU validation's
+spec/host.py HostModel; None on GPUs) each pass starts with the engine packing its own ring rows, and
+a Post and a Wait also cost each rank of the exchange the engine's CPU (``post_s``, ``wait_s``,
+category ``engine``).
 
 Activation recompute (``CostModel.recompute``, from the plan): the backward first reruns the forward
 it recomputes, as tasks (category ``recompute``): full, the whole layer's forward; selective
@@ -134,17 +136,17 @@ class LayerBuilder:
         return [Hop(o.stage, o.src, o.dst, o.nbytes * scale, o.link, o.nic, f"ring_{o.queue}",
                     o.msg_src, o.msg_dst, o.start, o.stop, (o.ring, o.block)) for o in ops]
 
-    def _exchange(self, ops, reverse: bool = False, post_s: float = 0.0):
+    def _exchange(self, ops, reverse: bool = False, engine=None):
         """Start a StepExchange of ``ops`` on every rank it involves, gated by each rank's stream,
-        after ``post_s`` of the engine's CPU on each (a shared host's): (when each rank's part is
-        done, the bytes of the pieces ending at each rank, which its Wait lands)."""
+        after the engine's CPU posting it on each (``engine``: a shared host's HostModel, else None):
+        (when each rank's part is done, the bytes of the pieces ending at each rank, which its Wait lands)."""
         hops = self._hops(ops, 1.0)
         if reverse:
             hops = reverse_hops(hops, self.topo)
         ranks = sorted({h.src for h in hops} | {h.dst for h in hops})
-        if post_s:
+        if engine is not None and engine.post_s():
             for r in ranks:
-                self.compute(r, post_s, "engine")
+                self.compute(r, engine.post_s(), "engine")
         landed: Dict[int, float] = defaultdict(float)
         for h in hops:
             if h.dst == h.target:
@@ -155,9 +157,10 @@ class LayerBuilder:
         """The layer program's attention (planner/program.py), as a task graph."""
         work = self.work
         cost = self.k.cost
-        post_s, host = cost.post_s(), cost.charges_host  # the engine's CPU per Post / Wait (shared hosts)
+        # the engine's CPU per pass, Post and Wait: a shared CPU host's (None on GPUs, and where it costs nothing)
+        engine = cost.host if cost.host is not None and cost.host.charges_engine else None
         done: Dict[str, tuple] = {}
-        if host:  # the engine packs its own ring rows first (shared hosts)
+        if engine is not None:  # the engine packs its own ring rows first
             for r in np.flatnonzero(work.pack):
                 self.compute(int(r), float(work.pack[r]), "engine")
         for x in attention_program(self.plan.rings, bool(work.local_ranks), backward):
@@ -168,13 +171,13 @@ class LayerBuilder:
             elif isinstance(x, Post):
                 rings = set(x.rings)
                 ops = [o for o in self.ops.get((x.queue, x.step), ()) if o.ring in rings]
-                done[x.name] = self._exchange(ops, x.reverse, post_s) if ops else ({}, {})
+                done[x.name] = self._exchange(ops, x.reverse, engine) if ops else ({}, {})
             else:
                 ends, landed = done.pop(x.name)
                 self._wait(ends)
-                if host:  # then the engine lands the messages (on a shared host)
+                if engine is not None:  # then the engine lands the messages
                     for r in sorted(ends):
-                        self.compute(r, float(cost.wait_s(landed.get(r, 0.0))), "engine")
+                        self.compute(r, float(engine.wait_s(landed.get(r, 0.0))), "engine")
 
     def attention(self, backward: bool = False):
         """Only the core attention (the engine alone), for validation against measured engine runs."""

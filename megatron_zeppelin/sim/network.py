@@ -39,28 +39,31 @@ LinkKey = Tuple[str, int]
 class LinkTable:
     """Index of the links of one topology with their capacities (bytes/s).
 
-    With ``host_cores`` > 0 (all ranks on one host CPU: profile ``host_cores``) it also holds the CPU
-    as shared resources for compute tasks (events.TaskGraph.work): a core per rank (capacity 1: a
-    rank's kernels run one at a time), an I/O thread per rank (capacity 1: the transport's copies of
-    its messages, ``copy_Bps`` bytes per CPU second, 0 = free) and the host (capacity ``host_cores``);
-    ``cpu(rank)`` and ``io(rank)`` name them.
+    With a ``host`` whose ranks share its cores (spec/host.py HostModel, ``cores`` > 0: the CPU
+    validation's; None on GPUs) it also holds the CPU as shared resources for compute tasks
+    (events.TaskGraph.work; sim/host.py): a core per rank (capacity 1: a rank's kernels run one at a
+    time), an I/O thread per rank (capacity 1: the transport's copies of its messages, ``copy_Bps``
+    bytes per CPU second, None = free) and the host (capacity ``cores``); ``cpu(rank)`` and
+    ``io(rank)`` name them.
 
+    >>> from megatron_zeppelin.spec.host import HostModel
     >>> from megatron_zeppelin.spec.topology import Topology
-    >>> t = LinkTable(Topology(1, 2), 1.0, 1.0, host_cores=1)
+    >>> t = LinkTable(Topology(1, 2), 1.0, 1.0, host=HostModel(cores=1))
     >>> t.cpu(1), t.io(1), t.capacity[list(t.cpu(1))].tolist(), LinkTable(Topology(1, 2), 1.0, 1.0).cpu(1)
     ((9, 12), (11, 12), [1.0, 1.0], None)
     """
 
-    def __init__(self, topo: Topology, nvlink_Bps: float, nic_Bps: float, host_cores: float = 0.0,
-                 copy_Bps: float = 0.0, levels: Mapping[str, float] = MappingProxyType({})):
+    def __init__(self, topo: Topology, nvlink_Bps: float, nic_Bps: float,
+                 levels: Mapping[str, float] = MappingProxyType({}), host=None):
         self.topo = topo
-        self.host_cores = float(host_cores)
-        self.copy_Bps = float(copy_Bps) if host_cores > 0 else 0.0
+        shared = host is not None and host.cores > 0  # compute shares the host's cores
+        self.host_cores = float(host.cores) if shared else 0.0
+        self.copy_Bps = (host.copy_Bps or None) if shared else None  # None: messages take no CPU
         self.keys: List[LinkKey] = []
         self.index: Dict[LinkKey, int] = {}
         caps = []
         w = topo.world_size
-        cpu = (("core", w, 1.0), ("io", w, 1.0), ("host", 1, self.host_cores)) if host_cores > 0 else ()
+        cpu = (("core", w, 1.0), ("io", w, 1.0), ("host", 1, self.host_cores)) if shared else ()
         # ``levels``: bytes/s per NIC of each network level above the NIC's (its own port per NIC)
         above = tuple((f"{name}_{d}", topo.num_nics, bps) for name, bps in levels.items() for d in ("out", "in"))
         for kind, n, cap in (("nv_out", topo.world_size, nvlink_Bps), ("nv_in", topo.world_size, nvlink_Bps),
@@ -70,12 +73,15 @@ class LinkTable:
                 self.keys.append((kind, i))
                 caps.append(cap)
         self.capacity = np.array(caps, dtype=float)
+        self._cpu = ({r: (self.index[("core", r)], self.index[("host", 0)]) for r in range(w)},
+                     {r: (self.index[("io", r)], self.index[("host", 0)]) for r in range(w)}) if shared else None
 
     @classmethod
-    def of_cost(cls, cost, host_cores: float = 0.0, copy_Bps: float = 0.0) -> "LinkTable":
-        """The links of ``cost``'s topology at its profile's bandwidth, every cluster level included."""
-        return cls(cost.topology, cost.bandwidth(Link.NVLINK), cost.bandwidth(Link.NIC), host_cores, copy_Bps,
-                   {k: cost.bandwidth(k) for k in cost.link_classes[2:]})
+    def of_cost(cls, cost) -> "LinkTable":
+        """The links of ``cost``'s topology at its profile's bandwidth, every cluster level included,
+        and its host's CPU where it has one (``cost.host``)."""
+        return cls(cost.topology, cost.bandwidth(Link.NVLINK), cost.bandwidth(Link.NIC),
+                   {k: cost.bandwidth(k) for k in cost.link_classes[2:]}, cost.host)
 
     def link_class(self, kind: str) -> str:
         """The link class a port kind belongs to (``nv_out`` -> nvlink, ``spine_in`` -> spine)."""
@@ -85,20 +91,16 @@ class LinkTable:
         return tuple(self.index[k] for k in link_ports(link, src, dst, nic, self.topo))
 
     def cpu(self, rank: int):
-        """(rank's core, host) resource indices for a compute task; None when the CPU is not modelled."""
-        if self.host_cores <= 0:
-            return None
-        return self.index[("core", rank)], self.index[("host", 0)]
+        """(rank's core, host) resource indices for a compute task; None when the CPU is not shared."""
+        return None if self._cpu is None else self._cpu[0][rank]
 
     def io(self, rank: int):
-        """(rank's I/O thread, host) for the CPU its messages' copies take; None when not modelled."""
-        if self.host_cores <= 0:
-            return None
-        return self.index[("io", rank)], self.index[("host", 0)]
+        """(rank's I/O thread, host) for the CPU its messages' copies take; None when not shared."""
+        return None if self._cpu is None else self._cpu[1][rank]
 
     def copy_s(self, nbytes: float) -> float:
-        """CPU seconds one end of a message spends copying it (0 when not modelled)."""
-        return nbytes / self.copy_Bps if self.copy_Bps > 0 else 0.0
+        """CPU seconds one end of a message spends copying it (only where ``copy_Bps`` is not None)."""
+        return nbytes / self.copy_Bps
 
 
 def fair_rates(flow_links: np.ndarray, capacity: np.ndarray) -> np.ndarray:

@@ -47,7 +47,10 @@ class NetworkLevel:
     nodes: int = 0
 
 
-SPLIT_FIELDS = ("split_fwd_us", "split_bwd_us", "split_row_fwd_us", "split_row_bwd_us")  # YAML attention.*
+# What only ranks sharing one host CPU have (spec/host.py HostModel, the CPU validation's): a
+# profile YAML keeps them in its own host: section, never here.
+HOST_KEYS = ("host_cores", "host_copy_GBps", "host_post_us", "host_wait_us", "host_land_GBps", "host_pack_GBps")
+SPLIT_KEYS = ("split_fwd_us", "split_bwd_us", "split_row_fwd_us", "split_row_bwd_us")  # were YAML attention.*
 
 
 @dataclass(frozen=True)
@@ -77,37 +80,6 @@ class HardwareProfile:
     attn_call_bwd_us: float = 0.0
     attn_seq_fwd_us: float = 0.0
     attn_seq_bwd_us: float = 0.0
-    # What a *split* sequence adds (one query chunk with full keys then its causal run, which a
-    # kernel knowing only top-left causal masks runs as two sequences and a merge: the CPU kernel,
-    # attention/kernels/cpu.py) beyond its two sequences: a fixed part and a part per query row,
-    # forward and backward. 0 in the GPU presets (their kernels take bottom-right masks), measured by
-    # `zeppelin bench --validate-cpu` against the model's own price of the same blocks.
-    attn_split_fwd_us: float = 0.0
-    attn_split_bwd_us: float = 0.0
-    attn_split_row_fwd_us: float = 0.0
-    attn_split_row_bwd_us: float = 0.0
-    # Cores of one host CPU that all ranks' compute shares (processor sharing: with n ranks computing,
-    # each runs at min(1, host_cores / n) of the single-core rates above; sim/host.py). 0 = ranks do
-    # not share compute (GPUs). Set by the CPU validation's calibration (validation/concurrent.py): the
-    # affinity mask's cores, or, with more ranks than cores, the compute they got running at once if
-    # less (a fraction: every switch between ranks costs cache refills).
-    host_cores: float = 0.0
-    # On a shared host (host_cores > 0): bytes per second one core copies through the transport
-    # (gloo over TCP copies every message on both ends); each message then takes bytes / rate seconds
-    # of CPU at its sender and at its receiver, shared with the compute. 0 = messages take no CPU.
-    host_copy_GBps: float = 0.0
-    # On a shared host (host_cores > 0): the engine's own CPU per Post and per Wait of the layer
-    # program on each rank the exchange involves, outside any kernel call: a fixed part (building
-    # and posting the exchange; waiting), and at a Wait the bytes of the messages ending at the rank
-    # at host_land_GBps (landing the rows in place and adding them up). 0 = none (GPUs: the host
-    # runs ahead of the device, so this hides behind the kernels).
-    host_post_us: float = 0.0
-    host_wait_us: float = 0.0
-    host_land_GBps: float = 0.0
-    # On a shared host: the engine's CPU packing a rank's own rows of each of its rings into the K/V
-    # message it holds, at the start of every pass (attention/runner.py LayerRun: a row gather and a
-    # concatenation), at this many bytes per second. 0 = none (GPUs: it hides behind the kernels).
-    host_pack_GBps: float = 0.0
     # Throughput of *full* (non-causal) blocks by the same lengths, for the simulator's ring steps
     # (off-diagonal zigzag blocks); empty = the causal tables above (FLOPs count the same either way:
     # right where a kernel skips the masked tiles, as GPU flash kernels do). Torch's CPU flash kernel
@@ -143,14 +115,6 @@ class HardwareProfile:
                                    "throughput per attention.seqlen")
         if self.nvlink_latency_us < 0 or self.nic_latency_us < 0:
             raise ProfileError(f"profile {self.name}: latencies must be >= 0")
-        if not self.host_cores >= 0:
-            raise ProfileError(f"profile {self.name}: host_cores must be >= 0 (0: compute not shared)")
-        if not self.host_copy_GBps >= 0:
-            raise ProfileError(f"profile {self.name}: host_copy_GBps must be >= 0 (0: messages take no CPU)")
-        if not (self.host_post_us >= 0 and self.host_wait_us >= 0 and self.host_land_GBps >= 0
-                and self.host_pack_GBps >= 0):
-            raise ProfileError(f"profile {self.name}: host_post_us, host_wait_us, host_land_GBps and "
-                               "host_pack_GBps must be >= 0 (0: none)")
 
     def _check_levels(self) -> None:
         names, below = {Link.NVLINK, Link.NIC}, self.nic_nodes
@@ -212,19 +176,9 @@ class HardwareProfile:
             out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
         if self.attn_seq_fwd_us or self.attn_seq_bwd_us:
             out["attention"].update(seq_fwd_us=self.attn_seq_fwd_us, seq_bwd_us=self.attn_seq_bwd_us)
-        split = {k: getattr(self, "attn_" + k) for k in SPLIT_FIELDS}
-        if any(split.values()):
-            out["attention"].update(split)
         if self.attn_full_fwd_tflops:
             out["attention"].update(full_fwd_tflops=list(self.attn_full_fwd_tflops),
                                     full_bwd_tflops=list(self.attn_full_bwd_tflops))
-        if self.host_cores:
-            out["host_cores"] = self.host_cores
-        if self.host_copy_GBps:
-            out["host_copy_GBps"] = self.host_copy_GBps
-        if self.host_post_us or self.host_wait_us or self.host_land_GBps or self.host_pack_GBps:
-            out.update(host_post_us=self.host_post_us, host_wait_us=self.host_wait_us,
-                       host_land_GBps=self.host_land_GBps, host_pack_GBps=self.host_pack_GBps)
         return out
 
     @classmethod
@@ -235,6 +189,11 @@ class HardwareProfile:
                 raise ProfileError(f"profile {source}: attention.block_fwd_us / block_bwd_us (per block) are now "
                                    "seq_fwd_us / seq_bwd_us (per sequence of a kernel call): recalibrate it "
                                    "(zeppelin bench --validate-cpu)")
+            moved = [k for k in HOST_KEYS if k in d] + [f"attention.{k}" for k in SPLIT_KEYS if k in att]
+            if moved:
+                raise ProfileError(f"profile {source}: {', '.join(moved)} belong to a CPU host, not a profile: "
+                                   "they are now its host: section (spec/host.py; recalibrate with "
+                                   "zeppelin bench --validate-cpu)")
             return cls(
                 name=str(d["name"]), gpu=str(d.get("gpu", d["name"])), gemm_tflops=float(d["gemm_tflops"]),
                 attn_seqlen=tuple(int(x) for x in att["seqlen"]),
@@ -249,10 +208,6 @@ class HardwareProfile:
                 attn_call_bwd_us=float(att.get("call_bwd_us", 0.0)),
                 attn_seq_fwd_us=float(att.get("seq_fwd_us", 0.0)),
                 attn_seq_bwd_us=float(att.get("seq_bwd_us", 0.0)),
-                **{f"attn_{k}": float(att.get(k, 0.0)) for k in SPLIT_FIELDS},
-                host_cores=float(d.get("host_cores", 0.0)), host_copy_GBps=float(d.get("host_copy_GBps", 0.0)),
-                host_post_us=float(d.get("host_post_us", 0.0)), host_wait_us=float(d.get("host_wait_us", 0.0)),
-                host_land_GBps=float(d.get("host_land_GBps", 0.0)), host_pack_GBps=float(d.get("host_pack_GBps", 0.0)),
                 attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
                 attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())),
                 nic_nodes=int(nic.get("nodes", 0)),
@@ -263,9 +218,14 @@ class HardwareProfile:
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"malformed profile {source}: missing or bad field {e}") from None
 
-    def save(self, path: str) -> None:
+    def save(self, path: str, host=None) -> None:
+        """The profile's YAML; ``host`` (a spec/host.py HostModel: a calibrated CPU profile's) as its
+        own ``host:`` section, which ``load_profile`` ignores and ``load_host`` reads."""
+        d = self.to_dict()
+        if host is not None:
+            d["host"] = host.to_dict()
         with open(path, "w") as f:
-            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+            yaml.safe_dump(d, f, sort_keys=False)
 
 
 def load_profile(name_or_path: str, flag: str = "--cluster") -> HardwareProfile:

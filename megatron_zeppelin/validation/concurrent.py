@@ -1,19 +1,19 @@
-"""Calibrate a HardwareProfile on this CPU with gloo inside the spawned run it will predict, as the
-simulator's validation needs it (``zeppelin calibrate`` measures one process, on any device):
-attention rate by length (causal and full blocks), the fixed cost of a block call, GEMM rate, the
-point-to-point bandwidth and latency between ranks, the engine's own CPU per Post and per Wait of
-the layer program (``_exchanges``) and packing its own rows at the start of a pass (``_pack_probe``),
-and the host's cores.
+"""Calibrate a CpuProfile (a HardwareProfile and the HostModel of its ranks: validation/cpu_profile.py)
+on this CPU with gloo inside the spawned run it will predict, as the simulator's validation needs it
+(``zeppelin calibrate`` measures one process, on any device): attention rate by length (causal and
+full blocks), the fixed cost of a block call, GEMM rate, the point-to-point bandwidth and latency
+between ranks, the engine's own CPU per Post and per Wait of the layer program (``_exchanges``) and
+packing its own rows at the start of a pass (``_pack_probe``), and the host's cores.
 
 All ranks are processes of one host, and the simulator shares the host's cores among the ranks
 computing at once (sim/host.py). So compute is measured on one core: the ranks take turns, each
-measuring while the others sleep in a barrier; ``host_cores`` is what all ranks computing at once
-get: the cores the process may run on (``os.sched_getaffinity``), or fewer where ranks slow each
-other down (shared caches and memory bandwidth, sibling hyperthreads: on this project's 2-vCPU
-machine two ranks computing at once ran 1.2-1.65 cores' worth, not 2). Messages are measured the
-other way, with every rank exchanging at once (a ring step over all ranks), because their cost is
-the scheduling of the ranks: with more ranks than cores a blocked receiver runs only when it gets a
-core back.
+measuring while the others sleep in a barrier; ``host_cores`` (HostModel.cores) is what all ranks
+computing at once get: the cores the process may run on (``os.sched_getaffinity``), or fewer where
+ranks slow each other down (shared caches and memory bandwidth, sibling hyperthreads: on this
+project's 2-vCPU machine two ranks computing at once ran 1.2-1.65 cores' worth, not 2). Messages are
+measured the other way, with every rank exchanging at once (a ring step over all ranks), because
+their cost is the scheduling of the ranks: with more ranks than cores a blocked receiver runs only
+when it gets a core back.
 
 All ranks are on one host, so "NVLink" and "NIC" are the same gloo transport; the profile's
 topology splits the ranks into virtual nodes only so that inter-node rings and routing get exercised.
@@ -37,10 +37,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from megatron_zeppelin.spec.model import ModelSpec
 from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.host import HostModel
+from megatron_zeppelin.validation.cpu_profile import CpuProfile
 from megatron_zeppelin.spec.words import DocClass
 
 # The model the CPU validation runs (float32, head_dim 32, GQA 8/4).
@@ -467,17 +469,17 @@ def engine_host(samples: Sequence[Sequence[Dict]]) -> Tuple[float, float, float]
 
 
 def profile_from(samples: Sequence[Sequence[Dict]], world: int, gpus_per_node: int = 0,
-                 name: str = "") -> HardwareProfile:
-    """The profile from every rank's ``measure`` (``samples[k][r]``: rank r's of sample k; the
-    validation takes one before, one mid-way through and one after its timed runs): single-core
-    rates, the links measured with every rank running, and the host's cores that the ranks share.
-    The ranks measured compute one at a time, so theirs are repeats of one measurement: the median
-    over ranks and samples is kept, of each one's own difference where a fixed cost is taken out
-    (the maxima of two noisy figures, differenced, once made a 16-token block look 10x faster than
-    a 32-token one). One sample is a moment of this shared machine: within one run the same table
-    point measured 1.4-1.9 ms on the 4 ranks in turn, and the sample's median moved the simulated
-    time of a ring plan by up to 12% from sample to sample; one sample of the host's cores alone once
-    gave 1.29 where the other runs gave 1.77-1.84 (every plan of that run simulated 15-54% too slow)."""
+                 name: str = "") -> CpuProfile:
+    """The profile and its host (spec/host.py) from every rank's ``measure`` (``samples[k][r]``: rank
+    r's of sample k; the validation takes one before, one mid-way through and one after its timed runs):
+    single-core rates, the links measured with every rank running, and the host's cores that the ranks
+    share. The ranks measured compute one at a time, so theirs are repeats of one measurement: the
+    median over ranks and samples is kept, of each one's own difference where a fixed cost is taken out
+    (the maxima of two noisy figures, differenced, once made a 16-token block look 10x faster than a
+    32-token one). One sample is a moment of this shared machine: within one run the same table point
+    measured 1.4-1.9 ms on the 4 ranks in turn, and the sample's median moved the simulated time of a
+    ring plan by up to 12% from sample to sample; one sample of the host's cores alone once gave 1.29
+    where the other runs gave 1.77-1.84 (every plan of that run simulated 15-54% too slow)."""
     from megatron_zeppelin.planner.cost.cost_model import BWD_FLOPS
     m = CPU_MODEL
     every = _ranks(samples)
@@ -526,25 +528,26 @@ def profile_from(samples: Sequence[Sequence[Dict]], world: int, gpus_per_node: i
     else:  # nothing to measure: a figure that never matters (no messages with one rank)
         bw, lat = 1e9, 0.0
     gpn = gpus_per_node or (world // 2 if world >= 4 else world)  # world 4: 2 virtual nodes of 2
-    host = engine_host(samples)
-    return with_splits(samples, HardwareProfile(
+    post, wait, land = engine_host(samples)
+    host = HostModel(cores=host_cores(samples), copy_GBps=copy_rate(samples) / 1e9 if world > 1 else 0.0,
+                     post_us=post * 1e6, wait_us=wait * 1e6, land_GBps=land / 1e9,
+                     pack_GBps=1e-9 / med(lambda r: r["pack"]))
+    profile = HardwareProfile(
         name=name or f"cpu-w{world}", gpu="cpu (gloo, 1 thread per rank)", gemm_tflops=gemm,
         attn_seqlen=SEQLENS, attn_fwd_tflops=rates[""][0], attn_bwd_tflops=rates[""][1],
         attn_full_fwd_tflops=rates["full_"][0], attn_full_bwd_tflops=rates["full_"][1],
         nvlink_GBps=bw / 1e9, nvlink_latency_us=lat * 1e6, nic_GBps=bw / 1e9, nic_latency_us=lat * 1e6,
         gpus_per_node=gpn, nics_per_node=gpn, memory_GB=0.0,
         attn_call_fwd_us=call_f * 1e6, attn_call_bwd_us=call_b * 1e6,
-        attn_seq_fwd_us=seq_f * 1e6, attn_seq_bwd_us=seq_b * 1e6, host_cores=host_cores(samples),
-        host_copy_GBps=copy_rate(samples) / 1e9 if world > 1 else 0.0,
-        host_post_us=host[0] * 1e6, host_wait_us=host[1] * 1e6, host_land_GBps=host[2] / 1e9,
-        host_pack_GBps=1e-9 / med(lambda r: r["pack"]),
+        attn_seq_fwd_us=seq_f * 1e6, attn_seq_bwd_us=seq_b * 1e6,
         assumed=("measured on this machine by `zeppelin bench --validate-cpu`: compute rates with one rank "
-                 f"computing at a time (single core), median over ranks and {len(samples)} sample(s); host_cores = what the {world} ranks got computing at "
+                 f"computing at a time (single core), median over ranks and {len(samples)} sample(s); host.cores = what the {world} ranks got computing at "
                  f"once, at most the {min(r['cores'] for r in every)} cores of the affinity mask; links and "
                  f"the copy rate and the engine's CPU per Post / Wait with {world} ranks exchanging at once "
                  "(median round; per Post / Wait the mean over a pass, median over passes); packing own rows on one "
                  "core; nvlink and nic are the "
-                 "same gloo transport",)))
+                 "same gloo transport",))
+    return CpuProfile(profile, with_splits(samples, profile, host))
 
 
 def fit_split(n: Sequence[float], rows: Sequence[float], extra: Sequence[float]) -> Tuple[float, float]:
@@ -568,29 +571,32 @@ def fit_split(n: Sequence[float], rows: Sequence[float], extra: Sequence[float])
     return float(fixed), float(row)
 
 
-def probe_price(p: HardwareProfile, chunks: Sequence[int], member: int, step: int) -> Tuple[float, float]:
+def probe_price(p: HardwareProfile, chunks: Sequence[int], member: int, step: int,
+                host: Optional[HostModel] = None) -> Tuple[float, float]:
     """(forward, backward) seconds the model prices a block probe at (``_probe`` over ``chunks``:
     ``member`` at ring ``step`` of ``probe_ring``), by the layer program's own pricing
-    (program.ring_step_costs: the tables, the fixed costs per call, per sequence and per split)."""
+    (program.ring_step_costs: the tables, the fixed costs per call and per sequence, and with a
+    ``host`` its cost per split sequence)."""
     from megatron_zeppelin.planner.cost.cost_model import CostModel
     from megatron_zeppelin.planner.program import ring_step_costs
     from megatron_zeppelin.spec.topology import Topology
     docs, ring = probe_ring(chunks)
-    fwd, bwd = ring_step_costs(CostModel(CPU_MODEL, p, Topology(1, 2, 2)), [ring], {x.doc: x for x in docs}, 2, 2)
+    fwd, bwd = ring_step_costs(CostModel(CPU_MODEL, p, Topology(1, 2, 2), host=host), [ring],
+                               {x.doc: x for x in docs}, 2, 2)
     return float(fwd[step, member]), float(bwd[step, member])
 
 
-def with_splits(samples: Sequence[Sequence[Dict]], p: HardwareProfile) -> HardwareProfile:
-    """``p`` with the extra of a split sequence (attn_split_*: a query chunk with full keys then its
+def with_splits(samples: Sequence[Sequence[Dict]], p: HardwareProfile, host: HostModel) -> HostModel:
+    """``host`` with the extra of a split sequence (split_*: a query chunk with full keys then its
     causal run, which the CPU kernel runs as two sequences and a merge): the own-block probes
     (``_compute``: ring step 0 of a ring of 2, SPLIT_LENS-token chunks) measured on the engine's path,
     less what the model without that term prices the same blocks at (program.ring_step_costs: the
-    tables, the fixed costs per call and per sequence), median over ranks and samples. Unchanged where
-    the samples have no such probe."""
+    tables of ``p``, the fixed costs per call and per sequence), median over ranks and samples.
+    Unchanged where the samples have no such probe."""
     from dataclasses import replace
     every = _ranks(samples)
     if not all("own_fwd" in r for r in every):
-        return p
+        return host
     got = {}
     for b, d in enumerate(("fwd", "bwd")):
         n, rows, extra = [], [], []
@@ -601,10 +607,10 @@ def with_splits(samples: Sequence[Sequence[Dict]], p: HardwareProfile) -> Hardwa
             rows.append(sum(chunks))
             extra.append(statistics.median([r["own_" + d][L] for r in every]) - model)
         got[d] = fit_split(n, rows, extra)
-    return replace(p, attn_split_fwd_us=got["fwd"][0] * 1e6, attn_split_row_fwd_us=got["fwd"][1] * 1e6,
-                   attn_split_bwd_us=got["bwd"][0] * 1e6, attn_split_row_bwd_us=got["bwd"][1] * 1e6)
+    return replace(host, split_fwd_us=got["fwd"][0] * 1e6, split_row_fwd_us=got["fwd"][1] * 1e6,
+                   split_bwd_us=got["bwd"][0] * 1e6, split_row_bwd_us=got["bwd"][1] * 1e6)
 
 
-def calibrate(world: int, repeat: int = 5, gpus_per_node: int = 0, name: str = "") -> HardwareProfile:
+def calibrate(world: int, repeat: int = 5, gpus_per_node: int = 0, name: str = "") -> CpuProfile:
     from megatron_zeppelin.distributed.launch import run_distributed
     return profile_from([run_distributed(measure, world, repeat, timeout=600)], world, gpus_per_node, name)

@@ -1,7 +1,7 @@
 """Host speed: what this host delivers to all ranks at one moment, timed with one short fixed kernel.
 
 A shared host drifts: one core of this project's 2-vCPU machines ran the same GEMM at 36-62 GFLOP/s
-within two minutes (benchmarks/bench_host_drift.py), more than the validation's 15% goal. So the
+within two minutes (validation_probes/bench_host_drift.py), more than the validation's 15% goal. So the
 validation times a reference round on every rank next to each timed pass and each calibration
 sample: all ranks at once from a barrier run the same fixed work (REF_DOCS documents of the sharing
 probe's block sequence, forward and backward, on the engine's own block path), and the round takes

@@ -25,7 +25,7 @@ included) next to the CPU time the simulated pass charges on this machine's core
 speed): a time error with the same CPU error is work the model leaves out; a time error alone is
 waiting (idle cores) it gets wrong.
 
-The host's own speed drifts within a run (benchmarks/bench_host_drift.py), so every rank also runs a
+The host's own speed drifts within a run (validation_probes/bench_host_drift.py), so every rank also runs a
 short fixed reference round (validation/host_speed.py) right before and after each timed pass and
 REF_ROUNDS times around each calibration sample; each row reports, beside the raw error, the error
 against its repeats scaled to the calibration's host speed (``error_at_calibration``; ``host_speed``
@@ -41,9 +41,9 @@ import time
 from typing import List, NamedTuple, Optional, Sequence
 
 from megatron_zeppelin.spec.config import STRATEGIES, ZeppelinConfig
-from megatron_zeppelin.spec.hardware import HardwareProfile
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.validation.concurrent import CPU_MODEL
+from megatron_zeppelin.validation.cpu_profile import CpuProfile
 from megatron_zeppelin.validation.host_speed import at_calibration, host_speed
 from megatron_zeppelin.sim.iteration import attention_graph
 
@@ -64,7 +64,7 @@ class TimedPass(NamedTuple):
 
 class RankRun(NamedTuple):
     """What one rank of the validation's spawned run returns."""
-    profiles: Optional[tuple]  # rank 0: (planned profile, simulated profile, host_cores per sample), as dicts
+    profiles: Optional[tuple]  # rank 0: (planned, simulated CpuProfile as dicts, host cores per sample)
     passes: List[List[TimedPass]]  # [strategy][repeat], the warm-up left out
     calib_ref: List[float]  # this rank's reference rounds around each calibration sample
 
@@ -113,12 +113,12 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
         calib_ref.extend(reference_round(ref) for _ in range(REF_ROUNDS))
         return every
     samples = [sample()]
-    planned = profile_from(samples, world)  # the same on every rank: the plans are made from it
+    planned = profile_from(samples, world)  # the same on every rank: the plans are made from it (and its host)
     topo = cpu_topology(world)
     m = CPU_MODEL
     runs = []
     for s in strategies:
-        plan = plan_batch(list(lengths), topo, planned, m, cpu_config(topo, s), strategy=s)
+        plan = plan_batch(list(lengths), topo, planned.profile, m, cpu_config(topo, s), strategy=s, host=planned.host)
         runs.append((plan.tokens(rank), AttentionEngine(plan, rank, None)))
     times = [[] for _ in strategies]
     # Round robin: repeat i runs every strategy once, so a slow minute of this shared machine lands
@@ -151,7 +151,7 @@ def _rank(rank: int, world: int, strategies: Sequence[str], lengths: Sequence[in
             samples.append(sample())
     profile = profile_from(samples, world)  # the profile simulated: medians over the three samples
     # each sample's own host_cores beside the profile's median: a sample on a stretch where the host
-    # delivered fewer cores (benchmarks/bench_host_cores.py) shows here
+    # delivered fewer cores (validation_probes/bench_host_cores.py) shows here
     per_sample = [host_cores([x]) for x in samples]
     return RankRun((planned.to_dict(), profile.to_dict(), per_sample) if rank == 0 else None, times, calib_ref)
 
@@ -182,19 +182,19 @@ def background_cores(per_rank: Sequence[TimedPass]) -> float:
 
 def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3, calib_repeat: int = 5,
              tokens_per_rank: int = 2048, seed: int = 0):
-    """(profile, rows): calibrate and measure in one spawned run, then simulate each plan."""
+    """(CpuProfile, rows): calibrate and measure in one spawned run, then simulate each plan."""
     from megatron_zeppelin.distributed.launch import run_distributed
     from megatron_zeppelin.planner import plan_batch
     lengths = make_batch(seed, tokens_per_rank * world, tokens_per_rank)
     res: List[RankRun] = run_distributed(_rank, world, tuple(strategies), lengths, calib_repeat, repeat, timeout=900)
     planned_d, profile_d, cores_per_sample = res[0].profiles
-    planned, profile = HardwareProfile.from_dict(planned_d), HardwareProfile.from_dict(profile_d)
+    planned, simulated = CpuProfile.from_dict(planned_d), CpuProfile.from_dict(profile_d)
     calib_ref = [max(x) for x in zip(*(r.calib_ref for r in res))]  # slowest rank
     topo = cpu_topology(world)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rows = []
     for j, s in enumerate(strategies):  # the plans the ranks ran, simulated on the whole run's profile
-        plan = plan_batch(lengths, topo, planned, CPU_MODEL, cpu_config(topo, s), strategy=s)
+        plan = plan_batch(lengths, topo, planned.profile, CPU_MODEL, cpu_config(topo, s), strategy=s, host=planned.host)
         passes = [[r.passes[j][i] for r in res] for i in range(repeat)]  # per repeat, every rank's record
         per_iter = [max(x.seconds for x in p) for p in passes]  # slowest rank
         cpu = [sum(x.cpu_s for x in p) for p in passes]  # all ranks' CPU
@@ -204,7 +204,7 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
         measured = statistics.median(per_iter[i] for i in keep)
         speed = [host_speed(calib_ref, [max(x.ref_before for x in p), max(x.ref_after for x in p)]) for p in passes]
         at_calib = statistics.median(at_calibration(per_iter[i], speed[i]) for i in keep)
-        g, links = attention_graph(plan, profile, CPU_MODEL)
+        g, links = attention_graph(plan, simulated.profile, CPU_MODEL, host=simulated.host)
         sim = g.run(links.capacity)
         predicted = sim.makespan
         # Where a miss lies: the CPU time the ranks took (with their transport threads, barrier to
@@ -221,4 +221,4 @@ def validate(world: int, strategies: Sequence[str] = STRATEGIES, repeat: int = 3
                      "repeats": per_iter, "background_cores": bg,
                      "clean": bool(clean), "classes": plan.class_counts(),
                      "documents": len(lengths), "tokens": sum(lengths), "ops": len(plan.schedule)})
-    return profile, rows
+    return simulated, rows

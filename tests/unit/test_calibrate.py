@@ -76,8 +76,10 @@ def test_calibrate_flags_checked_before_measuring(tmp_path, capsys):
 def test_split_cost_recovered_from_own_block_probes():
     """The calibration's split cost is what the own-block probes (ring step 0) took beyond the
     model's own price of the same blocks: probes made of that price plus a known split cost
-    give that cost back, and a profile without the probes is left as it is."""
+    give that cost back into the host (spec/host.py), and without the probes the host is left as it is."""
     from dataclasses import replace
+
+    from megatron_zeppelin.spec.host import HostModel
 
     from megatron_zeppelin.validation.concurrent import SPLIT_LENS, _probe_docs, probe_price, spread_lengths, with_splits
     from megatron_zeppelin.planner.testing import TOY_PROFILE
@@ -88,9 +90,11 @@ def test_split_cost_recovered_from_own_block_probes():
         fwd, bwd = probe_price(p, chunks, 0, 0)
         rank["own_fwd"][L] = fwd + len(chunks) * 30e-6 + sum(chunks) * 0.5e-6
         rank["own_bwd"][L] = bwd + sum(chunks) * 2e-6
-    got = with_splits([[rank, rank]], p)
-    assert got.attn_split_fwd_us == pytest.approx(30.0, abs=1e-6)
-    assert got.attn_split_row_fwd_us == pytest.approx(0.5, abs=1e-9)
-    assert got.attn_split_bwd_us == pytest.approx(0.0, abs=1e-6)
-    assert got.attn_split_row_bwd_us == pytest.approx(2.0, abs=1e-9)
-    assert with_splits([[{"own_fwd": {}}, {}]], p) == p
+    host = HostModel(cores=2.0, post_us=300.0)
+    got = with_splits([[rank, rank]], p, host)
+    assert got.split_fwd_us == pytest.approx(30.0, abs=1e-6)
+    assert got.split_row_fwd_us == pytest.approx(0.5, abs=1e-9)
+    assert got.split_bwd_us == pytest.approx(0.0, abs=1e-6)
+    assert got.split_row_bwd_us == pytest.approx(2.0, abs=1e-9)
+    assert (got.cores, got.post_us) == (2.0, 300.0)  # the rest of the host kept
+    assert with_splits([[{"own_fwd": {}}, {}]], p, host) == host

@@ -24,7 +24,7 @@ def _backward(plan, cost):
 
 
 def _sim_attention(plan, cost, backward):
-    links = LinkTable(plan.topology, cost.bandwidth("nvlink"), cost.bandwidth("nic"))
+    links = LinkTable.of_cost(cost)  # with the cost model's host, where it has one
     g = TaskGraph()
     LayerBuilder(plan, LayerCosts(cost), links, g, False).attention(backward=backward)
     return g.run(links.capacity).makespan
@@ -94,11 +94,12 @@ def test_latency_bound_rings_near_simulator(lengths, where):
 
 
 def _with_host(cost, post_us=300.0, wait_us=150.0, land_GBps=2.0, pack_GBps=1.0):
-    """The cost model on a profile whose engine pays host CPU per Post and Wait and for packing its
-    own rows at the start of a pass (a CPU host's)."""
+    """The cost model with a host whose engine pays CPU per Post and Wait and for packing its own
+    rows at the start of a pass (ranks sharing one CPU, as the CPU validation passes it in)."""
     from dataclasses import replace
-    return replace(cost, profile=replace(cost.profile, host_post_us=post_us, host_wait_us=wait_us,
-                                         host_land_GBps=land_GBps, host_pack_GBps=pack_GBps))
+
+    from megatron_zeppelin.spec.host import HostModel
+    return replace(cost, host=HostModel(post_us=post_us, wait_us=wait_us, land_GBps=land_GBps, pack_GBps=pack_GBps))
 
 
 def test_engine_host_cpu_closed_form():

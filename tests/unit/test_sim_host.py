@@ -1,4 +1,5 @@
-"""Host-CPU contention (sim/host.py) and the CPU calibration's profile terms, on cases with known answers."""
+"""Host-CPU contention (sim/host.py), the HostModel that only the CPU validation passes in
+(spec/host.py), and the CPU calibration's profile and host terms, on cases with known answers."""
 
 from dataclasses import replace
 
@@ -10,13 +11,15 @@ from megatron_zeppelin.validation.concurrent import (CALL_LEN, CPU_MODEL, LAND_C
 from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.planner.cost.cost_model import BWD_FLOPS, CostModel
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
-from megatron_zeppelin.spec.hardware import HardwareProfile, load_profile
+from megatron_zeppelin.spec.hardware import HardwareProfile, ProfileError, load_profile
+from megatron_zeppelin.spec.host import HostError, HostModel, load_host
 from megatron_zeppelin.sim.compute import LayerCosts
 from megatron_zeppelin.sim.events import TaskGraph
 from megatron_zeppelin.sim.host import shared_makespan
 from megatron_zeppelin.sim.iteration import SimOptions, simulate, simulate_attention
 from megatron_zeppelin.sim.network import LinkTable
 from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.validation.cpu_profile import CpuProfile
 
 
 def _host(world, cores):
@@ -83,13 +86,14 @@ def test_cpu_occupancy_is_what_the_ranks_are_charged():
 
 def test_link_table_cpu_resources():
     topo = Topology(1, 4)
-    t = LinkTable(topo, 1e9, 1e9, host_cores=2)
+    t = LinkTable(topo, 1e9, 1e9, host=HostModel(cores=2))
     core, host = t.cpu(3)
     assert t.keys[core] == ("core", 3) and t.keys[host] == ("host", 0)
     assert t.capacity[core] == 1.0 and t.capacity[host] == 2.0
     assert LinkTable(topo, 1e9, 1e9).cpu(3) is None
     assert t.keys[t.io(3)[0]] == ("io", 3) and t.io(3)[1] == host
     assert len(LinkTable(topo, 1e9, 1e9).capacity) == len(t.capacity) - 9  # 4 cores, 4 I/O threads, host
+    assert LinkTable(topo, 1e9, 1e9, host=HostModel(post_us=100.0)).cpu(3) is None  # no cores: compute not shared
 
 
 def _equal_plan(world):
@@ -101,7 +105,7 @@ def _equal_plan(world):
 def test_equal_ranks_attention_scales_with_ranks_per_core(cores, factor):
     plan = _equal_plan(4)
     alone = simulate_attention(plan, TOY_PROFILE, TOY_MODEL)
-    shared = simulate_attention(plan, replace(TOY_PROFILE, host_cores=cores), TOY_MODEL)
+    shared = simulate_attention(plan, TOY_PROFILE, TOY_MODEL, host=HostModel(cores=cores))
     assert shared == pytest.approx(factor * alone, rel=1e-9)
 
 
@@ -115,23 +119,25 @@ def test_unequal_ranks_match_processor_sharing():
                 for d in plan.docs if d.owner == r) for r in range(4)]
     assert len(set(np.round(work, 12))) > 1  # a real imbalance
     for cores in (1, 2, 3):
-        got = simulate_attention(plan, replace(TOY_PROFILE, host_cores=cores), TOY_MODEL)
+        got = simulate_attention(plan, TOY_PROFILE, TOY_MODEL, host=HostModel(cores=cores))
         assert got == pytest.approx(shared_makespan(work, cores), rel=1e-9)
     assert simulate_attention(plan, TOY_PROFILE, TOY_MODEL) == pytest.approx(max(work), rel=1e-9)
 
 
-def test_host_cores_zero_leaves_results_unchanged():
+def test_an_empty_host_leaves_results_unchanged():
     plan = plan_batch([6000, 3000, 900, 500, 300] * 2, Topology(2, 4, 2), TOY_PROFILE, TOY_MODEL)
     base = simulate(plan, TOY_PROFILE, TOY_MODEL)
-    same = simulate(plan, replace(TOY_PROFILE, host_cores=0.0), TOY_MODEL)
+    same = simulate(plan, TOY_PROFILE, TOY_MODEL, host=HostModel())
     assert same.iteration_s == base.iteration_s and same.rank_compute_s == base.rank_compute_s
+    # and planned with it: the same plan (every host term 0 adds exactly 0)
+    assert plan_batch(list(plan.lengths), plan.topology, TOY_PROFILE, TOY_MODEL, host=HostModel()) == plan
     # as many cores as ranks: nobody waits for a core, the same times (up to rounding of the rates)
-    roomy = simulate(plan, replace(TOY_PROFILE, host_cores=8), TOY_MODEL, options=SimOptions(layers="all"))
+    roomy = simulate(plan, TOY_PROFILE, TOY_MODEL, options=SimOptions(layers="all"), host=HostModel(cores=8))
     exact = simulate(plan, TOY_PROFILE, TOY_MODEL, options=SimOptions(layers="all"))
     assert roomy.iteration_s == pytest.approx(exact.iteration_s, rel=1e-9)
     assert roomy.link_bytes == pytest.approx(exact.link_bytes)
     # compute seconds per rank are a core's seconds either way; sharing only stretches the timeline
-    tight = simulate(plan, replace(TOY_PROFILE, host_cores=2), TOY_MODEL)
+    tight = simulate(plan, TOY_PROFILE, TOY_MODEL, host=HostModel(cores=2))
     assert tight.iteration_s > base.iteration_s
     for a, b in zip(tight.rank_compute_s, base.rank_compute_s):
         assert a == pytest.approx(b)
@@ -150,24 +156,32 @@ def test_full_block_rates():
     assert cpu.block_bwd_s(L, L, False) == pytest.approx(cpu.block_bwd_s(L, L, True), rel=2e-3)
 
 
-def test_profile_round_trip_and_gpu_presets_unchanged(tmp_path):
-    p = replace(TOY_PROFILE, host_cores=2.0, attn_full_fwd_tflops=(30.0, 150.0), attn_full_bwd_tflops=(20.0, 90.0),
-                host_post_us=450.0, host_wait_us=170.0, host_land_GBps=3.5, host_pack_GBps=1.25)
+def test_profile_and_host_round_trip_and_gpu_presets_carry_no_host(tmp_path):
+    p = replace(TOY_PROFILE, attn_full_fwd_tflops=(30.0, 150.0), attn_full_bwd_tflops=(20.0, 90.0))
+    host = HostModel(cores=2.0, copy_GBps=4.0, post_us=450.0, wait_us=170.0, land_GBps=3.5, pack_GBps=1.25,
+                     split_fwd_us=30.0, split_row_bwd_us=0.3)
     path = tmp_path / "p.yaml"
-    p.save(str(path))
-    assert load_profile(str(path)) == p
-    d = load_profile("h200").to_dict()
-    assert "host_cores" not in d and "full_fwd_tflops" not in d["attention"]
-    assert load_profile("h200").host_cores == 0.0
+    CpuProfile(p, host).save(str(path))
+    assert load_profile(str(path)) == p  # the product reads the profile alone: the host: section is not its
+    assert load_host(str(path)) == host and CpuProfile.load(str(path)) == (p, host)
+    p.save(str(tmp_path / "plain.yaml"))
+    assert load_host(str(tmp_path / "plain.yaml")) is None
+    for name in ("a800", "h800", "h200"):  # GPU profiles: no host terms at all
+        d = load_profile(name).to_dict()
+        assert "host" not in d and not any(k.startswith("host_") for k in d)
+        assert not any(k.startswith("split_") for k in d["attention"]) and "full_fwd_tflops" not in d["attention"]
+    assert not any(f.startswith(("host_", "attn_split")) for f in HardwareProfile.__dataclass_fields__)
     with pytest.raises(Exception, match="full_fwd_tflops"):
         replace(TOY_PROFILE, attn_full_fwd_tflops=(1.0,))
-    with pytest.raises(Exception, match="host_cores"):
-        replace(TOY_PROFILE, host_cores=-1.0)
-    with pytest.raises(Exception, match="host_land_GBps"):
-        replace(TOY_PROFILE, host_land_GBps=-1.0)
-    with pytest.raises(Exception, match="host_pack_GBps"):
-        replace(TOY_PROFILE, host_pack_GBps=-1.0)
-    assert "host_post_us" not in d
+    for field in ("cores", "land_GBps", "pack_GBps", "split_row_fwd_us"):
+        with pytest.raises(HostError, match=f"host.{field} must be >= 0"):
+            HostModel(**{field: -1.0})
+    with pytest.raises(HostError, match="unknown host: field"):
+        HostModel.from_dict({"cores": 1.0, "post_s": 2.0})
+    # a profile written before the host had its own section names where its terms went
+    old = {**TOY_PROFILE.to_dict(), "host_cores": 2.0}
+    with pytest.raises(ProfileError, match="host_cores belong to a CPU host.*host: section"):
+        HardwareProfile.from_dict(old)
 
 
 def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, seq_f, seq_b, cores):
@@ -205,8 +219,8 @@ def _synthetic(rate_fwd, rate_bwd, full_fwd, full_bwd, seq_f, seq_b, cores):
 
 def test_calibration_recovers_known_costs():
     res = [_synthetic(0.012, 0.018, 0.04, 0.05, 1.5e-4, 1.0e-4, 2)] * 2
-    p = profile_from([res], 2)
-    assert isinstance(p, HardwareProfile) and p.host_cores == 2.0
+    p, host = profile_from([res], 2)
+    assert isinstance(p, HardwareProfile) and isinstance(host, HostModel) and host.cores == 2.0
     assert p.attn_seq_fwd_us == pytest.approx(150.0) and p.attn_seq_bwd_us == pytest.approx(100.0)
     assert p.attn_call_fwd_us == pytest.approx(400.0) and p.attn_call_bwd_us == pytest.approx(600.0)
     # 16 and 32 tokens: so few FLOPs that the rate is under the 5% floor of a block's time
@@ -215,9 +229,9 @@ def test_calibration_recovers_known_costs():
     assert p.attn_fwd_tflops[2:] == pytest.approx([0.012] * (len(SEQLENS) - 2))
     assert p.attn_bwd_tflops[2:] == pytest.approx([0.018] * (len(SEQLENS) - 2))
     assert p.nvlink_GBps == pytest.approx(1.0) and p.nvlink_latency_us == pytest.approx(100.0)
-    assert p.gemm_tflops == pytest.approx(0.1) and p.host_copy_GBps == pytest.approx(4.0)
-    assert p.host_post_us == pytest.approx(500.0) and p.host_wait_us == pytest.approx(200.0)
-    assert p.host_land_GBps == pytest.approx(3.0) and p.host_pack_GBps == pytest.approx(1.5)
+    assert p.gemm_tflops == pytest.approx(0.1) and host.copy_GBps == pytest.approx(4.0)
+    assert host.post_us == pytest.approx(500.0) and host.wait_us == pytest.approx(200.0)
+    assert host.land_GBps == pytest.approx(3.0) and host.pack_GBps == pytest.approx(1.5)
 
 
 def test_a_slow_sample_is_outvoted():
@@ -229,10 +243,11 @@ def test_a_slow_sample_is_outvoted():
     for res, rounds in ((fast, [1.0, 1.0]), (slow, [2.0, 2.0])):
         for r in res:
             r["sharing"] = (1.0, rounds)  # 2 s of work: in 1 s two cores, in 2 s one
-    got = profile_from([fast, slow, fast], 2)
-    assert replace(got, assumed=()) == replace(profile_from([fast, fast], 2), assumed=()) and got.host_cores == 2.0
-    assert profile_from([fast, slow, slow], 2).attn_seq_fwd_us == pytest.approx(300.0)
-    assert profile_from([slow, fast, slow], 2).host_cores == 1.0
+    got, host = profile_from([fast, slow, fast], 2)
+    assert replace(got, assumed=()) == replace(profile_from([fast, fast], 2).profile, assumed=())
+    assert host == profile_from([fast, fast], 2).host and host.cores == 2.0
+    assert profile_from([fast, slow, slow], 2).profile.attn_seq_fwd_us == pytest.approx(300.0)
+    assert profile_from([slow, fast, slow], 2).host.cores == 1.0
 
 
 def test_a_noisy_causal_probe_still_gives_a_valid_profile():
@@ -242,7 +257,7 @@ def test_a_noisy_causal_probe_still_gives_a_valid_profile():
     for r in res:
         for L in SEQLENS[-3:]:
             r["local_fwd"][L] = r["engine_call"][0] + r["local_docs"][L] * 0.1 * r["full_fwd"][L]
-    p = profile_from([res], 2)
+    p = profile_from([res], 2).profile
     assert min(p.attn_fwd_tflops) > 0 and min(p.attn_bwd_tflops) > 0
     assert p.attn_bwd_tflops[2:] == pytest.approx([0.018] * (len(SEQLENS) - 2))  # the clean ones as before
 
@@ -254,7 +269,7 @@ def test_message_copies_take_host_cpu():
     from megatron_zeppelin.sim.executor import Hop, run_step
     topo = Topology(1, 3)
     for copy, want_msg, want_compute in ((1e9, 1.5, 2.0), (0.0, 0.0, 1.0)):
-        links = LinkTable(topo, 1e18, 1e18, host_cores=1, copy_Bps=copy)
+        links = LinkTable(topo, 1e18, 1e18, host=HostModel(cores=1, copy_GBps=copy / 1e9))
         g = TaskGraph()
         c = g.work(1.0, links.cpu(0))
         ends = run_step(g, links, topo, [Hop("direct", 1, 2, 5e8, "nvlink", -1, "x")], {}, {"nvlink": 0.0, "nic": 0.0})

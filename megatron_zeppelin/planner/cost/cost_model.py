@@ -13,9 +13,10 @@ rate; full blocks run at the profile's full-block table when it has one
 chunk with all the key blocks it attends in that call, which the kernels merge) adds the profile's
 fixed seconds per sequence (``seq_s``: ``attention.seq_fwd_us``; a block alone is one sequence, as
 ``block_pass_s`` prices it; one mixing full keys with a causal run counts twice, as the CPU kernel
-splits it: program.py ``sequences_per``, and adds ``split_s`` for the merge), and every kernel call its fixed seconds per call
-(``call_s``: the engine makes one call per rank per Compute of the layer program, program.py);
-on a shared host every Post and Wait also costs its ranks the engine's CPU (``post_s``, ``wait_s``).
+splits it: program.py ``sequences_per``), and every kernel call its fixed seconds per call
+(``call_s``: the engine makes one call per rank per Compute of the layer program, program.py).
+Ranks sharing one host CPU (the CPU validation: ``host``, a spec/host.py HostModel, None on GPUs)
+add the merge of a split sequence and the engine's CPU per Post, Wait and pass, priced there.
 ``gemm_s`` is the one linear function: linear modules cost 3x their forward FLOPs at the GEMM rate. A transfer costs latency + bytes / bandwidth of its link (NVLink inside a
 node, one NIC across nodes); the DP gradient all-reduce is ``dp_allreduce_s``.
 
@@ -29,12 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Optional
 
 import numpy as np
 
 from megatron_zeppelin.spec.memory import sp_rows
 from megatron_zeppelin.spec.model import ModelSpec
-from megatron_zeppelin.spec.hardware import SPLIT_FIELDS, HardwareProfile
+from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.host import HostModel
 from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.spec.words import LINKS, Link
@@ -66,6 +69,10 @@ class CostModel:
     # (predict.py, sim/layer.py) and the lower bound counts it.
     recompute: Recompute = Recompute()
     sp: bool = False  # Megatron's --sequence-parallel (tp > 1): TP all-reduces become AG + RS
+    # Ranks sharing one host CPU (spec/host.py: the CPU validation's only; None on GPUs): its
+    # engine CPU per Post / Wait / pass and the CPU kernel's split sequences, which the layer
+    # program's pricing (program.py), the prediction and the simulator add where it is not None.
+    host: Optional[HostModel] = None
 
     # --- attention: the one block-cost function -----------------------------------------------
     @property
@@ -111,20 +118,6 @@ class CostModel:
         attends in that call (the kernels merge them into one sequence: attention/kernels/pieces.py)."""
         return (self.profile.attn_seq_bwd_us if backward else self.profile.attn_seq_fwd_us) * 1e-6
 
-    @property
-    def splits(self) -> bool:
-        """Whether split sequences cost anything beyond their two sequences (``split_s``)."""
-        return any(getattr(self.profile, "attn_" + k) for k in SPLIT_FIELDS)
-
-    def split_s(self, n, rows, backward: bool = False):
-        """What ``n`` split sequences of ``rows`` query rows in all add beyond their two sequences
-        each (full keys then a causal run, run as two and merged: profile ``attn_split_*``; 0 on
-        kernels that take bottom-right masks). Vectorised over n and rows."""
-        p = self.profile
-        fixed, row = ((p.attn_split_bwd_us, p.attn_split_row_bwd_us) if backward
-                      else (p.attn_split_fwd_us, p.attn_split_row_fwd_us))
-        return (np.asarray(n, dtype=np.float64) * fixed + np.asarray(rows, dtype=np.float64) * row) * 1e-6
-
     def block_pass_s(self, q, kv, causal, backward: bool = False):
         """Seconds of attention blocks each a sequence of its own (a local document; the estimates
         of whole documents and ring members): ``block_flops_s`` plus ``seq_s`` (the kernel call
@@ -141,49 +134,6 @@ class CostModel:
     def call_s(self, backward: bool = False) -> float:
         """Fixed seconds of one attention kernel call (one per rank per Compute that has blocks)."""
         return (self.profile.attn_call_bwd_us if backward else self.profile.attn_call_fwd_us) * 1e-6
-
-    def post_s(self) -> float:
-        """Host CPU seconds of one Post of the layer program on each rank its exchange involves
-        (the profile's ``host_post_us``; 0 on GPUs, where posting hides behind the kernels)."""
-        return self.profile.host_post_us * 1e-6
-
-    def wait_s(self, landed_bytes=0.0):
-        """Host CPU seconds of one Wait on a rank its exchange involves, once its messages are in:
-        the profile's ``host_wait_us``, plus ``landed_bytes`` (of the messages ending at the rank:
-        scalar or array) at ``host_land_GBps`` (landing the rows in place, adding them up).
-
-        >>> from megatron_zeppelin.planner.testing import toy_context
-        >>> from dataclasses import replace
-        >>> c = toy_context().cost
-        >>> c = replace(c, profile=replace(c.profile, host_wait_us=100.0, host_land_GBps=2.0))
-        >>> round(float(c.wait_s(4e6)) * 1e6, 6)   # 100 us + 4 MB at 2 GB/s
-        2100.0
-        """
-        p = self.profile
-        land = np.asarray(landed_bytes, dtype=np.float64) / (p.host_land_GBps * 1e9) if p.host_land_GBps else 0.0
-        return p.host_wait_us * 1e-6 + land
-
-    def pack_s(self, rows):
-        """Host CPU seconds with which a rank packs ``rows`` own rows of its rings into K/V messages
-        at the start of a pass (the profile's ``host_pack_GBps``; 0 on GPUs).
-
-        >>> from megatron_zeppelin.planner.testing import toy_context
-        >>> from dataclasses import replace
-        >>> c = toy_context().cost
-        >>> c = replace(c, profile=replace(c.profile, host_pack_GBps=2.0))
-        >>> round(float(c.pack_s(1000)) * 1e6, 6)   # 1000 rows of 128 bytes (K and V) at 2 GB/s
-        64.0
-        """
-        rate = self.profile.host_pack_GBps
-        rows = np.asarray(rows, dtype=np.float64)
-        return rows * self.kv_bytes_per_token / (rate * 1e9) if rate else np.zeros_like(rows)
-
-    @property
-    def charges_host(self) -> bool:
-        """Whether the engine's Posts and Waits cost host CPU here (a CPU profile; never on GPUs):
-        the prediction and the simulator skip that bookkeeping otherwise."""
-        p = self.profile
-        return bool(p.host_post_us or p.host_wait_us or p.host_land_GBps or p.host_pack_GBps)
 
     def block_fwd_s(self, q: int, kv: int, causal: bool) -> float:
         """Forward seconds of one block in one layer."""

@@ -164,7 +164,7 @@ class _Attention:
         self._hops: Dict[Tuple[bool, str], list] = {}
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
-        self.post_s = cost.post_s()  # the engine's CPU per Post (and per Wait: _host)
+        self.host = cost.host  # a shared CPU host's engine CPU per pass, Post and Wait (None on GPUs)
         self._host_costs: Dict[Tuple[bool, str], Tuple[np.ndarray, np.ndarray]] = {}
         # run()'s results by (pass, starting clocks): the remap variants of one placement start the
         # forward attention at the same clocks (the projections of the same attention layout)
@@ -199,7 +199,9 @@ class _Attention:
         adds = []
         done: Dict[str, Dict[int, float]] = {}
         landing: Dict[str, np.ndarray] = {}  # per exchange in flight, the engine's CPU at its Wait, per rank
-        clock += self.work.pack  # the engine packs its own ring rows first (shared hosts; 0 on GPUs)
+        host = self.host
+        if host is not None:  # the engine packs its own ring rows first (a shared CPU host)
+            clock += self.work.pack
         for x in self.program[backward]:
             if isinstance(x, Compute):
                 t = self.work.seconds(x, backward)
@@ -215,9 +217,10 @@ class _Attention:
                 if key not in self._prepared:
                     also = [o for n in x.shares for o in self.hops(backward, n)]
                     self._prepared[key] = _prepared_exchange(h, self.cost, also)
-                ranks, land = self._host(key, h) if self.cost.charges_host else (None, None)
-                if self.post_s:  # the engine's CPU posting it, on every rank it involves (shared hosts)
-                    clock[ranks] += self.post_s
+                land = None
+                if host is not None:  # the engine's CPU posting it, on every rank it involves
+                    ranks, land = self._host(key, h)
+                    clock[ranks] += host.post_s()
                 done[x.name] = _exchange(h, clock, self.cost, prepared=self._prepared[key])
                 landing[x.name] = land
             else:
@@ -225,7 +228,7 @@ class _Attention:
                 for r, t in done.pop(x.name).items():
                     if t > clock[r]:
                         clock[r] = t
-                    if land is not None:  # then the engine lands the messages (shared hosts)
+                    if land is not None:  # then the engine lands the messages (a shared CPU host)
                         clock[r] += land[r]
         self._runs[key] = (clock.copy(), adds)
 
@@ -234,21 +237,23 @@ class _Attention:
         ring waits, no engine CPU per exchange); ``busy`` gets the same adds (predict least=True)."""
         if backward not in self._least:
             t = [self.work.seconds(x, backward) for x in self.program[backward] if isinstance(x, Compute)]
-            self._least[backward] = (self.work.pack + sum(t), sum(t))
+            step = sum(t) if self.host is None else self.work.pack + sum(t)
+            self._least[backward] = (step, sum(t))
         step, compute = self._least[backward]
         clock += step
         busy += compute
 
     def _host(self, key, hops) -> Tuple[np.ndarray, np.ndarray]:
         """(the ranks an exchange involves: senders and receivers of its hops, proxies included;
-        per rank the engine's CPU at its Wait: ``wait_s`` of the bytes of the pieces ending there)."""
+        per rank the engine's CPU at its Wait: the host's ``wait_s`` of the bytes of the pieces ending
+        there, or None where it costs nothing)."""
         if key not in self._host_costs:
             landed = np.zeros(self.world)
             for h in hops:
                 if h[6][1]:  # the receiver is the message's destination: its wait() lands the piece
                     landed[h[2]] += h[3]
             ranks = np.array(sorted({h[1] for h in hops} | {h[2] for h in hops}), dtype=np.int64)
-            wait = np.broadcast_to(self.cost.wait_s(landed), (self.world,))
+            wait = np.broadcast_to(self.host.wait_s(landed), (self.world,))
             self._host_costs[key] = (ranks, wait if wait.any() else None)
         return self._host_costs[key]
 

@@ -1,25 +1,25 @@
 """Host sharing by kind of work: the cores the CPU validation's ranks get computing at once, per plan.
 
 The simulator shares the host's cores among the ranks computing at once with one number per run,
-``host_cores`` (sim/host.py), measured by validation/concurrent.py's sharing probe. This benchmark asks
-whether one number fits every plan: for each strategy's plan of the validation batch (validation/validate.py:
-same batch, topology and config) every rank runs the layer program's Compute instructions only
+the host's ``cores`` (spec/host.py, sim/host.py), measured by validation/concurrent.py's sharing
+probe. This benchmark asks whether one number fits every plan: for each strategy's plan of the
+validation batch (validation/validate.py: same batch, topology and config) every rank runs the layer program's Compute instructions only
 (forward then backward, no exchanges: K/V blocks of the right sizes stand in for the received ones),
 first alone (the ranks take turns) and then all at once from a barrier, ``--repeat`` times. Per
 repeat and strategy:
 
 - ``cores``: the ranks' alone seconds summed over the time until the last is done together, i.e. the
-  ``host_cores`` that would make the simulator's sharing exact for that plan's compute;
+  host ``cores`` that would make the simulator's sharing exact for that plan's compute;
 - ``cpu_inflation``: each rank's CPU seconds together over its CPU seconds alone (median over ranks):
   above 1 the same work costs more CPU next to computing peers;
 - ``alone_over_model``: the ranks' computes alone (CPU, median over repeats) over the cost model's
-  single-core seconds of the same Computes (program.AttentionWork, the profile calibrated in the run):
+  single-core seconds of the same Computes (program.AttentionWork, the profile and host calibrated in the run):
   whether the calibrated tables price the engine's calls as they run back to back.
 
-The probe's own ``host_cores`` (calibrated in the same spawned run) is reported next to them. Timings
+The probe's own host ``cores`` (calibrated in the same spawned run) is reported next to them. Timings
 on a shared machine are noisy: compare strategies within one run, over several repeats.
 
-    .venv/bin/python benchmarks/bench_host_sharing.py --world 4 --repeat 4 --json out/host_sharing.json
+    .venv/bin/python validation_probes/bench_host_sharing.py --world 4 --repeat 4 --json out/host_sharing.json
 """
 
 from __future__ import annotations
@@ -93,18 +93,18 @@ def _rank(rank: int, world: int, strategies, repeat: int):
     mine = measure(rank, world, 5)
     every = [None] * world
     dist.all_gather_object(every, mine)
-    profile = profile_from([every], world)
+    profile, host = profile_from([every], world)
     topo = cpu_topology(world)
     lengths = make_batch(0, 2048 * world, 2048)
     runs, model = {}, {}
     for s in strategies:
-        plan = plan_batch(list(lengths), topo, profile, CPU_MODEL, cpu_config(topo, s), strategy=s)
+        plan = plan_batch(list(lengths), topo, profile, CPU_MODEL, cpu_config(topo, s), strategy=s, host=host)
         eng = AttentionEngine(plan, rank, None)
         eng.scale = CPU_MODEL.head_dim ** -0.5
         runs[s] = (_computes_only(eng, rank, torch), _engine_pass(eng, rank, torch))
         # The cost model's single-core seconds of this rank's Computes (what the simulator charges).
         work = AttentionWork(make_context(topo, profile, CPU_MODEL, cpu_config(topo, s),
-                                          total_tokens=sum(lengths)).cost, plan.docs, plan.rings, world)
+                                          total_tokens=sum(lengths), host=host).cost, plan.docs, plan.rings, world)
         model[s] = sum(float(work.seconds(x, bw)[rank]) for bw in (False, True)
                        for x in eng.program[bw] if isinstance(x, Compute))
     out = {s: [] for s in strategies}
@@ -127,7 +127,7 @@ def _rank(rank: int, world: int, strategies, repeat: int):
             whole = (time.perf_counter() - t0, time.process_time() - c0)
             dist.barrier()
             out[s].append((alone, together, whole))
-    return (profile.host_cores if rank == 0 else None), out, model
+    return (host.cores if rank == 0 else None), out, model
 
 
 def summarise(res, strategies, repeat: int) -> dict:
@@ -168,7 +168,7 @@ def main(argv=None) -> None:
     res = run_distributed(_rank, args.world, strategies, args.repeat, timeout=900)
     rows = summarise(res, strategies, args.repeat)
     probe = res[0][0]
-    print(f"sharing probe (the profile's host_cores): {probe}")
+    print(f"sharing probe (the host's cores): {probe}")
     print(f"{'':14s} {'computes only':^24s} | {'the whole engine pass':^24s}")
     print(f"{'strategy':14s} {'cores':>11s} {'cpu inflation':>13s}| {'cores':>11s} {'cpu inflation':>13s}"
           f"  | computes alone / model  (medians over repeats)")
@@ -177,7 +177,7 @@ def main(argv=None) -> None:
               f"{r['engine_cpu_inflation_median']:13.2f}  | {r['alone_over_model']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "benchmarks/bench_host_sharing.py " + " ".join(argv or []), "world": args.world,
+            json.dump({"command": "validation_probes/bench_host_sharing.py " + " ".join(argv or []), "world": args.world,
                        "probe_host_cores": probe, "strategies": rows}, f, indent=1)
 
 

@@ -7,7 +7,7 @@ GEMM: 1024 x hidden x ffn, float32, one thread) back to back in windows of ``--w
 ``--seconds`` seconds and writes every window's GFLOP/s and their spread (min, p5, median, p95,
 max; p95 / p5). Run it on an otherwise idle machine, right before or after the validation.
 
-    .venv/bin/python benchmarks/bench_host_drift.py --seconds 120 --json out/host_drift.json
+    .venv/bin/python validation_probes/bench_host_drift.py --seconds 120 --json out/host_drift.json
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
             x @ w
             n += 1
         rates.append(flops * n / (time.perf_counter() - t) / 1e9)
-    out = {"command": "benchmarks/bench_host_drift.py", "unit": "GFLOP/s per window, one thread",
+    out = {"command": "validation_probes/bench_host_drift.py", "unit": "GFLOP/s per window, one thread",
            "window_s": args.window, "summary": summarise(rates), "rates": [round(r, 3) for r in rates]}
     s = out["summary"]
     print(f"{s['windows']} windows of {args.window:g} s: {s['min']:.1f} .. {s['max']:.1f} GFLOP/s "

@@ -1,16 +1,17 @@
 """Host cores over time: how many cores this machine delivers when all of its cores compute at once.
 
 The CPU validation's simulator shares the host's cores among the ranks computing at once with one
-number per run, ``host_cores`` (sim/host.py), from the calibration's sharing probe. If the host
-sometimes delivers fewer cores than it shows (a hypervisor running two vCPUs on one physical core
-for a while), a probe that lands on such a moment reads low and every plan is simulated too slow.
+number per run, the host's ``cores`` (spec/host.py, sim/host.py), from the calibration's sharing
+probe. If the host sometimes delivers fewer cores than it shows (a hypervisor running two vCPUs on
+one physical core for a while), a probe that lands on such a moment reads low and every plan is
+simulated too slow.
 This benchmark asks how often that happens, with nothing else to blame: one worker process per core,
 each pinned to its core (one thread), times a fixed kernel (the validation model's GEMM, 1024 x
 hidden x ffn, float32) ``--iters`` times; per round, first each worker alone in turn, then all at once
 from a barrier. A round's ``cores`` is the alone seconds summed over the time until the last worker
 is done together (the calibration's ``host_cores`` formula). Run it on an otherwise idle machine.
 
-    .venv/bin/python benchmarks/bench_host_cores.py --rounds 60 --json out/host_cores.json
+    .venv/bin/python validation_probes/bench_host_cores.py --rounds 60 --json out/host_cores.json
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
           f"{len(cpus) - 0.5:g}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "benchmarks/bench_host_cores.py", "cpus": cpus, "iters": args.iters,
+            json.dump({"command": "validation_probes/bench_host_cores.py", "cpus": cpus, "iters": args.iters,
                        "summary": s, "rounds": rounds}, f, indent=1)
         print(f"wrote {args.json}")
     return 0

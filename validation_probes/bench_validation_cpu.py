@@ -8,10 +8,10 @@ strategy and rank (medians over the timed passes): the pass's wall, the main thr
 whole process's (the difference is gloo's transport threads), each instruction kind's CPU / wall,
 the main thread's CPU outside any instruction (the engine's own setup: packing the own K/V,
 accumulators, autograd), and the model's single-core compute of that rank's Computes
-(program.AttentionWork with the profile calibrated in the same run), its Posts' host CPU and its
-packing of own rows (AttentionWork.pack, each pass).
+(program.AttentionWork with the profile and host calibrated in the same run), its Posts' host CPU
+and its packing of own rows (AttentionWork.pack, each pass; spec/host.py HostModel).
 
-    .venv/bin/python benchmarks/bench_validation_cpu.py --world 2 --json out/validation_cpu.json
+    .venv/bin/python validation_probes/bench_validation_cpu.py --world 2 --json out/validation_cpu.json
 
 Timings on a shared machine are noisy: compare ranks and strategies within one run.
 """
@@ -66,18 +66,19 @@ def _rank(rank, world, strategies, lengths, calib_repeat, repeat):
         return out
     E.AttentionEngine.__call__ = engine_call
     E._EngineFunction.backward = staticmethod(engine_backward)
-    profile, times = V._rank(rank, world, strategies, lengths, calib_repeat, repeat)
+    run = V._rank(rank, world, strategies, lengths, calib_repeat, repeat)
     # the first pass of each strategy is the warm-up
     per = {s: {k: statistics.median(v[1:]) for k, v in d.items()} for s, d in stats.items()}
-    return profile, times, per
+    return run.profiles, run.passes, per
 
 
-def model_terms(plan, profile, world: int):
-    """Per rank: the model's single-core seconds of its Computes, and the host CPU of its Posts."""
+def model_terms(plan, cpu, world: int):
+    """Per rank: the model's single-core seconds of its Computes, and the host CPU of its Posts
+    (``cpu``: the CpuProfile calibrated in the run, validation/cpu_profile.py)."""
     from megatron_zeppelin.validation.concurrent import CPU_MODEL
     from megatron_zeppelin.planner.cost.cost_model import CostModel
     from megatron_zeppelin.planner.program import AttentionWork, Compute, Post, attention_program
-    cost = CostModel(CPU_MODEL, profile, plan.topology)
+    cost = CostModel(CPU_MODEL, cpu.profile, plan.topology, host=cpu.host)
     work = AttentionWork(cost, plan.docs, plan.rings, world)
     has_local = any(d.cls == "local" for d in plan.docs)
     progs = [attention_program(plan.rings, has_local, bw, plan.schedule) for bw in (False, True)]
@@ -85,7 +86,7 @@ def model_terms(plan, profile, world: int):
                    if isinstance(x, Compute)) for r in range(world)]
     posts = sum(1 for prog in progs for x in prog if isinstance(x, Post))
     pack = [2.0 * float(work.pack[r]) for r in range(world)]  # each pass, forward and backward
-    return compute, posts * cost.post_s(), pack
+    return compute, posts * cpu.host.post_s(), pack
 
 
 def main(argv=None) -> None:
@@ -98,20 +99,21 @@ def main(argv=None) -> None:
     from megatron_zeppelin.spec.config import STRATEGIES
     from megatron_zeppelin.distributed.launch import run_distributed
     from megatron_zeppelin.planner import plan_batch
-    from megatron_zeppelin.spec.hardware import HardwareProfile
+    from megatron_zeppelin.validation.cpu_profile import CpuProfile
     from megatron_zeppelin.validation.validate import cpu_config, cpu_topology, make_batch
     world = args.world
     lengths = make_batch(0, 2048 * world, 2048)
     res = run_distributed(_rank, world, tuple(STRATEGIES), lengths, 5, args.repeat, timeout=900)
-    planned, profile = (HardwareProfile.from_dict(d) for d in res[0][0])  # the plans' and the simulated
+    planned, cpu = (CpuProfile.from_dict(d) for d in res[0][0][:2])  # the plans' and the simulated
     topo = cpu_topology(world)
-    print(f"world {world}: host_cores {profile.host_cores:.2f}, copies {profile.host_copy_GBps:.1f} GB/s, "
-          f"{profile.host_post_us:.0f} us per Post (ms below: CPU/wall)")
-    out = {"command": "benchmarks/bench_validation_cpu.py " + " ".join(argv or []), "world": world,
-           "profile": profile.to_dict(), "strategies": {}}
+    print(f"world {world}: host cores {cpu.host.cores:.2f}, copies {cpu.host.copy_GBps:.1f} GB/s, "
+          f"{cpu.host.post_us:.0f} us per Post (ms below: CPU/wall)")
+    out = {"command": "validation_probes/bench_validation_cpu.py " + " ".join(argv or []), "world": world,
+           "profile": cpu.to_dict(), "strategies": {}}
     for j, s in enumerate(STRATEGIES):
-        plan = plan_batch(list(lengths), topo, planned, CPU_MODEL, cpu_config(topo, s), strategy=s)
-        compute, posts, pack = model_terms(plan, profile, world)
+        plan = plan_batch(list(lengths), topo, planned.profile, CPU_MODEL, cpu_config(topo, s), strategy=s,
+                          host=planned.host)
+        compute, posts, pack = model_terms(plan, cpu, world)
         measured = statistics.median(max(res[r][1][j][i][0] for r in range(world)) for i in range(args.repeat))
         rows = []
         print(f"{s}: measured {measured * 1e3:.1f} ms")

@@ -8,7 +8,7 @@ a few ``s``; the median of ``--repeat`` calls each, and its ratio to the hot-loo
 Two controls: a 100 ms sleep followed by ``w`` ms of busy GEMMs before the call (does busy work
 bring the speed back?), and no sleep but 64 MB written before each call (is it cold data caches?).
 
-    .venv/bin/python benchmarks/bench_wake.py --json out/bench_wake.json
+    .venv/bin/python validation_probes/bench_wake.py --json out/bench_wake.json
 
 Timings on a shared machine are noisy: compare the ratios within one run.
 """
@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
     shapes = {"ring blocks, 16 documents of 4 x ~128 tokens": _probe(0, 128, 16, True)[:2],
               "local, 40 documents of ~96 tokens": _local_probe(0, 96, 40)[:2],
               "local, 8 documents of ~512 tokens": _local_probe(0, 512, 8)[:2]}
-    out = {"command": "benchmarks/bench_wake.py", "sleeps_s": list(SLEEPS), "warms_s": list(WARMS),
+    out = {"command": "validation_probes/bench_wake.py", "sleeps_s": list(SLEEPS), "warms_s": list(WARMS),
            "evict_bytes": EVICT_BYTES, "shapes": {}}
     for name, (fwd, bwd) in shapes.items():
         row = {}
