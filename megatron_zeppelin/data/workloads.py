@@ -9,7 +9,9 @@ github, prolong64k, fineweb, openwebmath, stackexchange) or a path:
   integer length, or a string whose tokens ``--tokenizer`` counts (data/tokenizers.py; by default an
   *estimate*, ceil(UTF-8 bytes / 4) tokens, ~4 bytes per token of English prose);
 - a Megatron indexed dataset prefix (``PREFIX.idx`` / ``.bin``, or either file's path);
-- any other file: integers separated by whitespace (e.g. one per line).
+- any other file: integers separated by whitespace (e.g. one per line);
+- a blend, as Megatron's ``--data-path 0.3 A 0.7 B`` (weight / path pairs, or paths only): documents
+  of each path drawn in the blend's token shares (data/blend.py).
 
 A preset is a mixture of lognormals over tokens per document. Each component has a sourced
 ``mean_tokens`` and an assumed ``sigma`` (no published percentiles were found), a floor
@@ -43,6 +45,7 @@ from typing import Optional, Tuple
 import numpy as np
 import yaml
 
+from megatron_zeppelin.data.blend import Blend, describe_blend, is_blend, load_blend, sample_blend
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.presets import preset_dir
 
@@ -268,11 +271,21 @@ def fill_budget(lengths: np.ndarray, tokens: int) -> np.ndarray:
 
 
 def load_source(name_or_path: str, flag: str = "--dataset", tokenizer=None):
-    """What batches are drawn from: a file's document lengths (int64 array, in file order) or a
-    preset / YAML length distribution. Load it once to sample many batches (``--seeds``)."""
+    """What batches are drawn from: a file's document lengths (int64 array, in file order), a blend
+    of such files, or a preset / YAML length distribution. Load it once to sample many batches
+    (``--seeds``)."""
     if is_file_spec(name_or_path) and not name_or_path.endswith((".yaml", ".yml")):
         return read_lengths(name_or_path, flag, tokenizer)
+    if is_blend(name_or_path):
+        return load_blend(name_or_path, flag, lambda p: _blend_part(p, flag, tokenizer))
     return load_distribution(name_or_path, flag)
+
+
+def _blend_part(path: str, flag: str, tokenizer) -> np.ndarray:
+    if not is_file_spec(path) or path.endswith((".yaml", ".yml")):
+        raise WorkloadError(f"blend entry '{path}' is not a file of lengths or an indexed dataset prefix "
+                            f"(a blend mixes datasets on disk; fix {flag})")
+    return read_lengths(path, flag, tokenizer)
 
 
 def sample_batch(source, tokens: int, seed: int, max_len: Optional[int] = None,
@@ -293,6 +306,11 @@ def sample_batch(source, tokens: int, seed: int, max_len: Optional[int] = None,
                             "0 means 'the whole file' only for a file of lengths)")
     if isinstance(source, str):
         source = load_source(source, flag, tokenizer)
+    if isinstance(source, Blend):
+        if tokens == 0:
+            raise WorkloadError("--global-batch-tokens 0 takes a whole file as the batch; a blend needs a "
+                                "token budget (set --global-batch-tokens)")
+        return sample_blend(source, tokens, seed, lambda x: cut_to_context(x, max_len), fill_budget)
     rng = np.random.default_rng(seed)
     if lengths_file:
         src = source
@@ -318,6 +336,8 @@ def describe_source(source) -> dict:
     >>> describe_source(np.arange(1, 101))["p90"], describe_source(np.arange(1, 101))["tokens"]
     (90, 5050)
     """
+    if isinstance(source, Blend):
+        return describe_blend(source, describe_source)
     if isinstance(source, np.ndarray):
         x = source
         pct = {f"p{q}": int(np.percentile(x, q, method="inverted_cdf")) for q in (50, 90, 99)}
