@@ -7,7 +7,8 @@ github, prolong64k, fineweb, openwebmath, stackexchange) or a path:
 - ``*.npy``: a 1-D integer array of lengths;
 - ``*.jsonl[:FIELD]``: one JSON object per line; FIELD (default ``length``, else ``text``) holds an
   integer length, or a string whose tokens ``--tokenizer`` counts (data/tokenizers.py; by default an
-  *estimate*, ceil(UTF-8 bytes / 4) tokens, ~4 bytes per token of English prose);
+  *estimate*, ceil(UTF-8 bytes / 4) tokens, ~4 bytes per token of English prose), streamed, with a
+  progress line on long work, the counts cached per (file, size, mtime, tokenizer) (data/jsonl_lengths.py);
 - a Megatron indexed dataset prefix (``PREFIX.idx`` / ``.bin``, or either file's path);
 - any other file: integers separated by whitespace (e.g. one per line);
 - a blend, as Megatron's ``--data-path 0.3 A 0.7 B`` (weight / path pairs, or paths only): documents
@@ -36,7 +37,6 @@ True
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -45,6 +45,7 @@ from typing import Optional, Tuple
 import numpy as np
 import yaml
 
+from megatron_zeppelin.data.jsonl_lengths import jsonl_lengths
 from megatron_zeppelin.data.blend import Blend, describe_blend, is_blend, load_blend, sample_blend
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.presets import preset_dir
@@ -162,30 +163,6 @@ def load_distribution(name_or_path: str, flag: str = "--dataset") -> Distributio
 
 
 # --- real lengths from files ------------------------------------------------------------------
-def _jsonl_lengths(path: str, field: Optional[str], flag: str, tokenizer=None) -> np.ndarray:
-    from megatron_zeppelin.data.tokenizers import make_tokenizer
-    count = (tokenizer or make_tokenizer()).count
-    out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise WorkloadError(f"{path} line {n}: not JSON ({e.msg}); fix {flag}") from None
-            key = field or ("length" if isinstance(rec, dict) and "length" in rec else "text")
-            if not isinstance(rec, dict) or key not in rec:
-                raise WorkloadError(f"{path} line {n}: no field '{key}' (name the field as {flag} {path}:FIELD)")
-            v = rec[key]
-            if isinstance(v, str):  # a text: its tokens as --tokenizer counts them
-                v = count(v)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
-                raise WorkloadError(f"{path} line {n}: field '{key}' = {v!r} is not an integer length (fix {flag})")
-            out.append(int(v))
-    return np.array(out, dtype=np.int64)
-
-
 def _text_lengths(path: str, flag: str) -> np.ndarray:
     out = []
     with open(path) as f:
@@ -236,7 +213,7 @@ def read_lengths(spec: str, flag: str = "--dataset", tokenizer=None) -> np.ndarr
                 raise WorkloadError(f"{path}: expected a 1-D array of integer lengths, got {x.dtype} "
                                     f"shape {x.shape} (fix {flag})")
         elif path.endswith(".jsonl"):
-            x = _jsonl_lengths(path, field, flag, tokenizer)
+            x = jsonl_lengths(path, field, flag, tokenizer)
         else:
             x = _text_lengths(path, flag)
     x = np.asarray(x).astype(np.int64)

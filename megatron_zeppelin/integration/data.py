@@ -40,7 +40,9 @@ class DataError(ZeppelinError):
 
 
 def cache_dir() -> str:
-    return os.environ.get("ZEPPELIN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "megatron_zeppelin"))
+    """data/token_cache.py's: ``$ZEPPELIN_CACHE``, else ``$XDG_CACHE_HOME/megatron_zeppelin``, else ~/.cache/..."""
+    from megatron_zeppelin.data.token_cache import cache_dir as where
+    return where()
 
 
 def open_indexed(prefix: str):
