@@ -161,3 +161,33 @@ def test_streamed_batches_and_progress(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"counting tokens of {f} (HuggingFace tokenizers {path}): ") and "documents" in err[0]
     assert err[-1].startswith(f"counting tokens of {f} (HuggingFace tokenizers {path}): done")
+
+
+def test_documented_jsonl_to_indexed_recipe(tmp_path):
+    """docs/plan.md's recipe, run as written (python / zeppelin = this interpreter), read back with the
+    indexed reader: the lengths and the token ids are the tokenizer's."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from megatron_zeppelin.data.workloads import read_lengths
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "plan.md")) as f:
+        doc = f.read()
+    block = re.search(r"<!-- recipe: jsonl-to-indexed[^>]*-->\n```bash\n(.*?)```", doc, re.S).group(1)
+    path, tok = _bpe(tmp_path)
+    _jsonl(tmp_path)  # the recipe's names: docs.jsonl, tokenizer.json
+    script = re.sub(r"^python ", f"{sys.executable} ", block, flags=re.M)
+    script = re.sub(r"^zeppelin ", f"{sys.executable} -m megatron_zeppelin.cli ", script, flags=re.M)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(["bash", "-ec", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = [tok.encode(t, add_special_tokens=False).ids for t in TEXTS]
+    assert read_lengths(str(tmp_path / "data" / "docs")).tolist() == [len(x) for x in want]
+    assert np.load(tmp_path / "data" / "docs_lengths.npy").tolist() == [len(x) for x in want]
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    ds = IndexedDataset(str(tmp_path / "data" / "docs"))
+    assert [ds[i].tolist() for i in range(len(ds))] == want
+    n = sum(len(x) for x in want)
+    assert f"dataset: data/docs: {len(want)} documents, {n} tokens" in r.stdout
+    assert f"dataset: data/docs_lengths.npy: {len(want)} documents, {n} tokens" in r.stdout
