@@ -190,8 +190,8 @@ def documents_needed(samples: int, samples_per_step: int, tokens_per_step: int, 
     """Documents a split is sized for: its steps x (documents of a step + the one cut at its end),
     10% over (past them the stream goes on; this only sizes megatron-core's blending index).
 
-    >>> documents_needed(16, 4, 256, 32.0)
-    51
+    >>> documents_needed(16, 4, 256, 32.0)   # 4 steps x (8 + 1) x 1.1, + 16
+    56
     """
     steps = max(1, -(-int(samples or 0) // samples_per_step))
     return int(math.ceil(steps * (tokens_per_step / max(mean_doc, 1.0) + 1) * 1.1)) + 16
