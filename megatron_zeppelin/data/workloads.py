@@ -7,9 +7,12 @@ github, prolong64k, fineweb, openwebmath, stackexchange) or a path:
 - ``*.npy``: a 1-D integer array of lengths;
 - ``*.jsonl[:FIELD]``: one JSON object per line; FIELD (default ``length``, else ``text``) holds an
   integer length, or a string whose tokens ``--tokenizer`` counts (data/tokenizers.py; by default an
-  *estimate*, ceil(UTF-8 bytes / 4) tokens, ~4 bytes per token of English prose);
+  *estimate*, ceil(UTF-8 bytes / 4) tokens, ~4 bytes per token of English prose), streamed, with a
+  progress line on long work, the counts cached per (file, size, mtime, tokenizer) (data/jsonl_lengths.py);
 - a Megatron indexed dataset prefix (``PREFIX.idx`` / ``.bin``, or either file's path);
-- any other file: integers separated by whitespace (e.g. one per line).
+- any other file: integers separated by whitespace (e.g. one per line);
+- a blend, as Megatron's ``--data-path 0.3 A 0.7 B`` (weight / path pairs, or paths only): documents
+  of each path drawn in the blend's token shares (data/blend.py).
 
 A preset is a mixture of lognormals over tokens per document. Each component has a sourced
 ``mean_tokens`` and an assumed ``sigma`` (no published percentiles were found), a floor
@@ -34,7 +37,6 @@ True
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -43,8 +45,9 @@ from typing import Optional, Tuple
 import numpy as np
 import yaml
 
-from megatron_zeppelin.data.tokenizers import make_tokenizer
-from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.data.jsonl_lengths import jsonl_lengths
+from megatron_zeppelin.data.blend import Blend, describe_blend, is_blend, load_blend, sample_blend
+from megatron_zeppelin.data.errors import WorkloadError
 # Megatron's indexed reader: it imports megatron only when it reads a dataset (only integration/
 # imports megatron), and nothing of the package but errors.
 from megatron_zeppelin.integration.indexed_lengths import indexed_document_lengths
@@ -52,10 +55,6 @@ from megatron_zeppelin.presets import preset_dir
 
 DATASETS_DIR = preset_dir("datasets")
 PRESETS = ("arxiv", "github", "prolong64k", "fineweb", "openwebmath", "stackexchange")
-
-
-class WorkloadError(ZeppelinError):
-    """A dataset preset or length file that cannot be used; names the flag to change."""
 
 
 def _phi(x: float) -> float:
@@ -163,29 +162,6 @@ def load_distribution(name_or_path: str, flag: str = "--dataset") -> Distributio
 
 
 # --- real lengths from files ------------------------------------------------------------------
-def _jsonl_lengths(path: str, field: Optional[str], flag: str, tokenizer=None) -> np.ndarray:
-    count = (tokenizer or make_tokenizer()).count
-    out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise WorkloadError(f"{path} line {n}: not JSON ({e.msg}); fix {flag}") from None
-            key = field or ("length" if isinstance(rec, dict) and "length" in rec else "text")
-            if not isinstance(rec, dict) or key not in rec:
-                raise WorkloadError(f"{path} line {n}: no field '{key}' (name the field as {flag} {path}:FIELD)")
-            v = rec[key]
-            if isinstance(v, str):  # a text: its tokens as --tokenizer counts them
-                v = count(v)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
-                raise WorkloadError(f"{path} line {n}: field '{key}' = {v!r} is not an integer length (fix {flag})")
-            out.append(int(v))
-    return np.array(out, dtype=np.int64)
-
-
 def _text_lengths(path: str, flag: str) -> np.ndarray:
     out = []
     with open(path) as f:
@@ -235,7 +211,7 @@ def read_lengths(spec: str, flag: str = "--dataset", tokenizer=None) -> np.ndarr
                 raise WorkloadError(f"{path}: expected a 1-D array of integer lengths, got {x.dtype} "
                                     f"shape {x.shape} (fix {flag})")
         elif path.endswith(".jsonl"):
-            x = _jsonl_lengths(path, field, flag, tokenizer)
+            x = jsonl_lengths(path, field, flag, tokenizer)
         else:
             x = _text_lengths(path, flag)
     x = np.asarray(x).astype(np.int64)
@@ -270,11 +246,21 @@ def fill_budget(lengths: np.ndarray, tokens: int) -> np.ndarray:
 
 
 def load_source(name_or_path: str, flag: str = "--dataset", tokenizer=None):
-    """What batches are drawn from: a file's document lengths (int64 array, in file order) or a
-    preset / YAML length distribution. Load it once to sample many batches (``--seeds``)."""
+    """What batches are drawn from: a file's document lengths (int64 array, in file order), a blend
+    of such files, or a preset / YAML length distribution. Load it once to sample many batches
+    (``--seeds``)."""
     if is_file_spec(name_or_path) and not name_or_path.endswith((".yaml", ".yml")):
         return read_lengths(name_or_path, flag, tokenizer)
+    if is_blend(name_or_path):
+        return load_blend(name_or_path, flag, lambda p: _blend_part(p, flag, tokenizer))
     return load_distribution(name_or_path, flag)
+
+
+def _blend_part(path: str, flag: str, tokenizer) -> np.ndarray:
+    if not is_file_spec(path) or path.endswith((".yaml", ".yml")):
+        raise WorkloadError(f"blend entry '{path}' is not a file of lengths or an indexed dataset prefix "
+                            f"(a blend mixes datasets on disk; fix {flag})")
+    return read_lengths(path, flag, tokenizer)
 
 
 def sample_batch(source, tokens: int, seed: int, max_len: Optional[int] = None,
@@ -295,6 +281,11 @@ def sample_batch(source, tokens: int, seed: int, max_len: Optional[int] = None,
                             "0 means 'the whole file' only for a file of lengths)")
     if isinstance(source, str):
         source = load_source(source, flag, tokenizer)
+    if isinstance(source, Blend):
+        if tokens == 0:
+            raise WorkloadError("--global-batch-tokens 0 takes a whole file as the batch; a blend needs a "
+                                "token budget (set --global-batch-tokens)")
+        return sample_blend(source, tokens, seed, lambda x: cut_to_context(x, max_len), fill_budget)
     rng = np.random.default_rng(seed)
     if lengths_file:
         src = source
@@ -320,6 +311,8 @@ def describe_source(source) -> dict:
     >>> describe_source(np.arange(1, 101))["p90"], describe_source(np.arange(1, 101))["tokens"]
     (90, 5050)
     """
+    if isinstance(source, Blend):
+        return describe_blend(source, describe_source)
     if isinstance(source, np.ndarray):
         x = source
         pct = {f"p{q}": int(np.percentile(x, q, method="inverted_cdf")) for q in (50, 90, 99)}

@@ -8,6 +8,7 @@ Megatron's batch sizes count sequences of ``--seq-length`` tokens (see ``resolve
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -19,9 +20,13 @@ DEFAULT_BATCH = parse_tokens("1M")
 
 
 def add_workload_flags(g, batch_type: Callable = token_count) -> None:
-    g.add_argument("--dataset", "--data-path", dest="dataset", default="arxiv",
+    g.add_argument("--dataset", "--data-path", "--train-data-path", dest="dataset", default="arxiv", nargs="+",
+                   action=BlendAction, metavar="DATASET",
                    help=f"preset ({', '.join(PRESETS)}), a distribution YAML, or lengths in a .npy / .jsonl[:FIELD] / "
-                        "text file / Megatron .idx prefix (--data-path: Megatron's name)")
+                        "text file / Megatron .idx prefix (--data-path: Megatron's name); or a blend as Megatron "
+                        "writes one: 0.3 A 0.7 B (weights are token shares) or A B (each dataset's share its size)")
+    g.add_argument("--data-args-path", dest="dataset", action=BlendFileAction, metavar="FILE",
+                   help="Megatron's: a file holding the --data-path list (a blend)")
     g.add_argument("--tokenizer", "--tokenizer-type", dest="tokenizer", default=None,
                    help="what counts the tokens of a .jsonl text field: bytes/4 (default, an estimate), byte, "
                         "NullTokenizer, HuggingFaceTokenizer (with --tokenizer-model), GPT2BPETokenizer (with "
@@ -44,6 +49,29 @@ def add_workload_flags(g, batch_type: Callable = token_count) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the batch sampler")
     g.add_argument("--seeds", type=int, default=1,
                    help="sample N batches (seeds SEED .. SEED+N-1) and report the mean and spread over them")
+
+
+class BlendAction(argparse.Action):
+    """One ``--data-path`` value is stored as is; several (a Megatron blend, ``0.3 A 0.7 B``) are joined
+    by spaces into one ``--dataset`` string that workloads.load_source reads as a blend. (A plan
+    samples training batches: ``--train-data-path`` is read the same way.)"""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values[0] if len(values) == 1 else " ".join(values))
+
+
+class BlendFileAction(argparse.Action):
+    """``--data-args-path FILE``: the blend list read from FILE (whitespace-separated, as Megatron reads it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            with open(values) as f:
+                items = f.read().split()
+        except OSError as e:
+            parser.error(f"{option_string} {values}: {e.strerror} (give a file holding the --data-path list)")
+        if not items:
+            parser.error(f"{option_string} {values}: the file names no dataset")
+        setattr(namespace, self.dest, " ".join(items))
 
 
 @dataclass(frozen=True)
@@ -94,6 +122,13 @@ def tokenizer_from(args):
 
 def dataset_line(spec: str, stats: dict, counted_by: Optional[str]) -> str:
     """One line on the whole dataset: what the batches are sampled from."""
+    if stats["kind"] == "blend":
+        parts = "; ".join(f"{d['path']} (token share {d['token_share']:.3f}): {d['documents']} documents, "
+                          f"{d['tokens']} tokens, length p50 {d['p50']} / max {d['max']} / mean {d['mean']:.0f}"
+                          for d in stats["datasets"])
+        how = "the blend's weights" if stats["weighted"] else "each dataset's tokens (no weights given)"
+        return (f"dataset: blend of {len(stats['datasets'])} datasets, token shares from {how} (lengths counted "
+                f"by {counted_by}): {parts}")
     if stats["kind"] == "distribution":
         return (f"dataset: {spec}: length distribution '{stats['name']}' ({stats['components']} component(s), "
                 f"mean {stats['mean']:.0f} tokens per document); batches are drawn from it")
@@ -107,6 +142,9 @@ def counted_by(spec: str, tokenizer) -> str:
     (a .jsonl whose first record's field is a string)."""
     import json
     import os
+    from megatron_zeppelin.data.blend import is_blend, parse_blend
+    if is_blend(spec):
+        return "; ".join(dict.fromkeys(counted_by(p, tokenizer) for p in parse_blend(spec.split()).paths))
     path, field = spec, None
     if not os.path.isfile(spec) and ":" in spec:
         path, field = spec.rsplit(":", 1)

@@ -40,7 +40,9 @@ class DataError(ZeppelinError):
 
 
 def cache_dir() -> str:
-    return os.environ.get("ZEPPELIN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "megatron_zeppelin"))
+    """data/token_cache.py's: ``$ZEPPELIN_CACHE``, else ``$XDG_CACHE_HOME/megatron_zeppelin``, else ~/.cache/..."""
+    from megatron_zeppelin.data.token_cache import cache_dir as where
+    return where()
 
 
 def open_indexed(prefix: str):
@@ -125,15 +127,20 @@ class BatchSampler:
         rng = np.random.default_rng([self.seed, epoch])
         return [self.usable[i] for i in rng.permutation(len(self.usable))]
 
+    def _next_document(self) -> Tuple[object, int]:
+        """(document key, tokens) of the next document in the sampler's order."""
+        if self._pos == len(self._order):
+            self._epoch += 1
+            self._pos, self._order = 0, self._perm(self._epoch)
+        d = self._order[self._pos]
+        self._pos += 1
+        return d, self.lengths[d]
+
     def _next_batch(self) -> List[Tuple[int, int]]:
         out, tok = [], 0
         while tok < self.budget:
-            if self._pos == len(self._order):
-                self._epoch += 1
-                self._pos, self._order = 0, self._perm(self._epoch)
-            d = self._order[self._pos]
-            self._pos += 1
-            n = min(self.lengths[d] - 1, self.cap or self.lengths[d], self.budget - tok)
+            d, length = self._next_document()
+            n = min(length - 1, self.cap or length, self.budget - tok)
             out.append((d, n))
             tok += n
         return out
@@ -142,6 +149,24 @@ class BatchSampler:
         while len(self._batches) <= step:
             self._batches.append(self._next_batch())
         return self._batches[step]
+
+
+class StreamSampler(BatchSampler):
+    """Global micro-batches filled as BatchSampler fills them, from the documents of a stream in its
+    order (``stream[k]`` = (key, tokens), every document of 2 or more tokens: integration/blend.py
+    ``DocumentStream``, the documents Megatron's blended datasets yield). Depends on the step only."""
+
+    def __init__(self, stream, tokens_per_batch: int, max_doc_tokens: int):
+        self.stream, self.budget, self.cap = stream, int(tokens_per_batch), int(max_doc_tokens)
+        if self.budget < 1:
+            raise DataError(f"tokens per batch must be >= 1, got {self.budget} (set --seq-length)")
+        self._batches: List[List[Tuple[object, int]]] = []
+        self._k = 0
+
+    def _next_document(self) -> Tuple[object, int]:
+        key, length = self.stream[self._k]
+        self._k += 1
+        return key, length
 
 
 def batch_documents(ds: DocumentDataset, sampler: BatchSampler, step: int) -> List[torch.Tensor]:

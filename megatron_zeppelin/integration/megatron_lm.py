@@ -7,8 +7,10 @@ Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patche
   is a module-level function (Megatron's ``import_module`` reads ``vars(module)[name]``); Megatron's
   GPT builder calls it with the run's model config, so the spec follows ``--transformer-impl``,
   ``--qk-layernorm``, ``--normalization`` (spec.py), and importing this module builds nothing.
-- ``train_valid_test_datasets_provider``: whole documents of ``--data-path`` (one prefix), split
-  by ``--split`` into train / validation documents, as global micro-batches of
+- ``train_valid_test_datasets_provider``: whole documents of ``--data-path`` (one prefix, or
+  Megatron's blends: ``--data-path 0.3 A 0.7 B``, ``--data-args-path``, per-split
+  ``--train-data-path`` ...; built with megatron-core's BlendedMegatronDatasetBuilder, blend.py),
+  split by ``--split`` into train / validation documents, as global micro-batches of
   ``seq_length x micro_batch_size x DP`` trained tokens (``--seq-length`` is each rank's share),
   documents cut at ``--max-position-embeddings`` (so one document may span ranks: the planner
   splits it over a ring); use with ``--dataloader-type external``. Resuming continues where the saved run stopped (the
@@ -109,11 +111,12 @@ def validate(args) -> None:
         raise ZeppelinError("--zeppelin-balance reads whole documents itself: set --dataloader-type external")
     if getattr(args, "position_embedding_type", "rope") != "rope":
         raise ZeppelinError("--zeppelin-balance needs --position-embedding-type rope (Megatron's default is learned_absolute)")
-    if not args.data_path or len(args.data_path) != 1:
-        raise ZeppelinError("--zeppelin-balance needs exactly one --data-path PREFIX (blends are not supported yet)")
-    for flag in ("train_data_path", "valid_data_path", "test_data_path"):
-        if getattr(args, flag, None):
-            raise ZeppelinError(f"--zeppelin-balance splits --data-path by --split: drop --{flag.replace('_', '-')}")
+    if getattr(args, "mock_data", False):
+        raise ZeppelinError("--zeppelin-balance trains whole documents of indexed datasets: drop --mock-data and "
+                            "give --data-path PREFIX (or a blend)")
+    for flag in ("multiple_validation_sets", "full_validation", "dataloader_fast_cache_load"):
+        if getattr(args, flag, False):
+            raise ZeppelinError(f"--zeppelin-balance does not support --{flag.replace('_', '-')} yet: drop it")
     if getattr(args, "heterogeneous_layers_config_path", None):
         raise ZeppelinError("--zeppelin-balance supports dense GPT layers only: drop --heterogeneous-layers-config-path")
     if getattr(args, "rampup_batch_size", None):
@@ -125,40 +128,40 @@ def validate(args) -> None:
         if args.spec is not None and list(args.spec) != SPEC:
             raise ZeppelinError(f"--zeppelin-balance uses its own layer spec: drop --spec {' '.join(args.spec)}")
         args.spec = list(SPEC)
-    if getattr(args, "eval_iters", 0) and getattr(args, "eval_interval", None) is not None:
-        _split_ranges(args)  # refuses an empty validation split now, not at the first evaluation
+    _check_splits(args)  # refuses missing documents now, not at the first evaluation
 
 
-def _split_ranges(args):
-    """Document ranges [a, b) of the train and validation splits of ``--split`` (test is unused)."""
-    from megatron.core.datasets.utils import normalize
-    from megatron_zeppelin.integration.data import DocumentDataset
+def _check_splits(args) -> None:
+    """Data before training: the training split has documents, every dataset of a blend has
+    documents in each split ``--split`` gives it, and ``--eval-iters`` has validation documents."""
+    from megatron_zeppelin.integration.blend import blend_from_args, split_documents
 
-    n = len(DocumentDataset(args.data_path[0]))
-    weights = [float(x) for x in str(args.split or "100,0,0").replace("/", ",").split(",")]
-    weights = normalize((weights + [0.0, 0.0, 0.0])[:3])
-    bounds = [0]
-    for w in weights:
-        bounds.append(bounds[-1] + int(round(w * n)))
-    bounds[-1] = n
-    train, valid = (bounds[0], bounds[1]), (bounds[1], bounds[2])
-    if getattr(args, "eval_iters", 0) and getattr(args, "do_valid", True) and valid[1] - valid[0] < 1:
-        raise ZeppelinError(f"--eval-iters {args.eval_iters} needs validation documents: --split {args.split} "
-                            f"leaves none of {n} (give e.g. --split 90,10,0, or set --eval-iters 0)")
-    return train, valid
+    if blend_from_args(args) == (None, None):
+        raise ZeppelinError("--zeppelin-balance reads whole documents: give --data-path PREFIX, or a blend "
+                            "(--data-path 0.3 A 0.7 B, --data-args-path FILE, --train-data-path ... / --valid-data-path ...)")
+    splits = split_documents(args)
+    where = f"--split {args.split}" if getattr(args, "split", None) else "the per-split data paths"
+    if not splits[0] or not any(n for _, n in splits[0]):
+        raise ZeppelinError(f"{where} leaves no training document of 2 or more tokens (fix --split or the data)")
+    for name, parts in zip(("training", "validation", "test"), splits):
+        empty = [p for p, n in parts if n == 0]
+        if len(parts) > 1 and empty:
+            raise ZeppelinError(f"{where} leaves no {name} document in {empty[0]}, one dataset of the blend "
+                                "(change --split, or give per-split paths)")
+    if getattr(args, "eval_iters", 0) and getattr(args, "eval_interval", None) is not None and \
+            getattr(args, "do_valid", True) and not any(n for _, n in splits[1]):
+        raise ZeppelinError(f"--eval-iters {args.eval_iters} needs validation documents: {where} leaves none "
+                            "(give e.g. --split 90,10,0 or --valid-data-path, or set --eval-iters 0)")
 
 
 class DocumentBatches:
-    """Iterator of global micro-batches (lists of L+1-token documents) of the documents in
-    ``doc_range``, from ``start_step``."""
+    """Iterator of global micro-batches (lists of L+1-token documents) of a split's documents (a
+    blend.DocumentStream, in the order Megatron's datasets yield them), from ``start_step``."""
 
-    def __init__(self, prefix: str, tokens_per_batch: int, max_doc_tokens: int, seed: int,
-                 start_step: int = 0, doc_range=None):
-        from megatron_zeppelin.integration.data import BatchSampler, DocumentDataset
-        self.ds = DocumentDataset(prefix)
-        a, b = doc_range or (0, len(self.ds))
-        lengths = [L if a <= i < b else 0 for i, L in enumerate(self.ds.lengths)]  # 0: never sampled
-        self.sampler = BatchSampler(lengths, tokens_per_batch, max_doc_tokens, seed=seed)
+    def __init__(self, stream, tokens_per_batch: int, max_doc_tokens: int, start_step: int = 0):
+        from megatron_zeppelin.integration.data import StreamSampler
+        self.ds = stream
+        self.sampler = StreamSampler(stream, tokens_per_batch, max_doc_tokens)
         self.step = start_step
 
     def __iter__(self):
@@ -180,17 +183,23 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     from megatron.core import parallel_state as ps
     from megatron.training import get_args
 
+    from megatron_zeppelin.integration.blend import build_document_splits
+
     args = get_args()
     samples_per_step = args.micro_batch_size * ps.get_data_parallel_world_size()  # one global micro-batch
     tokens = args.seq_length * samples_per_step
-    (train_docs, valid_docs) = _split_ranges(args)
+    streams = build_document_splits(args, train_val_test_num_samples, samples_per_step, tokens, max_doc_tokens(args))
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        for name, st in zip(("train", "valid"), streams):
+            if st is not None:
+                print(f"zeppelin data: {name}: {st.describe()}", flush=True)
     # Resume: each iteration consumed num_microbatches global micro-batches (= global batch samples).
     start = int(getattr(args, "consumed_train_samples", 0) or 0) // samples_per_step
-    train = DocumentBatches(args.data_path[0], tokens, max_doc_tokens(args), args.seed, start, train_docs)
+    train = DocumentBatches(streams[0], tokens, max_doc_tokens(args), start)
     valid = None
-    if valid_docs[1] > valid_docs[0]:
+    if streams[1] is not None:
         vstart = int(getattr(args, "consumed_valid_samples", 0) or 0) // samples_per_step
-        valid = DocumentBatches(args.data_path[0], tokens, max_doc_tokens(args), args.seed + 1, vstart, valid_docs)
+        valid = DocumentBatches(streams[1], tokens, max_doc_tokens(args), vstart)
     if getattr(args, "zeppelin_balance", False):
         cfg, topo, spec = _domain(args)
         if cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)

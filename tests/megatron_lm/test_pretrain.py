@@ -141,3 +141,25 @@ def test_patched_megatron_lm_pretrain_gpt(data, stock4, tmp_path):
         "--train-iters", str(ITERS), "--global-batch-size", "8", "--tensorboard-dir", str(work / "tb")] + ZEPPELIN + EVAL
     m.run(PY, 4, flags, TIMEOUT, str(work), script=os.path.join(os.path.dirname(__file__), "cpu_launch.py"), env=env)
     assert_same(m.scalars(str(work / "tb")), stock4[0], range(1, ITERS + 1))
+
+
+@pytest.fixture(scope="module")
+def blend(data, tmp_path_factory):
+    """Megatron's blend syntax over two indexed datasets: 30% of the tokens from the first."""
+    other = m.build_dataset(str(tmp_path_factory.mktemp("mlm_data_b") / "docs_b"), n_docs=120, seed=1)
+    return f"0.3 {data} 0.7 {other}"
+
+
+def test_blend_zeppelin_matches_stock_spec_4_ranks(blend, tmp_path):
+    # --data-path 0.3 A 0.7 B: megatron-core's BlendedMegatronDatasetBuilder blends whole documents of
+    # both (integration/blend.py); the Zeppelin run plans whatever the blended sampler yields and
+    # equals the stock spec on the same blend, evaluation on the blend's validation split included
+    ref, ref_log = train(blend, tmp_path, "stock", 4, ["--zeppelin-stock-spec"] + EVAL)
+    run, log = train(blend, tmp_path, "zeppelin", 4, ZEPPELIN + EVAL)
+    assert_same(run, ref, range(1, ITERS + 1))
+    a, b = blend.split()[1::2]
+    line = next(x for x in log.splitlines() if "zeppelin data: train:" in x)
+    assert f"{a} (" in line and f"{b} (" in line, line
+    val, ref_val = validation_losses(log), validation_losses(ref_log)
+    assert len(val) >= ITERS // 2 and len(val) == len(ref_val), (val, ref_val)
+    assert all(abs(x - y) <= TOL * abs(y) for x, y in zip(val, ref_val)), (val, ref_val)

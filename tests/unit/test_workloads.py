@@ -159,3 +159,64 @@ def test_user_distribution_yaml(tmp_path):
     assert b.tolist() == [300] * 10
     with pytest.raises(WorkloadError, match="--global-batch-tokens"):
         sample_batch(str(y), 0, seed=0)
+
+
+def _two_files(tmp_path):
+    a, b = tmp_path / "short.npy", tmp_path / "long.npy"
+    np.save(a, np.arange(50, 150))  # mean 99.5 tokens
+    np.save(b, np.arange(900, 1100, 4))  # mean 998
+    return str(a), str(b)
+
+
+def test_blend_draws_the_weights_token_shares(tmp_path):
+    a, b = _two_files(tmp_path)
+    batch = sample_batch(f"0.3 {a} 0.7 {b}", 1 << 20, seed=0)
+    assert batch.sum() == 1 << 20
+    short = batch[batch < 150].sum() / batch.sum()  # only the last document is cut
+    assert abs(short - 0.3) < 0.01, short
+    assert np.array_equal(batch, sample_batch(f"0.3 {a} 0.7 {b}", 1 << 20, seed=0))
+    assert not np.array_equal(batch, sample_batch(f"0.3 {a} 0.7 {b}", 1 << 20, seed=1))
+    # Megatron's weights are relative (30 70 = 0.3 0.7); without weights each file's share is its tokens
+    assert np.array_equal(batch, sample_batch(f"30 {a} 70 {b}", 1 << 20, seed=0))
+    x = sample_batch(f"{a} {b}", 1 << 20, seed=0)
+    tokens_a, tokens_b = np.arange(50, 150).sum(), np.arange(900, 1100, 4).sum()
+    assert abs(x[x < 150].sum() / x.sum() - tokens_a / (tokens_a + tokens_b)) < 0.01
+
+
+def test_blend_order_is_megatrons():
+    from megatron_zeppelin.data.blend import blend_order
+    helpers = pytest.importorskip("megatron.core.datasets.helpers_cpp")
+    w = np.array([0.2, 0.5, 0.3])
+    idx, sample = np.zeros(1000, dtype=np.int16), np.zeros(1000, dtype=np.int64)
+    helpers.build_blending_indices(idx, sample, w, 3, 1000, False)
+    assert blend_order(w, 1000).tolist() == idx.tolist()
+
+
+def test_blend_on_the_command_line(tmp_path, capsys):
+    from megatron_zeppelin.cli import main
+    a, b = _two_files(tmp_path)
+    base = ["plan", "--model", "tiny", "--gpus-per-node", "2", "--global-batch-tokens", "64K"]
+    j1, j2 = tmp_path / "1.json", tmp_path / "2.json"
+    assert main(base + ["--data-path", "0.3", a, "0.7", b, "--json", str(j1)]) == 0
+    out = capsys.readouterr().out
+    assert f"dataset: blend of 2 datasets, token shares from the blend's weights" in out
+    assert f"{a} (token share 0.300): 100 documents" in out and f"{b} (token share 0.700): 50 documents" in out
+    args = tmp_path / "blend.txt"
+    args.write_text(f"0.3 {a}\n0.7 {b}\n")
+    assert main(base + ["--data-args-path", str(args), "--json", str(j2)]) == 0
+    capsys.readouterr()
+    load = lambda f: json.loads(f.read_text())["batch"]["lengths"]  # noqa: E731
+    assert load(j1) == load(j2) == sample_batch(f"0.3 {a} 0.7 {b}", 1 << 16, 0, max_len=1 << 16).tolist()
+    assert json.loads(j1.read_text())["dataset"]["kind"] == "blend"
+    assert main(["simulate", "--model", "tiny", "--global-batch-tokens", "16K",
+                 "--data-path", "0.3", a, "0.7", b]) == 0
+    assert "blend of 2 datasets" in capsys.readouterr().out
+    for argv, needle in ((["--data-path", "0.3", a, "-1", b], "every weight of a blend must be a positive"),
+                         (["--data-path", "0.3", a, "0.7", "arxiv"], "blend entry 'arxiv' is not a file"),
+                         (["--data-path", "0.3", a, "0.7", a], "names each dataset once")):
+        assert main(base + argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(SystemExit) as e:  # an argparse error, read while the flags are parsed
+        main(base + ["--data-args-path", str(tmp_path / "none.txt")])
+    assert e.value.code == 2 and "--data-args-path" in capsys.readouterr().err
