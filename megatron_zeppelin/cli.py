@@ -77,7 +77,9 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return rc
     except USER_ERRORS as e:
         if getattr(args, "debug", False):
             raise

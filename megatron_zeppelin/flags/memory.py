@@ -99,7 +99,7 @@ def memory_setup(level: str, model, profile, topo, tp: int, tokens: int, batch_g
         ok = mean <= cap(rc)
         note = (f"memory: recompute {rc} (--recompute); " +
                 (f"{mean} tokens per rank on average fit {gb:g} GB" if ok else
-                 f"{mean} tokens per rank on average do not fit {gb:g} GB (at most {cap(rc)}): see the fit column"))
+                 f"{mean} tokens per rank on average do not fit {gb:g} GB (at most {cap(rc)}): see memory per GPU"))
         return MemorySetup(rc, capacity_flag, tokens, states, limit if gb else 0.0, ok, note)
     if not tokens:  # a whole file as the batch (--global-batch-tokens 0): its size is known only after loading
         return MemorySetup("none", capacity_flag, tokens, states, limit if gb else 0.0, True,
