@@ -28,7 +28,7 @@ def test_negative_token_counts_are_values_refused_in_one_line(capsys, flag):
     assert "expected one argument" not in line and "--help" in line
 
 
-def test_a_negative_int_reaches_the_flags_own_check(capsys):
+def test_a_negative_int_reaches_the_flags_own_check(capsys):  # (so it did before: argparse knows -2)
     assert main(["plan", "--nodes", "-2"]) == 2
     assert capsys.readouterr().err.strip() == "zeppelin plan: error: --nodes must be >= 1, got -2"
 
@@ -74,7 +74,9 @@ def test_plan_output_paths_are_checked_before_planning(capsys, tmp_path, monkeyp
     assert "it is a directory" in capsys.readouterr().err
 
 
-def test_simulate_output_paths_are_checked_first(capsys, tmp_path):
+def test_simulate_output_paths_are_checked_first(capsys, tmp_path, monkeypatch):
+    import megatron_zeppelin.data.workloads as workloads
+    monkeypatch.setattr(workloads, "load_source", lambda *a, **k: pytest.fail("sampled before the paths were checked"))
     bad = tmp_path / "missing" / "g.png"
     assert main(["simulate", "--model", "tiny", "--gantt", str(bad)]) == 2
     assert "cannot write --gantt" in capsys.readouterr().err
