@@ -8,6 +8,11 @@ CUDA the same command uses NCCL and the GPU kernels. Every launch has a timeout:
 >>> summarize([{"step": 1, "loss": 5.0, "tokens_per_s": 10.0, "cpu_s_per_rank": [1.0, 3.0],
 ...              "pred_imbalance": 1.5, "bytes_nvlink": 4e6, "bytes_nic": 0}])["compute_max_over_mean"]
 1.5
+>>> from types import SimpleNamespace as NS
+>>> check_flags(NS(**{**vars(add_parser_defaults()), "ranks": 3}))
+Traceback (most recent call last):
+...
+megatron_zeppelin.flags.domain.FlagError: --ranks 3 is not a whole number of nodes of --gpus-per-node 2 (set --ranks to a multiple of --gpus-per-node)
 """
 
 from __future__ import annotations
@@ -55,6 +60,53 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def add_parser_defaults() -> argparse.Namespace:
+    """The demo's flags at their defaults (what ``zeppelin demo`` with no flag runs)."""
+    sub = argparse.ArgumentParser().add_subparsers()
+    return add_parser(sub).parse_args([])
+
+
+def check_flags(args) -> None:
+    """Every flag, checked before any work (no calibration, no process started): one FlagError naming
+    the flag to change."""
+    from megatron_zeppelin.flags.domain import FlagError, require_at_least
+    from megatron_zeppelin.spec.config import STRATEGIES as KNOWN
+    require_at_least(args, (("steps", "--steps", 1), ("ranks", "--ranks", 1), ("gpus_per_node", "--gpus-per-node", 1),
+                            ("tp", "--tp", 1), ("global_batch_tokens", "--global-batch-tokens", 1),
+                            ("max_doc_tokens", "--max-doc-tokens", 1), ("static_cp_size", "--static-cp-size", 0)))
+    if args.ranks % args.gpus_per_node:
+        raise FlagError(f"--ranks {args.ranks} is not a whole number of nodes of --gpus-per-node {args.gpus_per_node} "
+                        "(set --ranks to a multiple of --gpus-per-node)")
+    if args.static_cp_size and args.ranks % args.static_cp_size:
+        raise FlagError(f"--static-cp-size {args.static_cp_size} does not divide --ranks {args.ranks} (set it to a "
+                        "divisor, or 0 for the best per batch)")
+    if args.sequence_parallel and args.tp == 1:
+        raise FlagError("--sequence-parallel needs --tp > 1")
+    if not args.timeout > 0:
+        raise FlagError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [n for n in names if n not in KNOWN]
+    if bad or not names:
+        raise FlagError(f"--strategies: unknown strategy {', '.join(bad) or '(none given)'} (choose from "
+                        f"{', '.join(KNOWN)}, comma-separated)")
+    if args.global_batch_tokens < args.ranks:
+        raise FlagError(f"--global-batch-tokens {args.global_batch_tokens} gives a rank no token over --ranks "
+                        f"{args.ranks} (set it to at least {args.ranks})")
+    from megatron_zeppelin.spec.model import load_model
+    m = load_model(args.model)  # a ModelSpecError names --model
+    if m.heads % args.tp or m.kv_heads % args.tp:
+        raise FlagError(f"--tp {args.tp} does not divide {m.name}'s {m.heads} attention heads and {m.kv_heads} KV "
+                        "heads (set --tp to a common divisor)")
+    if args.cluster != "auto":
+        from megatron_zeppelin.spec.hardware import load_profile
+        load_profile(args.cluster)  # a ProfileError names --cluster
+    if args.data_path and not os.path.isfile(args.data_path + ".idx"):
+        raise FlagError(f"--data-path {args.data_path}: no {args.data_path}.idx (give a Megatron indexed dataset "
+                        "prefix, or leave it out for the embedded corpus)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise FlagError(f"--out {args.out} is a file, not a directory (set --out to a directory)")
+
+
 def summarize(history: List[dict]) -> Dict[str, float]:
     per_rank = [sum(h["cpu_s_per_rank"][r] for h in history) for r in range(len(history[0]["cpu_s_per_rank"]))]
     steady = history[1:] or history  # step 1 pays one-time warm-up
@@ -67,14 +119,38 @@ def summarize(history: List[dict]) -> Dict[str, float]:
             "cpu_s_per_rank": per_rank}
 
 
-def table(rows: Dict[str, Dict[str, float]]) -> str:
-    head = f"{'strategy':<10} {'final loss':>10} {'tokens/s':>9} {'compute max/mean':>16} {'pred imb':>8} " \
-           f"{'MB inter-node':>13} {'MB intra-node':>13}"
+def table(rows: Dict[str, Dict[str, float]], cpu: bool = True) -> str:
+    """What the demo shows first: the measured compute balance (the busiest rank's compute over the mean,
+    what sets a step's time when every rank has its own GPU) beside the planner's predicted imbalance,
+    then the loss and the traffic; tokens/s last (on a CPU shared by the ranks it follows total work)."""
+    speed = "CPU tokens/s" if cpu else "tokens/s"
+    head = f"{'strategy':<10} {'compute max/mean':>16} {'pred imb':>8} {'final loss':>10} " \
+           f"{'MB inter-node':>13} {'MB intra-node':>13} {speed:>12}"
     lines = [head, "-" * len(head)]
     for name, s in rows.items():
-        lines.append(f"{name:<10} {s['final_loss']:>10.4f} {s['tokens_per_s']:>9.0f} {s['compute_max_over_mean']:>16.3f} "
-                     f"{s['pred_imbalance']:>8.3f} {s['mb_inter_node']:>13.2f} {s['mb_intra_node']:>13.2f}")
+        lines.append(f"{name:<10} {s['compute_max_over_mean']:>16.3f} {s['pred_imbalance']:>8.3f} "
+                     f"{s['final_loss']:>10.4f} {s['mb_inter_node']:>13.2f} {s['mb_intra_node']:>13.2f} "
+                     f"{s['tokens_per_s']:>12.0f}")
     return "\n".join(lines)
+
+
+def noisy_profile_note(warnings: List[str]) -> str:
+    """What a calibration that stayed noisy means for the demo's numbers (empty when it did not).
+
+    >>> print(noisy_profile_note(["attention L=256: forward repeats varied 4.0x"]))  # doctest: +NORMALIZE_WHITESPACE
+      cost model: kept, although 1 measurement stayed noisy after measuring again (attention L=256: forward
+      repeats varied 4.0x): the plans balance the costs this profile says, so 'pred imb' is the balance by
+      these noisy costs; 'compute max/mean' is measured and stands on its own. For steadier plans rerun on a
+      quieter machine or pass --cluster with a profile from `zeppelin calibrate`.
+    """
+    if not warnings:
+        return ""
+    n = f"{len(warnings)} measurement{'s' if len(warnings) > 1 else ''}"
+    return (f"  cost model: kept, although {n} stayed noisy after measuring again "
+            f"({'; '.join(warnings[:2])}{'; ...' if len(warnings) > 2 else ''}): the plans balance the costs this "
+            "profile says, so 'pred imb' is the balance by these noisy costs; 'compute max/mean' is measured and "
+            "stands on its own. For steadier plans rerun on a quieter machine or pass --cluster with a profile "
+            "from `zeppelin calibrate`.")
 
 
 def plots(histories: Dict[str, List[dict]], rows: Dict[str, Dict], out: str) -> List[str]:
@@ -107,6 +183,7 @@ def plots(histories: Dict[str, List[dict]], rows: Dict[str, Dict], out: str) -> 
 
 
 def run(args) -> int:
+    check_flags(args)  # before torch is imported, the data built or the machine calibrated
     from megatron_zeppelin.distributed.launch import LaunchInterrupted
     try:
         return _run(args)
@@ -123,10 +200,6 @@ def _run(args) -> int:
     from megatron_zeppelin.integration.trainer import TrainOptions, run_local
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    if args.tp < 1:
-        raise ZeppelinError(f"--tp {args.tp}: must be >= 1")
-    if args.sequence_parallel and args.tp == 1:
-        raise ZeppelinError("--sequence-parallel needs --tp > 1")
     procs = args.ranks * args.tp
     if torch.cuda.is_available() and torch.cuda.device_count() < procs:
         raise ZeppelinError(f"--ranks {args.ranks} x --tp {args.tp} needs {procs} GPUs, this machine has "
@@ -152,11 +225,14 @@ def _run(args) -> int:
     elif cluster == "auto":
         from megatron_zeppelin.calibrate.measure import measure_profile
         print("  cost model: measuring this machine (attention by length, GEMM, gloo) ...", flush=True)
-        prof, _ = measure_profile(m, "cpu", tp=args.tp, repeats=3, gpus_per_node=args.gpus_per_node,
-                                  name="demo-cpu", log=lambda m: print("    " + m, flush=True))
+        prof, measured = measure_profile(m, "cpu", tp=args.tp, repeats=3, gpus_per_node=args.gpus_per_node,
+                                         name="demo-cpu", log=lambda m: print("    " + m, flush=True))
         cluster = os.path.join(args.out, "cpu_profile.yaml")
         prof.save(cluster)
         print(f"  cost model: {cluster}", flush=True)
+        note = noisy_profile_note(measured.get("warnings", []))
+        if note:
+            print(note, flush=True)
     histories, rows = {}, {}
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] training with {name} (starting {procs} processes) ...", flush=True)
@@ -176,11 +252,13 @@ def _run(args) -> int:
         rows[name] = summarize(histories[name])
         print(f"    done in {time.time() - t:.0f}s", flush=True)
     print()
-    print(table(rows))
+    print(table(rows, cpu=not torch.cuda.is_available()))
+    print("\n'compute max/mean': the busiest rank's measured compute over the mean rank's, all steps (1.000 = "
+          "even): the balance that sets a step's time when every rank has its own GPU; 'pred imb': the planner's "
+          "predicted imbalance.")
     if not torch.cuda.is_available():
-        print("\nOn a CPU with fewer cores than ranks, tokens/s follows the total work of all ranks, not the slowest "
-              "one;\n'compute max/mean' (CPU seconds of the busiest rank over the mean) is the balance that "
-              "sets step time on GPUs.")
+        print("On a CPU with fewer cores than ranks, CPU tokens/s follows the total work of all ranks, not the "
+              "slowest one, so it says little about the strategies.")
     paths = plots(histories, rows, args.out)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -23,18 +23,25 @@ from megatron_zeppelin.data.workloads import describe_batch, describe_source, lo
 from megatron_zeppelin.reports import plan as report
 from megatron_zeppelin.flags.domain import Domain, build_domain, require_at_least
 from megatron_zeppelin.flags.workload import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
+from megatron_zeppelin.flags.memory import add_memory_flags, memory_setup
+from megatron_zeppelin.flags.output import check_output_paths
+from megatron_zeppelin.planner.iteration import Iteration
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "plan", help="plan one global batch and print per-rank predictions",
         description="Plan one global batch with Zeppelin (or a baseline) and print documents per class, "
-                    "thresholds, per-rank predicted times, imbalance and the lower bound.")
+                    "thresholds, per-rank predicted times, imbalance, the lower bound and whether it fits a "
+                    "GPU's memory; with --global-batch-size G --micro-batch-size M the iteration is G / (M x "
+                    "ranks) planned steps (global micro-batches sampled with successive seeds) and the DP "
+                    "all-reduce, as Megatron logs it.")
     g = p.add_argument_group("workload")
     add_workload_flags(g)
     g = p.add_argument_group("machine and model")
-    g.add_argument("--cluster", "--zeppelin-cluster", default="a800",
-                   help="profile preset (a800, h800, h200; a/b/c) or a profile YAML")
+    g.add_argument("--cluster", "--zeppelin-cluster", default="h200",
+                   help="profile preset (a800, h800, h200; a/b/c) or a profile YAML (default h200, as train, advise "
+                        "and the Megatron-LM entry's --zeppelin-cluster)")
     g.add_argument("--model", default="llama-7b", help="model preset (llama-3b/7b/13b/30b, tiny) or YAML")
     g.add_argument("--nodes", type=int, default=None, help="nodes (default 1)")
     g.add_argument("--world-size", type=int, default=None, help="GPUs in the job, as Megatron's WORLD_SIZE "
@@ -60,6 +67,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--balance-memory", "--zeppelin-balance-memory", action="store_true",
                    help="plan Zeppelin with every rank within 1.10x the mean tokens (balanced activation "
                         "memory, for some predicted time and planning time)")
+    add_memory_flags(g)
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the results as JSON")
     g.add_argument("--plot", metavar="FILE", help="write a PNG: length histogram and per-rank bars")
@@ -91,57 +99,84 @@ def make_plans(lengths, topo, profile, model, config, names) -> Dict[str, object
     return out
 
 
+def _batch_given(args) -> bool:
+    """Whether the user set the batch (else the default batch, which memory may shrink)."""
+    return any(getattr(args, a, None) is not None for a in ("global_batch_tokens", "global_batch_size",
+                                                             "micro_batch_size"))
+
+
+def plan_iteration(source, tokens: int, first_seed: int, steps: int, context_length: int, plan_lengths, names):
+    """One iteration's steps, each a global micro-batch sampled with the next seed (``first_seed`` ..
+    ``first_seed + steps - 1``): (the lengths of each step, {strategy: Iteration, or why not})."""
+    batches = []
+    for j in range(steps):
+        lengths = sample_batch(source, tokens, first_seed + j, max_len=context_length or None)
+        batches.append((lengths, plan_lengths(lengths.tolist())))
+    out = {}
+    for n in names:
+        ps = [plans[n] for _, plans in batches]
+        out[n] = next((p for p in ps if isinstance(p, str)), None) or Iteration(tuple(ps))
+    return [lengths for lengths, _ in batches], out
+
+
 def run(args) -> int:
+    check_output_paths((("--json", args.json), ("--plot", args.plot)))  # before any sampling or planning
     profile = load_profile(args.cluster)
     model = load_model(args.model)
     dom = build_domain(args, profile, model)
     require_at_least(args, (("ranks", "--ranks", 1), ("cp_size", "--cp-size", 0)))
     topo = dom.topology
     batch_flags = resolve_batch(args, topo.world_size)
+    mem = memory_setup(args.recompute, model, profile, topo, args.tp, batch_flags.tokens, _batch_given(args),
+                       batch_flags.capacity)
     tokenizer = tokenizer_from(args)
     config = ZeppelinConfig(strategy=args.strategy, gpus_per_node=topo.gpus_per_node,
                             nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic,
                             cluster=args.cluster, routing=args.routing, remap=args.remap,
-                            capacity_tokens=batch_flags.capacity, cp_size=args.cp_size, tp=args.tp,
-                            balance_memory=args.balance_memory)
+                            capacity_tokens=mem.capacity, cp_size=args.cp_size, tp=args.tp,
+                            balance_memory=args.balance_memory, recompute=mem.recompute)
     source = load_source(args.dataset, tokenizer=tokenizer)
     names = STRATEGIES if args.compare else (args.strategy,)
+    steps = batch_flags.steps
 
-    def plan_seed(seed):
-        lengths = sample_batch(source, batch_flags.tokens, seed, max_len=args.context_length or None)
-        return lengths, make_plans(lengths.tolist(), topo, profile, model, config, names)
-    lengths, plans = plan_seed(args.seed)
-    main = plans[args.strategy]
+    def one(first_seed):
+        return plan_iteration(source, mem.tokens, first_seed, steps, args.context_length,
+                              lambda ls: make_plans(ls, topo, profile, model, config, names), names)
+    step_lengths, iterations = one(args.seed)
+    lengths = step_lengths[0]
+    main = iterations[args.strategy]
     if isinstance(main, str):
         raise ZeppelinError(f"strategy {args.strategy} {main}; choose another --strategy")
     batch = {"dataset": args.dataset, "seed": args.seed, "context_length": args.context_length,
              **describe_batch(lengths)}
     stats = describe_source(source)
     spread = None
-    if args.seeds > 1:  # the first batch is shown in detail; the others only enter the spread
-        per_seed = [plans] + [plan_seed(s)[1] for s in range(args.seed + 1, args.seed + args.seeds)]
+    if args.seeds > 1:  # the first iteration is shown in detail; the others only enter the spread
+        per_seed = [iterations] + [one(args.seed + i * steps)[1] for i in range(1, args.seeds)]
         spread = report.seed_spread(per_seed, names)
     out = sys.stdout
     print(dataset_line(args.dataset, stats, counted_by(args.dataset, tokenizer)), file=out)
     report.print_header(out, batch, topo, profile, model, args, dom)
     if batch_flags.note:
         print(f"batch size: {batch_flags.note}", file=out)
-    report.print_plan(out, main, args.ranks, model, args.tp, getattr(profile, "memory_GB", 0.0) or 0.0)
+    print(mem.note, file=out)
+    report.print_plan(out, main, args.ranks, model, args.tp, mem, args.seed)
     if args.compare:
-        report.print_compare(out, plans, report.per_batch_note(args.cp_size), model, args.tp)
+        report.print_compare(out, iterations, report.per_batch_note(args.cp_size), model, args.tp, mem)
     if spread:
-        report.print_spread(out, spread, args.seed, args.seeds)
+        report.print_spread(out, spread, args.seed, args.seeds, steps)
         if not args.compare and args.strategy in ("static_cp", "allgather_cp") and report.per_batch_note(args.cp_size):
             print(report.per_batch_note(args.cp_size), file=out)
     if args.explain:
-        report.print_explain(out, main, lengths, topo, profile, model, config)
+        report.print_explain(out, main.first, lengths, topo, profile, model, config)
     if args.json:
-        doc = report.json_document(plans, main, batch, topo, profile, model, args)
+        doc = report.json_document(iterations, main, batch, topo, profile, model, args, mem)
         doc["dataset"] = stats
         doc["gpus"] = {"total": dom.gpus, "gpus_per_node": dom.gpus_per_node, "tp": dom.tp,
                        "domain_ranks": topo.world_size}
         if spread:
-            doc["seeds"] = {"first": args.seed, "count": args.seeds, "strategies": spread}
+            doc["seeds"] = {"first": args.seed, "count": args.seeds, "steps_per_iteration": steps,
+                            "strategies": spread}
         try:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1)
@@ -151,7 +186,8 @@ def run(args) -> int:
     if args.plot:
         from megatron_zeppelin.plots.plan import plot_plan  # lazy: matplotlib is slow to import
         try:
-            plot_plan(args.plot, lengths, main, plans if args.compare else None, title=_title(batch, dom, args))
+            plot_plan(args.plot, lengths, main.first, iterations if args.compare else None,
+                      title=_title(batch, dom, args), iteration=main)
         except OSError as e:
             raise ZeppelinError(f"cannot write --plot {args.plot}: {e.strerror}") from None
         print(f"wrote {args.plot}", file=out)

@@ -1,5 +1,9 @@
 """``zeppelin simulate``: plan one global batch and simulate one training iteration of the plan
-(``--compare``: every strategy on the same batch; ``--seeds N``: the mean and spread over N batches)."""
+(``--compare``: every strategy on the same batch; ``--seeds N``: the mean and spread over N batches).
+
+With ``--global-batch-size G --micro-batch-size M`` on R ranks an iteration is G / (M x R) steps, each a
+global micro-batch sampled with the next seed, planned and simulated, then the DP all-reduce once
+(sim/iteration.py ``accumulate``): the iteration Megatron logs; the mean step is printed beside it."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.token_counts import token_count
 from megatron_zeppelin.flags.domain import build_domain, require_at_least
 from megatron_zeppelin.flags.workload import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
+from megatron_zeppelin.flags.memory import AUTO, add_memory_flags, memory_setup
+from megatron_zeppelin.flags.output import check_output_paths
 
 # What the output calls each strategy and ablation step (the --strategy values are the flags' words).
 LABELS = {"zeppelin": "Zeppelin", "packed_dp": "packed DP", "static_cp": "static CP", "allgather_cp": "all-gather CP",
@@ -29,7 +35,8 @@ def add_parser(subparsers):
         description="Plan one global batch (as `zeppelin plan`) and replay the plan's schedule on the "
                     "simulator: iteration time, per-rank timelines (Gantt PNG), per-NIC utilisation.")
     add_workload_flags(p, batch_type=_tokens_or_memory)
-    p.add_argument("--cluster", default="a800", help="profile preset (a800, h800, h200; a/b/c) or a profile YAML")
+    p.add_argument("--cluster", default="h200", help="profile preset (a800, h800, h200; a/b/c) or a profile YAML "
+                   "(default h200, as plan, train, advise and the Megatron-LM entry's --zeppelin-cluster)")
     p.add_argument("--model", default="llama-7b", help="model preset (llama-3b/7b/13b/30b, tiny) or YAML")
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     p.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1,
@@ -43,6 +50,7 @@ def add_parser(subparsers):
     p.add_argument("--cp-size", type=int, default=0, help="CP size for static_cp/allgather_cp (0 = best predicted)")
     p.add_argument("--routing", default="auto", choices=ROUTING, help="Zeppelin's routing layer")
     p.add_argument("--no-remap", dest="remap", action="store_false", help="Zeppelin without the remapping layer")
+    add_memory_flags(p)
     p.add_argument("--sim-layers", default="scale", choices=("scale", "all"),
                    help="simulate one layer and scale (default), or chain every layer")
     p.add_argument("--overlap-grad-reduce", action="store_true",
@@ -85,16 +93,21 @@ def _simulate_one(variant, lengths, topo, profile, model, config, args):
     return plan, simulate(plan, profile, model, tp=args.tp, options=opts)
 
 
-def _run_batch(variants, lengths, topo, profile, model, config, args) -> dict:
-    """{variant: (plan, result)} or {variant: reason} where it cannot be planned (--compare only)."""
+def _run_batch(variants, step_lengths, topo, profile, model, config, args) -> dict:
+    """{variant: (Iteration of the steps' plans, the iteration's SimResult)} or {variant: reason} where
+    it cannot be planned (--compare only). ``step_lengths``: one batch per gradient-accumulation step."""
+    from megatron_zeppelin.planner.iteration import Iteration
+    from megatron_zeppelin.sim.iteration import accumulate
     out = {}
     for v in variants:
         try:
-            out[v] = _simulate_one(v, lengths, topo, profile, model, config, args)
+            steps = [_simulate_one(v, lengths, topo, profile, model, config, args) for lengths in step_lengths]
         except ZeppelinError as e:
             if v == args.strategy:
                 raise
             out[v] = str(e)
+            continue
+        out[v] = (Iteration(tuple(p for p, _ in steps)), accumulate([r for _, r in steps]))
     return out
 
 
@@ -104,6 +117,7 @@ def run(args) -> int:
     from megatron_zeppelin.data.workloads import describe_batch, describe_source, load_source, sample_batch
     from megatron_zeppelin.reports import simulate as report
 
+    check_output_paths((("--json", args.json), ("--gantt", args.gantt)))  # before any sampling or planning
     profile, model = load_profile(args.cluster), load_model(args.model)
     dom = build_domain(args, profile, model)
     require_at_least(args, (("cp_size", "--cp-size", 0),))
@@ -112,22 +126,32 @@ def run(args) -> int:
     cap, tokens = b.capacity, b.tokens
     if "memory" in (cap, tokens):
         from megatron_zeppelin.sim.matrix import memory_tokens
-        per_gpu, mem_cap = memory_tokens(args.cluster, args.model, args.tp, args.nodes)
+        recompute = "none" if args.recompute == AUTO else args.recompute
+        per_gpu, mem_cap = memory_tokens(args.cluster, args.model, args.tp, args.nodes, recompute=recompute)
         cap = mem_cap if cap == "memory" else cap
         tokens = per_gpu * topo.world_size if tokens == "memory" else tokens
-        print(f"memory: {mem_cap} tokens fit one rank; batch {tokens} tokens, capacity {cap or 'default'}")
+        mem_note = (f"memory: {mem_cap} tokens fit one rank (recompute {recompute}); batch {tokens} tokens, capacity "
+                    f"{cap or 'default'}")
+    else:
+        given = any(getattr(args, a, None) is not None for a in ("global_batch_tokens", "global_batch_size",
+                                                                  "micro_batch_size"))
+        mem = memory_setup(args.recompute, model, profile, topo, args.tp, tokens, given, cap)
+        recompute, cap, tokens, mem_note = mem.recompute, mem.capacity, mem.tokens, mem.note
     tokenizer = tokenizer_from(args)
     source = load_source(args.dataset, tokenizer=tokenizer)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=args.cluster, routing=args.routing,
-                            remap=args.remap, cp_size=args.cp_size, tp=args.tp, capacity_tokens=cap)
+                            remap=args.remap, cp_size=args.cp_size, tp=args.tp, capacity_tokens=cap,
+                            recompute=recompute)
     variants = tuple(dict.fromkeys((args.strategy,) + (STRATEGIES if args.compare else ())))
+    k = b.steps  # gradient-accumulation steps: iteration i samples seeds seed + i*k .. seed + i*k + k - 1
     batches = []
-    for seed in range(args.seed, args.seed + args.seeds):
-        lengths = sample_batch(source, tokens, seed, max_len=args.context_length or None)
-        batches.append((lengths, _run_batch(variants, lengths, topo, profile, model, config, args)))
+    for first in range(args.seed, args.seed + args.seeds * k, k):
+        step_lengths = [sample_batch(source, tokens, first + j, max_len=args.context_length or None) for j in range(k)]
+        batches.append((step_lengths[0], _run_batch(variants, step_lengths, topo, profile, model, config, args)))
     lengths, results = batches[0]
-    plan, res = results[args.strategy]
+    it, res = results[args.strategy]
+    plan = it.first
     batch = describe_batch(lengths)
     out = sys.stdout
     print(dataset_line(args.dataset, describe_source(source), counted_by(args.dataset, tokenizer)), file=out)
@@ -136,12 +160,13 @@ def run(args) -> int:
     print(f"GPUs: {dom.describe()}; cluster {profile.name}, model {model.name}", file=out)
     if b.note:
         print(f"batch size: {b.note}", file=out)
-    report.print_detail(out, LABELS[args.strategy], plan, res, describe_choice(dict(plan.meta)), args)
+    print(mem_note, file=out)
+    report.print_detail(out, LABELS[args.strategy], it, res, describe_choice(dict(plan.meta)), args)
     if args.compare:
         report.print_compare(out, results, LABELS, args.cp_size)
     spread = report.seed_spread([r for _, r in batches], variants) if args.seeds > 1 else None
     if spread:
-        report.print_spread(out, spread, LABELS, args.seed, args.seeds)
+        report.print_spread(out, spread, LABELS, args.seed, args.seeds, k)
     if args.gantt:
         from megatron_zeppelin.plots.matrix import gantt
         try:
@@ -154,12 +179,14 @@ def run(args) -> int:
         doc = {"strategy": args.strategy, "cluster": args.cluster, "model": args.model, "tp": args.tp,
                "dataset": args.dataset, "nodes": args.nodes, "gpus": dom.gpus, "batch": batch,
                "plan_digest": plan.digest(), "plan_choice": describe_choice(dict(plan.meta)),
-               "predicted_iteration_s": plan.predicted_iteration_s, "lower_bound_s": plan.lower_bound_s,
-               **res.to_dict(timeline=True)}
+               "predicted_iteration_s": it.steps_s + res.allreduce_exposed_s,
+               "lower_bound_s": report.lower_bound(it, res), "recompute": recompute, "steps": k,
+               "step_digests": [p.digest() for p in it.steps],
+               "predicted_step_s": [p.predicted_iteration_s for p in it.steps], **res.to_dict(timeline=True)}
         if args.compare:
             doc["compare"] = report.compare_records(results)
         if spread:
-            doc["seeds"] = {"first": args.seed, "count": args.seeds, "strategies": spread}
+            doc["seeds"] = {"first": args.seed, "count": args.seeds, "steps_per_iteration": k, "strategies": spread}
         try:
             with open(args.json, "w") as f:
                 json.dump(doc, f, default=float)

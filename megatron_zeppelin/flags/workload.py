@@ -79,6 +79,7 @@ class Batch:
     tokens: object  # int, or "memory" (simulate)
     capacity: object  # int (0 = the planner's default), or "memory"
     note: str = ""  # how Megatron's batch sizes were read, to print
+    steps: int = 1  # gradient-accumulation steps of one iteration: Megatron's G / (M x data-parallel ranks)
 
 
 def resolve_batch(args, ranks: int) -> Batch:
@@ -90,7 +91,7 @@ def resolve_batch(args, ranks: int) -> Batch:
                             ("seeds", "--seeds", 1), ("seed", "--seed", 0)))
     seq = args.context_length
     gbs, mbs = args.global_batch_size, args.micro_batch_size
-    tokens, note = args.global_batch_tokens, ""
+    tokens, note, steps = args.global_batch_tokens, "", 1
     if (gbs or mbs) and not seq:
         raise FlagError("--global-batch-size / --micro-batch-size count sequences of --seq-length: set "
                         "--seq-length > 0")
@@ -105,10 +106,11 @@ def resolve_batch(args, ranks: int) -> Batch:
                 raise FlagError(f"--global-batch-size {gbs} is not a multiple of --micro-batch-size {mbs} x {ranks} "
                                 "data-parallel ranks (as Megatron requires)")
             note += f"; --global-batch-size {gbs} is {gbs // (mbs * ranks)} such step(s) per iteration"
+            steps = gbs // (mbs * ranks)
     elif gbs is not None:
         tokens = gbs * seq
         note = f"--global-batch-size {gbs} x --seq-length {seq} = {tokens} tokens, balanced as one step"
-    return Batch(DEFAULT_BATCH if tokens is None else tokens, getattr(args, "capacity_tokens", 0), note)
+    return Batch(DEFAULT_BATCH if tokens is None else tokens, getattr(args, "capacity_tokens", 0), note, steps)
 
 
 def tokenizer_from(args):

@@ -22,16 +22,17 @@ def _matplotlib():
 
 
 def plot_plan(path: str, lengths, plan, compare: Optional[Dict[str, object]] = None,
-              title: Optional[str] = None) -> None:
-    """Write a PNG: length histogram with thresholds; per-rank stacked bars; with ``compare``
-    ({strategy: Plan or reason}) also each strategy's predicted iteration against the lower bound."""
+              title: Optional[str] = None, iteration=None) -> None:
+    """Write a PNG: length histogram with thresholds; per-rank stacked bars of ``plan`` (one step); with
+    ``compare`` ({strategy: Iteration, Plan or reason}) also each strategy's predicted iteration (the
+    steps and the DP all-reduce) against the lower bound of ``iteration`` (the shown strategy's)."""
     plt = _matplotlib()
     n = 3 if compare else 2
     fig, axes = plt.subplots(n, 1, figsize=(12, 3.6 * n), constrained_layout=True)
     _histogram(axes[0], np.asarray(lengths), plan)
     _rank_bars(axes[1], plan)
     if compare:
-        _strategies(axes[2], compare, plan.lower_bound_s)
+        _strategies(axes[2], compare, (iteration or plan).lower_bound_s, iteration is not None)
     if title:
         fig.suptitle(title, fontsize=11)
     fig.savefig(path, dpi=110, format="png")
@@ -60,20 +61,19 @@ def _histogram(ax, x: np.ndarray, plan) -> None:
     tw.step(bins[1:], np.cumsum(tok) / tok.sum(), where="pre", color="#DD8452", label="cumulative token share")
     tw.set_ylim(0, 1.02)
     tw.set_ylabel("cumulative share of tokens")
-    marks = [(th.local_max + 1, "may split intra from")] if plan.strategy.startswith("zeppelin") else []
+    crossovers = plan.strategy.startswith("zeppelin") and not plan.meta.shape  # a fixed shape has none
+    marks = [(th.local_max + 1, "may split intra from", "--")] if crossovers else []
     if marks and plan.topology.nodes > 1:
-        marks.append((th.intra_max + 1, "may span nodes from"))
-    for v, name in marks:  # crossovers of the cost model
-        if bins[0] < v < bins[-1]:
-            ax.axvline(v, color="k", ls="--", lw=1)
-            ax.text(v, np.sqrt(ax.get_ylim()[1] * ax.get_ylim()[0]), f"{name} {v} ", rotation=90, ha="right",
-                    va="center", fontsize=8)
+        marks.append((th.intra_max + 1, "may span nodes from", ":"))
+    for v, name, style in marks:  # crossovers of the cost model, named in the legend (a label over the
+        if bins[0] < v < bins[-1]:  # bars would hide them)
+            ax.axvline(v, color="k", ls=style, lw=1.2, label=f"{name} {v} tokens (cost-model crossover)")
     cc = plan.class_counts()
     ax.set_title(f"{len(x)} documents; {plan.strategy}: {cc['local']} local, {cc['intra']} intra, "
                  f"{cc['inter']} inter", fontsize=10)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = tw.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left", bbox_to_anchor=(1.07, 1.0))
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left", bbox_to_anchor=(1.1, 1.0))  # past the twin axis label
 
 
 def _rank_bars(ax, plan) -> None:
@@ -89,25 +89,27 @@ def _rank_bars(ax, plan) -> None:
         ax.axvline(b - 0.5, color="grey", lw=0.6, alpha=0.6)
     ax.set_xlim(-0.6, plan.world_size - 0.4)
     ax.set_xlabel(f"rank ({plan.topology.nodes} node(s) x {g} GPUs; grey lines = node boundaries)")
-    ax.set_ylabel("predicted s / iteration")
-    ax.set_title(f"{plan.strategy}: predicted iteration {plan.predicted_iteration_s:.3g} s, imbalance "
+    ax.set_ylabel("predicted s / step")
+    ax.set_title(f"{plan.strategy}: predicted step {plan.predicted_iteration_s:.3g} s (one global micro-batch), imbalance "
                  f"{plan.imbalance:.3f}, {plan.predicted_iteration_s / plan.lower_bound_s:.3f}x lower bound",
                  fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
-def _strategies(ax, plans: Dict[str, object], lower_bound: float) -> None:
+def _strategies(ax, plans: Dict[str, object], lower_bound: float, whole: bool = False) -> None:
     names = [n for n, p in plans.items() if not isinstance(p, str)]
     vals = [plans[n].predicted_iteration_s for n in names]
     y = np.arange(len(names))
-    bars = ax.barh(y, vals, color=["#C44E52" if n == "zeppelin" else "#8C8C8C" for n in names])
-    for b, v in zip(bars, vals):
-        ax.text(v, b.get_y() + b.get_height() / 2, f" {v:.3g} s ({v / lower_bound:.2f}x)", va="center", fontsize=8)
+    bars = ax.barh(y, vals, height=0.6, color=["#C44E52" if n == "zeppelin" else "#8C8C8C" for n in names])
+    right = max(vals + [lower_bound])
+    for b, v in zip(bars, vals):  # the label sits past the bar's end, in the margin kept for it
+        ax.text(v + right * 0.01, b.get_y() + b.get_height() / 2, f"{v:.3g} s ({v / lower_bound:.2f}x)",
+                va="center", ha="left", fontsize=8)
     ax.axvline(lower_bound, color="k", ls="--", lw=1, label=f"lower bound {lower_bound:.3g} s")
     ax.set_yticks(y, names)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(vals + [lower_bound]) * 1.25)
-    ax.set_xlabel("predicted iteration s (slowest rank)")
+    ax.set_xlim(0, right * 1.3)
+    ax.set_xlabel("predicted iteration s (slowest rank" + (", every step, then the DP all-reduce)" if whole else ")"))
     missing = [n for n, p in plans.items() if isinstance(p, str)]
     ax.set_title("strategies on the same batch" + (f" (not planned: {', '.join(missing)})" if missing else ""),
                  fontsize=10)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -211,3 +211,42 @@ def simulate_attention(plan: Plan, profile: HardwareProfile, model: ModelSpec, *
     """Seconds of ``attention_graph``: the term validated against measured runs."""
     g, links = attention_graph(plan, profile, model, tp=tp, host=host)
     return g.run(links.capacity).makespan
+
+
+def accumulate(steps: Sequence[SimResult]) -> SimResult:
+    """One iteration of gradient-accumulation steps, as Megatron runs it: each step's forward, head and
+    backward back to back, the DP all-reduce once at the end. Its exposure is the last step's (with
+    ``overlap_grad_reduce`` Megatron overlaps it with the last step's backward only: the earlier
+    steps accumulate without a reduce). Compute seconds and bytes add up; NIC utilisation is over the
+    whole iteration; the timeline is the first step's.
+
+    >>> one = SimResult(2.5, 1.0, 0.5, 0.5, 0.5, 0.5, 2, "scale", [{"attention": 1.0}],
+    ...                 [{"nic": 0, "bytes_out": 4.0, "bytes_in": 4.0, "util_out": 0.4, "util_in": 0.4}],
+    ...                 {"nic": 4.0})
+    >>> it = accumulate([one, one])
+    >>> it.iteration_s, it.forward_s, it.allreduce_exposed_s, it.rank_compute_s, it.nic[0]["util_out"]
+    (4.5, 2.0, 0.5, [{'attention': 2.0}], 0.4444444444444444)
+    """
+    if len(steps) == 1:
+        return steps[0]
+    last = steps[-1]
+    iteration = sum(s.iteration_s - s.allreduce_exposed_s for s in steps) + last.allreduce_exposed_s
+    per_rank = [defaultdict(float) for _ in steps[0].rank_compute_s]
+    link_bytes: Dict[str, float] = defaultdict(float)
+    nics = [dict(n, bytes_out=0.0, bytes_in=0.0, util_out=0.0, util_in=0.0) for n in steps[0].nic]
+    for s in steps:
+        for r, d in enumerate(s.rank_compute_s):
+            for k, v in d.items():
+                per_rank[r][k] += v
+        for k, v in s.link_bytes.items():
+            link_bytes[k] += v
+        for n, m in zip(nics, s.nic):  # utilisation = bytes / (bandwidth x time): weight by each step's time
+            for k in ("bytes_out", "bytes_in"):
+                n[k] += m[k]
+            for k in ("util_out", "util_in"):
+                n[k] += m[k] * s.iteration_s / iteration if iteration > 0 else 0.0
+    return SimResult(iteration_s=iteration, forward_s=sum(s.forward_s for s in steps),
+                     head_s=sum(s.head_s for s in steps), backward_s=sum(s.backward_s for s in steps),
+                     allreduce_s=last.allreduce_s, allreduce_exposed_s=last.allreduce_exposed_s, layers=last.layers,
+                     mode=last.mode, rank_compute_s=[dict(d) for d in per_rank], nic=nics,
+                     link_bytes=dict(link_bytes), timeline=list(steps[0].timeline))
