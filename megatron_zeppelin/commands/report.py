@@ -223,9 +223,12 @@ DP; `static_cp`, Transformer Engine's p2p context parallelism (DualChunkSwap zig
 Megatron's `--context-parallel-size` groups; `allgather_cp`, the all-gather CP of the Llama 3 paper
 (arXiv 2407.21783); `hybrid_dp`, ByteScale (arXiv 2502.21231): data-aware sharding (a document
 split over the fewest ranks its memory and the balanced FLOPs share need) and its balance
-scheduler within the global batch; `dynamic_cp`, Megatron-Core's dynamic/hybrid context
-parallelism (DefaultDynamicCPScheduler in megatron/core/datasets/data_schedule*.py), its HDP rounds
-run one after another with a barrier after each, `max_seqlen_per_dp_cp_rank` fixed per run.
+scheduler within the global batch; `dynamic_cp`, Megatron-Core's dynamic context parallelism with
+the packing-aware scheduler of Megatron-LM's dev branch (PR #5154: DefaultDynamicCPScheduler,
+next_hdp_group_packing_aware in megatron/core/datasets/data_schedule*.py; a short document may take
+a larger CP group where that shortens the round, idle ranks are filled by doubling a group, else
+by one group of every rank), its HDP rounds balanced and memory-checked one at a time and run one
+after another with a barrier after each, `max_seqlen_per_dp_cp_rank` fixed per run.
 Zeppelin weighs their shapes too (planner/portfolio/shapes.py: uniform CP groups of every size, routed
 or not; hybrid_dp's groups for batches of up to 256 documents or 4 per rank, dynamic_cp's for up
 to 4 documents per rank; the search stops once a plan is predicted within 2% of the lower bound),

@@ -1,197 +1,227 @@
-"""dynamic_cp: Megatron-Core's hybrid / dynamic context parallelism (DefaultDynamicCPScheduler).
+"""dynamic_cp: Megatron-Core's dynamic context parallelism, its packing-aware scheduler.
 
-Megatron's heuristic (megatron/core/datasets/data_schedule*.py, followed here, not copied), with
-``max_seqlen_per_dp_cp_rank`` = the per-rank capacity C:
+Source (read, followed here, not copied): Megatron-LM's dev branch, PR #5154 "Improve default dynamic
+CP packing scheduler" (commit d2e7ec5b88, 2026-06-27), as it stands at dev d48bd6be0a (2026-08-21):
+``DefaultDynamicCPScheduler.get_groups_and_subsamples`` (megatron/core/datasets/data_schedule.py)
+calls ``next_hdp_group_packing_aware`` and ``dcp_gpus_needed`` (megatron/core/datasets/
+data_schedule_utils.py) until every sample is scheduled; ``min_dynamic_context_parallel_size``
+(megatron/core/model_parallel_config.py) is its ``min_cp``. It replaced the bucket heuristic
+(equal-workload buckets, a 5% balance stop, ``next_hdp_group``) that this module followed before.
 
-- a document of L tokens needs ``gpus_needed(L)`` = the smallest power of two g with g*C >= L ranks;
-  its per-rank workload is L^2 / g (the sequence-length-squared proxy of attention FLOPs);
-- documents sorted by length, descending (ties by index), are cut into k buckets of about equal
-  workload, k = the number of distinct group sizes;
-- one *HDP group* (a micro-batch over all DPxCP ranks) is formed by taking the head of the first
-  bucket that can be placed: it joins the least loaded existing group of its size that still has
-  room, unless free ranks can form a new group whose busiest member is less loaded (always true in a
-  fresh round); new groups are blocks of consecutive ranks; once a smaller size has appeared and the
-  workloads are within 5% (``DELTA``), the group closes and the rest wait for the next round;
-- ranks left without work in a round get it by doubling the smallest group (Megatron's
-  ``fill_empty_gpus``).
+With W the DP x CP ranks and m = ``max_seqlen_per_dp_cp_rank``:
+
+- a document of L tokens needs ``gpus_needed(L)`` = max(min_cp, the smallest power of two g with
+  g*m >= L) ranks; on g ranks its per-rank workload is L^2/g (``workload``);
+- the global batch's documents, longest first (ties: index), are cut into *HDP rounds*, each one
+  micro-batch over all W ranks, each from idle ranks (``hdp_round``):
+  1. the round's longest document opens it on ranks 0..g-1, g = gpus_needed(L): Megatron's one forced
+     placement, checked against nothing but W;
+  2. the round's workload cap is longest x m x 1.05 (``WORKLOAD_CAP_DELTA``). Kept as Megatron
+     has it, it never binds alone: a group's per-rank workload, the sum of L x L/g, is at most its
+     longest document times its packed length (below), so at most longest x m;
+  3. every other document, longest first, weighs each power-of-two size from gpus_needed(L) up to W:
+     joining a group of that size whose packed length (sum of L/g over its documents) stays within m,
+     or opening a new group on the lowest free ranks; the option whose busiest rank of the round
+     after it is least wins (ties: the first weighed: smaller size, joining before opening, older
+     group first), if that is within the cap; else the document waits for a later round. So a short
+     document takes a larger group than it needs where that shortens the round's critical path;
+  4. while ranks are idle, the first group of the smallest size doubles in place (to at most W), the
+     groups after it shifting up (``fill_empty_gpus_once``); when no group can, the round becomes one
+     group of all W ranks holding the longest documents whose L/W still fits m, in turn, the rest
+     waiting (``fill_with_full_dpxcp_group``: the fallback to one full DP x CP group).
+- capacity and balance are per round: Megatron frees a micro-batch's activations before the next,
+  so nothing carries from one round to the next. The plan's per-rank capacity (exact zigzag tokens,
+  ``ctx.capacity``) is checked per round beside Megatron's m rule: a document that would overfill a
+  rank waits, as one that breaks the m rule does.
+
+Megatron's groups are the aligned power-of-two blocks of ``create_dynamic_dp_cp_groups``
+(megatron/core/parallel_state.py); its scheduler places groups on consecutive ranks in creation
+order, which are those blocks in the batches it schedules (longest first, least peak), and the plans
+here keep whatever ranks it picks (the engine runs rings on any ranks).
 
 Best settings: ``max_seqlen_per_dp_cp_rank`` is Megatron's tuning knob; it is tried at C, C/2, C/4, ...
 (down to what the largest group can hold) and the predicted-fastest value is kept (``meta``).
+``min_cp`` stays at Megatron's default of 1 in the strategy.
 
-Megatron runs the rounds as successive micro-batches, with a DP x CP barrier after each
+Megatron runs the rounds as successive micro-batches, a DP x CP barrier after each
 (``round_placements``: one placement per round; the benchmark's runs time dynamic_cp this way,
-sim/runs.py). ``dynamic_cp_placement`` merges them into one plan (a rank runs its rounds one after
-another, which can only shorten the iteration), the strategy's Plan for the runtime; there
-workloads and token counts accumulate across rounds, the per-rank capacity holds for the sum, and a
-new group takes the aligned block of free ranks whose busiest member is least loaded (the lowest
-block in the first round, as in Megatron). If a fresh round can place nothing because earlier rounds
-filled the ranks (tight capacity), its longest document takes the least loaded aligned block with room,
-doubling the group size as needed. No routing, no remap.
+sim/runs.py). ``dynamic_cp_placement`` merges them into one plan, what the engine executes for
+``--zeppelin-strategy dynamic_cp`` (a rank runs its rounds' documents one after another, no barrier
+between them): it holds every round at once, so a set capacity binds its sum (assembly), and the
+strategy keeps the settings whose merged plan fits. No routing, no remap.
 
-Example: 4 ranks, capacity 4 tokens: 8 tokens need 2 ranks, 4 and 3 one each.
+Megatron's own cases (tests/unit_tests/test_sequence_packing.py of that commit): on 2 ranks with
+m = 4096, 2048 tokens join the 6144-token document's group of 2 (a group of 1 of its own was
+possible, but would idle a rank and finish later); on 14 ranks, two 50-token documents (m = 100)
+end in one group of all 14 (doubling stops at 8, which cannot grow into the 6 idle ranks):
 
->>> gpus_needed(8, 4), gpus_needed(4, 4), gpus_needed(3, 4), workload(8, 4)
-(2, 1, 1, 32.0)
 >>> from megatron_zeppelin.planner.testing import toy_context
->>> p = dynamic_cp_placement([8, 4, 3], toy_context(gpus=4, capacity=4), mslpr=4)
->>> [(r.ranks, r.docs) for r in p.rings], [(d.doc, d.owner) for d in p.docs if d.cls == "local"]
-([((0, 1), (0,))], [(1, 2), (2, 3)])
+>>> dynamic_cp_rounds([6144, 2048], toy_context(gpus=2), mslpr=4096)
+[{0: (0, 1), 1: (0, 1)}]
+>>> [sorted(set(r.values())) for r in dynamic_cp_rounds([50, 50], toy_context(gpus=14), mslpr=100)]
+[[(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)]]
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.strategies import Candidate, strategy
 from megatron_zeppelin.planner.types import PlanError
-from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, member_tokens, placement_from_groups, setting_candidates
+from megatron_zeppelin.planner.baselines.cp_groups import member_tokens, placement_from_groups, setting_candidates
 from megatron_zeppelin.spec.words import Comm
 
-DELTA = 0.05  # Megatron's next_hdp_group default: close the group when loads are within 5%
-BUCKET_SLACK = 1.1  # Megatron's dcp_make_buckets_equal: a bucket may exceed its target by 10%
+WORKLOAD_CAP_DELTA = 0.05  # Megatron's _DYNAMIC_CP_WORKLOAD_CAP_DELTA: a round's cap is longest x m x 1.05
 
 
-def gpus_needed(length: int, cap: int) -> int:
+def gpus_needed(length: int, mslpr: int, min_cp: int = 1) -> int:
+    """Megatron's dcp_gpus_needed: the smallest power of two g with g * mslpr >= length, at least min_cp.
+
+    >>> gpus_needed(8, 4), gpus_needed(4, 4), gpus_needed(3, 4), gpus_needed(3, 4, min_cp=2)
+    (2, 1, 1, 2)
+    """
     g = 1
-    while g * cap < length:
+    while g * mslpr < length:
         g *= 2
-    return g
+    return max(g, min_cp)
 
 
-def workload(length: int, cap: int) -> float:
-    return float(length) * length / gpus_needed(length, cap)
+def workload(length: int, g: int) -> float:
+    """Megatron's per-rank workload of a document on g ranks: the length-squared proxy of attention."""
+    return float(length) * length / g
 
 
-def equal_buckets(samples: List[Tuple[int, int]], cap: int) -> List[deque]:
-    """(index, length) samples, longest first, cut into k buckets of about equal workload."""
-    k = len({gpus_needed(L, cap) for _, L in samples})
-    target = sum(workload(L, cap) for _, L in samples) / k
-    buckets, cur, cur_w, left = [], [], 0.0, k
-    for n, (i, L) in enumerate(samples):
-        w = workload(L, cap)
-        if cur and (cur_w + w > target * BUCKET_SLACK or len(samples) - n <= left - len(buckets)):
-            buckets.append(deque(cur))
-            cur, cur_w, left = [], 0.0, left - 1
-        cur.append((i, L))
-        cur_w += w
-    if cur:
-        buckets.append(deque(cur))
-    return buckets
+Sample = Tuple[int, int]  # (document index, length)
 
 
-class _Round:
-    """One HDP group: groups of this round on top of the loads of the earlier rounds."""
+class _Group:
+    """One CP group of a round: ``size`` consecutive ranks from ``start``, its documents, each
+    member's workload (all members carry the same), packed length (Megatron's
+    packing_sequence_len: sum of L / size) and exact zigzag tokens per member."""
 
-    def __init__(self, world: int, mslpr: int, cap: int, load: List[float], tok: List[int]):
-        self.world, self.mslpr, self.cap, self.load, self.tok = world, mslpr, cap, load, tok
-        self.round_tok = [0.0] * world  # Megatron's packing_sequence_len, per rank
-        self.free = [True] * world
-        self.groups: List[Tuple[int, ...]] = []  # in creation order
-        self.docs: Dict[Tuple[int, ...], List[Tuple[int, int]]] = {}
-        self._members: Dict[Tuple[int, int], List[int]] = {}  # member_tokens(L, g): asked per block
-        self._blocks: Dict[int, List[Tuple[int, ...]]] = {}  # aligned_blocks(g, world)
+    __slots__ = ("start", "size", "docs", "load", "packed", "tok")
 
-    def room(self, block, L) -> bool:
-        """Megatron's rule (this round's tokens per rank <= mslpr) and the plan's capacity (all rounds)."""
-        g = len(block)
-        share, key = L / g, (L, g)
-        if key not in self._members:
-            self._members[key] = member_tokens(L, g)
-        rt, tok, mslpr, cap = self.round_tok, self.tok, self.mslpr, self.cap
-        for r, t in zip(block, self._members[key]):
-            if rt[r] + share > mslpr or tok[r] + t > cap:
-                return False
-        return True
+    def __init__(self, start: int, size: int):
+        self.start, self.size = start, size
+        self.docs: List[Sample] = []
+        self.load, self.packed, self.tok = 0.0, 0.0, [0] * size
 
-    def placeable(self, g: int) -> bool:
-        return any(len(b) == g for b in self.groups) or self._new_block(g, None) is not None
+    @property
+    def ranks(self) -> Tuple[int, ...]:
+        return tuple(range(self.start, self.start + self.size))
 
-    def _new_block(self, g: int, L):
-        """The least loaded free aligned block of g ranks (ties: the lowest) with room for L (None:
-        any): the free blocks in that order, room asked until one has it (room is the costly test)."""
-        free, load = self.free, self.load
-        if g not in self._blocks:
-            self._blocks[g] = aligned_blocks(g, self.world)
-        if g == 1:  # most documents: one rank each
-            cands = [((load[b[0]], b[0]), b) for b in self._blocks[1] if free[b[0]]]
-        else:
-            cands = [((max([load[r] for r in b]), b[0]), b) for b in self._blocks[g] if all([free[r] for r in b])]
-        if L is None:
-            return min(cands) if cands else None
-        cands.sort()
-        return next((c for c in cands if self.room(c[1], L)), None)
+    def fits(self, share: List[int], capacity: int) -> bool:
+        return all(t + s <= capacity for t, s in zip(self.tok, share))
 
-    def place(self, i: int, L: int) -> bool:
-        g = gpus_needed(L, self.mslpr)
-        load = self.load
-        old = sorted([(max([load[r] for r in b]), n, b) for n, b in enumerate(self.groups) if len(b) == g])
-        best = next((o for o in old if self.room(o[2], L)), None)  # the least of those with room
-        new = self._new_block(g, L)
-        if new is not None and (best is None or new[0][0] < best[0]):
-            block = new[1]
-            self.groups.append(block)
-            self.docs[block] = []
-            for r in block:
-                self.free[r] = False
-        elif best is not None:
-            block = best[2]
-        else:
-            return False
-        self._add(block, i, L, +1)
-        self.docs[block].append((i, L))
-        return True
+    def add(self, i: int, L: int, share: List[int]) -> None:
+        self.docs.append((i, L))
+        self.load += workload(L, self.size)
+        self.packed += L / self.size
+        self.tok = [t + s for t, s in zip(self.tok, share)]
 
-    def _add(self, block, i, L, sign):
-        for r, t in zip(block, member_tokens(L, len(block))):
-            self.load[r] += sign * float(L) * L / len(block)
-            self.tok[r] += sign * t
-            self.round_tok[r] += sign * L / len(block)
-
-    def _move(self, docs, src, dst):
+    def resize(self, size: int) -> None:
+        """Megatron's doubling: the same documents over ``size`` ranks, the workload recomputed."""
+        docs, self.size = self.docs, size
+        self.docs, self.load, self.packed, self.tok = [], 0.0, 0.0, [0] * size
         for i, L in docs:
-            self._add(src, i, L, -1)
-            self._add(dst, i, L, +1)
+            self.add(i, L, member_tokens(L, size))
 
-    def force(self, i: int, L: int, top: int) -> bool:
-        """Past Megatron: when a fresh round can place nothing (earlier rounds filled the ranks it
-        would use), the document takes the least loaded aligned block with room, growing the group."""
-        g = gpus_needed(L, self.mslpr)
-        while g <= top:
-            blocks = [b for b in aligned_blocks(g, self.world) if all(self.free[r] for r in b)
-                      and all(self.tok[r] + t <= self.cap for r, t in zip(b, member_tokens(L, g)))]
-            if blocks:
-                block = min(blocks, key=lambda b: (max(self.load[r] for r in b), b[0]))
-                self.groups.append(block)
-                self.docs[block] = [(i, L)]
-                for r in block:
-                    self.free[r] = False
-                self._add(block, i, L, +1)
-                return True
+
+class _Shares(dict):
+    """member_tokens(L, g) by (L, g), each computed once for all the rounds of a batch (the
+    exact split is most of a round's time where it is asked of every option)."""
+
+    def __missing__(self, key: Tuple[int, int]) -> List[int]:
+        self[key] = out = member_tokens(*key)
+        return out
+
+
+def hdp_round(samples: Sequence[Sample], world: int, mslpr: int, capacity: int,
+              min_cp: int = 1, shares: _Shares = None) -> Tuple[List[_Group], List[Sample]]:
+    """One HDP round (Megatron's next_hdp_group_packing_aware) of ``samples``, longest first:
+    (its groups in rank order, the samples left for later rounds, in the same order)."""
+    shares = _Shares() if shares is None else shares
+    i0, tall = samples[0]
+    g0 = gpus_needed(tall, mslpr, min_cp)
+    if max(shares[(tall, g0)]) > capacity:
+        raise PlanError(f"dynamic_cp: document {i0} ({tall} tokens) over {g0} ranks holds {max(shares[(tall, g0)])} "
+                        f"tokens on a rank > capacity {capacity}: raise --zeppelin-capacity-tokens")
+    first = _Group(0, g0)
+    first.add(i0, tall, shares[(tall, g0)])
+    groups, used, busiest = [first], g0, first.load  # groups fill ranks 0..used-1 in creation order
+    by_size = {g0: [first]}  # the groups of each size in creation order, and their least packed length:
+    least = {g0: first.packed}  # a size none of whose groups has room is passed over at once
+    cap = float(tall) * mslpr * (1.0 + WORKLOAD_CAP_DELTA)
+    left: List[Sample] = []
+    for i, L in samples[1:]:
+        best = None  # (busiest rank's workload after it, group or None for a new one, size)
+        g = gpus_needed(L, mslpr, min_cp)
+        while g <= world and not (best is not None and best[0] <= busiest):  # nothing beats the busiest
+            w, per = workload(L, g), L / g
+            for grp in (by_size[g] if least.get(g, mslpr) + per <= mslpr else ()):
+                if grp.packed + per > mslpr:
+                    continue
+                peak = max(busiest, grp.load + w)
+                if peak <= cap and (best is None or peak < best[0]) and grp.fits(shares[(L, g)], capacity):
+                    best = (peak, grp, g)
+            if world - used >= g and max(shares[(L, g)]) <= capacity:  # free ranks hold no work: the lowest ones
+                peak = max(busiest, w)
+                if peak <= cap and (best is None or peak < best[0]):
+                    best = (peak, None, g)
             g *= 2
-        return False
+        if best is None:
+            left.append((i, L))
+            continue
+        _, grp, g = best
+        if grp is None:
+            grp = _Group(used, g)
+            groups.append(grp)
+            by_size.setdefault(g, []).append(grp)
+            used += g
+        grp.add(i, L, shares[(L, g)])
+        least[g] = min(x.packed for x in by_size[g])
+        busiest = max(busiest, grp.load)
+    while used < world:
+        if not _double_smallest(groups, world, used):
+            return _one_group(samples, world, mslpr, capacity, shares)
+        used = groups[-1].start + groups[-1].size
+    return groups, left
 
-    def fill_empty(self) -> None:
-        """Double the smallest group (creation order) whose aligned buddy block is free."""
-        while any(self.free) and self.groups:
-            for n, b in sorted(enumerate(self.groups), key=lambda x: (len(x[1]), x[0])):
-                g2 = 2 * len(b)
-                start = b[0] - b[0] % g2
-                big = tuple(range(start, start + g2))
-                if start + g2 > self.world or not all(r in b or self.free[r] for r in big):
-                    continue
-                self._move(self.docs[b], b, big)
-                if any(self.tok[r] > self.cap for r in big):  # earlier rounds left no room
-                    self._move(self.docs[b], big, b)
-                    continue
-                self.docs[big] = self.docs.pop(b)
-                self.groups[n] = big
-                for r in big:
-                    self.free[r] = False
-                break
-            else:
-                return  # no group can grow into free ranks: they stay idle this round
+
+def _double_smallest(groups: List[_Group], world: int, used: int) -> bool:
+    """Megatron's fill_empty_gpus_once: the first group of the smallest size grows to twice that
+    (at most ``world``), the groups after it moving up; False when none can."""
+    small = min(grp.size for grp in groups)
+    extra = min(2 * small, world) - small
+    for k, grp in enumerate(groups):
+        end = grp.start + grp.size - 1
+        # Megatron: the grown group must end below world. The idle ranks must also take the groups
+        # moved up: Megatron indexes past the last rank there (e.g. 14 ranks, groups of 4 and 8, 2 idle)
+        if grp.size != small or end + extra >= world or extra > world - used:
+            continue
+        grp.resize(small + extra)
+        for later in groups[k + 1:]:
+            later.start += extra
+        return True
+    return False
+
+
+def _one_group(samples: Sequence[Sample], world: int, mslpr: int, capacity: int,
+               shares: _Shares) -> Tuple[List[_Group], List[Sample]]:
+    """Megatron's fill_with_full_dpxcp_group: the round redone as one group of every rank, taking
+    the round's documents longest first while their packed length fits mslpr."""
+    grp, left = _Group(0, world), []
+    for i, L in samples:
+        s = shares[(L, world)]
+        if grp.packed + L / world <= mslpr and grp.fits(s, capacity):
+            grp.add(i, L, s)
+        else:
+            left.append((i, L))
+    if not grp.docs:
+        raise PlanError(f"dynamic_cp: no document fits one group of all {world} ranks at max_seqlen_per_dp_cp_rank "
+                        f"{mslpr}: raise --zeppelin-capacity-tokens")
+    return [grp], left
 
 
 @strategy("dynamic_cp", order=5, searches=True)
@@ -210,70 +240,51 @@ def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> It
     return setting_candidates(cands[::-1], "max_seqlen_per_dp_cp_rank")  # ascending: ties keep the smaller
 
 
-def dynamic_cp_rounds(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> List[Dict[int, Tuple[int, ...]]]:
-    """Megatron's HDP rounds: per round, {document: its rank group}."""
-    world, cap = ctx.topology.world_size, ctx.capacity
-    top = 1 << (world.bit_length() - 1)
-    for i, L in enumerate(lengths):
-        if gpus_needed(L, mslpr) > top:
-            raise PlanError(f"dynamic_cp: document {i} ({L} tokens) needs {gpus_needed(L, mslpr)} ranks of "
-                            f"{mslpr} tokens but groups hold at most {top}: raise --zeppelin-capacity-tokens")
+def dynamic_cp_rounds(lengths: Sequence[int], ctx: PlanContext, mslpr: int,
+                      min_cp: int = 1) -> List[Dict[int, Tuple[int, ...]]]:
+    """Megatron's HDP rounds (DefaultDynamicCPScheduler): per round, {document: its rank group}."""
+    world = ctx.topology.world_size
+    if min_cp < 1 or min_cp & (min_cp - 1) or min_cp > world:
+        raise PlanError(f"dynamic_cp: min_dynamic_context_parallel_size {min_cp} must be a power of two "
+                        f"of at most the {world} ranks")
     samples = sorted(((i, int(L)) for i, L in enumerate(lengths)), key=lambda s: (-s[1], s[0]))
-    load, tok = [0.0] * world, [0] * world
+    need = gpus_needed(samples[0][1], mslpr, min_cp)
+    if need > world:  # Megatron asserts this of each round's longest document
+        raise PlanError(f"dynamic_cp: document {samples[0][0]} ({samples[0][1]} tokens) needs {need} ranks of "
+                        f"{mslpr} tokens but the domain has {world}: raise --zeppelin-capacity-tokens")
     rounds: List[Dict[int, Tuple[int, ...]]] = []
+    shares = _Shares()
     while samples:
-        rnd = _Round(world, mslpr, cap, load, tok)
-        buckets = equal_buckets(samples, mslpr)
-        first_g, smaller_seen, placed = None, False, 0
-        while buckets:
-            pick = next((b for b in buckets if b and rnd.placeable(gpus_needed(b[0][1], mslpr))), None)
-            if pick is None and not placed:
-                pick = next(b for b in buckets if b)
-            if pick is None:
-                break
-            i, L = pick[0]
-            if not rnd.place(i, L):  # its size exists but no group of it has room: next round
-                if placed or not rnd.force(i, L, top):
-                    break
-            pick.popleft()
-            placed += 1
-            g = gpus_needed(L, mslpr)
-            first_g = first_g or g
-            smaller_seen = smaller_seen or g < first_g
-            while buckets and not buckets[0]:
-                buckets.pop(0)
-            if smaller_seen and buckets and max(load) - min(load) <= DELTA * max(load):
-                break
-        if not placed:
-            raise PlanError(f"dynamic_cp: {len(samples)} document(s) fit no rank group at capacity {cap} "
-                            "tokens: raise --zeppelin-capacity-tokens")
-        rnd.fill_empty()
-        rounds.append({i: block for block, docs in rnd.docs.items() for i, _ in docs})
-        samples = [s for b in buckets for s in b]
-        samples.sort(key=lambda s: (-s[1], s[0]))
+        groups, samples = hdp_round(samples, world, mslpr, ctx.capacity, min_cp, shares)
+        for grp in groups:  # a doubled group re-splits its documents: its members' exact tokens again
+            if max(grp.tok) > ctx.capacity:
+                raise PlanError(f"dynamic_cp: HDP round {len(rounds)} holds {max(grp.tok)} tokens on a rank of "
+                                f"group {grp.ranks} > capacity {ctx.capacity}: raise --zeppelin-capacity-tokens")
+        rounds.append({i: grp.ranks for grp in groups for i, _ in grp.docs})
     return rounds
 
 
 def _why(mslpr: int, rounds: int) -> str:
-    return (f"Megatron dynamic CP: power-of-two groups of g ranks with g*{mslpr} >= length, "
-            f"workload length^2/g balanced over {rounds} HDP round(s)")
+    return (f"Megatron dynamic CP (packing-aware): groups of g >= length/{mslpr} ranks, a short document "
+            f"on a larger group where that shortens the round; balanced per round over {rounds} HDP round(s)")
 
 
-def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> Placement:
+def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int, min_cp: int = 1) -> Placement:
     """All rounds merged into one plan (a rank runs its rounds one after another, no barrier
     between them): the strategy's plan, what the engine executes for ``--zeppelin-strategy dynamic_cp``."""
-    rounds = dynamic_cp_rounds(lengths, ctx, mslpr)
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr, min_cp)
     groups = {i: b for rnd in rounds for i, b in rnd.items()}
     return placement_from_groups(lengths, groups, ctx, Comm.P2P, _why(mslpr, len(rounds)),
                                  {"hdp_rounds": str(len(rounds)), "max_seqlen_per_dp_cp_rank": str(mslpr)})
 
 
-def round_placements(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> List[Tuple[List[int], Placement]]:
+def round_placements(lengths: Sequence[int], ctx: PlanContext, mslpr: int,
+                     min_cp: int = 1) -> List[Tuple[List[int], Placement]]:
     """Megatron's execution: each HDP round is its own micro-batch (its sub-samples only), run after
     the previous one with a DP x CP barrier between them. Per round: (the batch's document indices
     in it, its placement over those documents, renumbered 0..n-1)."""
     out = []
-    rounds = dynamic_cp_rounds(lengths, ctx, mslpr)
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr, min_cp)
     for k, rnd in enumerate(rounds):
         docs = sorted(rnd)
         sub = [int(lengths[i]) for i in docs]
