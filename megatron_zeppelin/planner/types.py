@@ -342,10 +342,6 @@ def _first_diff(a, b, path: str) -> Optional[str]:
     return None if a == b else path
 
 
-def segments_tokens(segs: Iterable[Segment]) -> int:
-    return sum(len(s) for s in segs)
-
-
 def cu_seqlens(segs: Iterable[Segment]) -> List[int]:
     """Cumulative lengths of consecutive segments (the varlen kernels' ``cu_seqlens``).
 
