@@ -8,7 +8,6 @@ No torch.distributed, no clock, no unseeded randomness; ties are broken by (leng
 
 from __future__ import annotations
 
-import gc
 from typing import Optional, Sequence
 
 import numpy as np
@@ -102,15 +101,7 @@ class Planner:
             total, checked = sum(int(x) for x in lengths), False
         ctx = make_context(self.topology, self.profile, self.model, config, total_tokens=total, cost=self.cost)
         lengths = check_lengths(lengths, ctx.capacity, self.topology.world_size, checked)
-        # Planning a large batch allocates tens of thousands of small objects (the Plan's documents and
-        # segments) and no cycles: the cyclic collector's passes over them are a fifth of its time.
-        paused = gc.isenabled()
-        gc.disable()
-        try:
-            if config.balance_memory and name == "zeppelin":
-                from megatron_zeppelin.planner.portfolio.memory import plan_memory_first
-                return plan_memory_first(lengths, ctx)
-            return pick(name, lengths, ctx)[0]
-        finally:
-            if paused:
-                gc.enable()
+        if config.balance_memory and name == "zeppelin":
+            from megatron_zeppelin.planner.portfolio.memory import plan_memory_first
+            return plan_memory_first(lengths, ctx)
+        return pick(name, lengths, ctx)[0]
