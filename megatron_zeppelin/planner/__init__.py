@@ -17,6 +17,7 @@ from megatron_zeppelin.spec.model import ModelSpec
 from megatron_zeppelin.spec.hardware import HardwareProfile
 from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.spec.words import StrategyName
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.cost_model import CostModel
 from megatron_zeppelin.planner.strategies import pick
@@ -101,7 +102,7 @@ class Planner:
             total, checked = sum(int(x) for x in lengths), False
         ctx = make_context(self.topology, self.profile, self.model, config, total_tokens=total, cost=self.cost)
         lengths = check_lengths(lengths, ctx.capacity, self.topology.world_size, checked)
-        if config.balance_memory and name == "zeppelin":
+        if config.balance_memory and name == StrategyName.ZEPPELIN:
             from megatron_zeppelin.planner.portfolio.memory import plan_memory_first
             return plan_memory_first(lengths, ctx)
         return pick(name, lengths, ctx)[0]

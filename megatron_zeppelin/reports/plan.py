@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from megatron_zeppelin.planner.types import Plan
-from megatron_zeppelin.spec.words import CLASSES, DocClass, Link
+from megatron_zeppelin.spec.words import CLASSES, DocClass, Layout, Link
 
 
 def _console(out) -> Console:
@@ -125,7 +125,7 @@ def print_plan(out, plan: Plan, max_ranks: int = 16, model=None, tp: int = 1, me
 
 def _rank_row(plan: Plan, r: int) -> List[str]:
     c = plan.cost[r]
-    return [str(r), str(plan.topology.node_of(r)), str(plan.tokens(r)), str(plan.tokens(r, "linear")),
+    return [str(r), str(plan.topology.node_of(r)), str(plan.tokens(r)), str(plan.tokens(r, Layout.LINEAR)),
             _s(c.attention_s), _s(c.linear_s), _s(c.comm_exposed_s), _s(c.remap_s), _s(c.total_s)]
 
 
@@ -139,7 +139,7 @@ def _print_ranks(con: Console, plan: Plan, max_ranks: int) -> None:
         con.print(t)
         return
     t = _table(*cols, title=f"per-rank prediction over {world} ranks (summary; worst ranks below)")
-    m = np.array([[plan.tokens(r), plan.tokens(r, "linear"), c.attention_s, c.linear_s, c.comm_exposed_s,
+    m = np.array([[plan.tokens(r), plan.tokens(r, Layout.LINEAR), c.attention_s, c.linear_s, c.comm_exposed_s,
                    c.remap_s, c.total_s] for r, c in enumerate(plan.cost)])
     for name, f in (("min", np.min), ("mean", np.mean), ("max", np.max)):
         v = f(m, axis=0)
@@ -294,7 +294,7 @@ def strategy_record(p: Plan, zeppelin, model=None, tp: int = 1) -> dict:
                         "comm_exposed_s": [x.comm_exposed_s for x in c], "remap_s": [x.remap_s for x in c],
                         "total_s": [x.total_s for x in c],
                         "attention_tokens": [p.tokens(r) for r in range(p.world_size)],
-                        "linear_tokens": [p.tokens(r, "linear") for r in range(p.world_size)]},
+                        "linear_tokens": [p.tokens(r, Layout.LINEAR) for r in range(p.world_size)]},
            "allreduce_s": p.allreduce_s, "meta": dict(p.meta), "digest": p.digest()}
     if isinstance(zeppelin, Plan):
         rec["zeppelin_speedup"] = p.predicted_iteration_s / zeppelin.predicted_iteration_s

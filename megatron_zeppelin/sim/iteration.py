@@ -39,6 +39,7 @@ from megatron_zeppelin.sim.events import FLOW, TaskGraph
 from megatron_zeppelin.sim.host import shared_makespan
 from megatron_zeppelin.sim.layer import LayerBuilder
 from megatron_zeppelin.sim.network import LinkTable
+from megatron_zeppelin.spec.words import Layout
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
     links = LinkTable.of_cost(cost, profile.host_cores, profile.host_copy_GBps * 1e9)
     L = model.layers
     world = plan.world_size
-    head = [costs.head_iteration_s(cost.layout_rows(plan.tokens(r, "linear"))) for r in range(world)]
+    head = [costs.head_iteration_s(cost.layout_rows(plan.tokens(r, Layout.LINEAR))) for r in range(world)]
     head_s = shared_makespan(head, profile.host_cores)
     runs: List[_Run] = []
     if opt.layers == "scale":

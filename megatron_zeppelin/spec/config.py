@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.recompute import Recompute
+from megatron_zeppelin.spec.words import Routing, StrategyName
 
 from dataclasses import dataclass, field, replace
 from typing import Tuple
 
-ROUTING = ("auto", "multi-nic", "off")
+ROUTING = tuple(r.value for r in Routing)  # the plain words: --zeppelin-routing's choices
 
 
 class ConfigError(ZeppelinError):
@@ -41,12 +42,12 @@ def __getattr__(name: str):
 @dataclass(frozen=True)
 class ZeppelinConfig:
     balance: bool = False  # --zeppelin-balance: plan every micro-batch with Zeppelin
-    strategy: str = "zeppelin"  # --zeppelin-strategy
+    strategy: StrategyName = StrategyName.ZEPPELIN  # --zeppelin-strategy
     gpus_per_node: int = 8  # --zeppelin-gpus-per-node
     nics_per_node: int = 0  # --zeppelin-nics-per-node (0 = one per GPU, or the profile's)
     gpu_nic_map: Tuple[int, ...] = field(default=())  # --zeppelin-gpu-nic-map
     cluster: str = "h200"  # --zeppelin-cluster: profile preset or YAML path
-    routing: str = "auto"  # --zeppelin-routing: auto = multi-nic when the domain spans nodes
+    routing: Routing = Routing.AUTO  # --zeppelin-routing: auto = multi-nic when the domain spans nodes
     remap: bool = True  # --zeppelin-remap / --no-zeppelin-remap
     capacity_tokens: int = 0  # --zeppelin-capacity-tokens: per-rank attention tokens, 0 = 2x the mean
     balance_memory: bool = False  # --zeppelin-balance-memory: every rank's tokens within 1.10x the mean
@@ -81,11 +82,13 @@ class ZeppelinConfig:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1 (or drop it)")
+        object.__setattr__(self, "strategy", StrategyName(self.strategy))  # members, from the flags' words
+        object.__setattr__(self, "routing", Routing(self.routing))
         object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
         object.__setattr__(self, "recompute", Recompute.parse(self.recompute).describe())
 
     def routing_enabled(self, nodes: int) -> bool:
-        return self.routing == "multi-nic" or (self.routing == "auto" and nodes > 1)
+        return self.routing == Routing.MULTI_NIC or (self.routing == Routing.AUTO and nodes > 1)
 
     @classmethod
     def from_args(cls, args) -> "ZeppelinConfig":

@@ -47,7 +47,7 @@ from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.strategies import Candidate, strategy
 from megatron_zeppelin.planner.types import PlanError
 from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, member_tokens, placement_from_groups, setting_candidates
-from megatron_zeppelin.spec.words import Comm
+from megatron_zeppelin.spec.words import Comm, StrategyName
 
 DELTA = 0.05  # Megatron's next_hdp_group default: close the group when loads are within 5%
 BUCKET_SLACK = 1.1  # Megatron's dcp_make_buckets_equal: a bucket may exceed its target by 10%
@@ -194,7 +194,7 @@ class _Round:
                 return  # no group can grow into free ranks: they stay idle this round
 
 
-@strategy("dynamic_cp", order=5, searches=True)
+@strategy(StrategyName.DYNAMIC_CP, order=5, searches=True)
 def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
     """Best max_seqlen_per_dp_cp_rank for the batch: the capacity, or a power-of-two fraction of it
     (smaller values split more documents), whichever the cost model predicts fastest."""

@@ -24,7 +24,7 @@ from megatron_zeppelin.planner.program import local_arrays
 from megatron_zeppelin.planner.build.remap import remap_flows, remap_moves
 from megatron_zeppelin.planner.build.schedule import ring_ops
 from megatron_zeppelin.planner.types import Plan, PlanError, PlanMeta, ring_documents
-from megatron_zeppelin.spec.words import CLASSES, DocClass
+from megatron_zeppelin.spec.words import CLASSES, DocClass, Layout
 
 _DOC = attrgetter("doc")
 
@@ -248,7 +248,7 @@ def _check_fits(strategy: str, att, lin, capacity: int) -> None:
     ...
     megatron_zeppelin.planner.types.PlanError: packed_dp runs out of memory: rank 0 holds 6 tokens in its attention layout > capacity 4 (--zeppelin-capacity-tokens)
     """
-    for name, layout in (("attention", att), ("linear", lin)):
+    for name, layout in ((Layout.ATTENTION, att), (Layout.LINEAR, lin)):
         for r, segs in enumerate(layout):
             n = sum(s.stop - s.start for s in segs)
             if n > capacity:

@@ -265,7 +265,7 @@ class CostModel:
     def hidden_bytes_per_token(self) -> int:
         return self.model.hidden * self.model.dtype_bytes
 
-    def link_of(self, src: int, dst: int) -> str:
+    def link_of(self, src: int, dst: int) -> Link | str:
         """The link class joining two ranks: the lowest cluster level that holds both (the profile's
         levels: nvlink, nic, then any further level such as a spine; Topology.level_of)."""
         if self.topology.same_node(src, dst):

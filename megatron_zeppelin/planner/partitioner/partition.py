@@ -60,7 +60,7 @@ from megatron_zeppelin.planner.partitioner.lpt import place_short
 from megatron_zeppelin.planner.strategies import Candidate, Search, pick, strategy
 from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
-from megatron_zeppelin.spec.words import DocClass, Link
+from megatron_zeppelin.spec.words import DocClass, Link, StrategyName
 
 _INF = float("inf")
 _TABLES_AHEAD = 32  # documents whose intra ring tables one pricing pass takes (_ring_tables)
@@ -277,7 +277,7 @@ VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m i
     ("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off")))
 
 
-@strategy("zeppelin", order=0, searches=True)
+@strategy(StrategyName.ZEPPELIN, order=0, searches=True)
 def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search) -> Iterator[Candidate]:
     """Every variant worth assembling (strategies.pick keeps the lowest predicted iteration). A
     placement is computed once per (rate, inter) and prepared (layout, routed schedule, ring costs)
