@@ -15,7 +15,6 @@ import numpy as np
 from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.model import ModelSpec
 from megatron_zeppelin.spec.hardware import HardwareProfile
-from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.spec.words import StrategyName
 from megatron_zeppelin.planner.context import Placement, PlanContext
@@ -39,7 +38,7 @@ def make_context(topology: Topology, profile: HardwareProfile, model: ModelSpec,
 
 
 def cost_model_of(topology: Topology, profile: HardwareProfile, model: ModelSpec, config: ZeppelinConfig) -> CostModel:
-    return CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute), config.sequence_parallel)
+    return CostModel(model, profile, topology, config.tp, config.recompute, config.sequence_parallel)
 
 
 def check_lengths(lengths: Sequence[int], capacity: int, world: int, checked: bool = False) -> list:

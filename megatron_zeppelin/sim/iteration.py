@@ -148,7 +148,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
 
 def plan_recompute(plan: Plan) -> Recompute:
     """The activation recompute the plan was priced with (its meta; none when absent)."""
-    return Recompute.parse(plan.meta.recompute or "none")
+    return plan.meta.recompute or Recompute()
 
 
 def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, mode) -> SimResult:

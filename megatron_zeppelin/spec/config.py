@@ -57,8 +57,9 @@ class ZeppelinConfig:
     plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
     tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
     # activation recompute (from Megatron's --recompute-granularity / --recompute-modules;
-    # spec/recompute.py): plans are predicted with the recomputed forward it runs
-    recompute: str = "none"
+    # spec/recompute.py): plans are predicted with the recomputed forward it runs. Given as a
+    # Recompute or its text ("selective:core_attn", "full:block=4"), kept parsed.
+    recompute: Recompute = Recompute()
     sequence_parallel: bool = False  # Megatron's --sequence-parallel: layouts split over TP along tokens
 
     def __post_init__(self):
@@ -85,7 +86,7 @@ class ZeppelinConfig:
         object.__setattr__(self, "strategy", StrategyName(self.strategy))  # members, from the flags' words
         object.__setattr__(self, "routing", Routing(self.routing))
         object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
-        object.__setattr__(self, "recompute", Recompute.parse(self.recompute).describe())
+        object.__setattr__(self, "recompute", Recompute.parse(self.recompute))
 
     def routing_enabled(self, nodes: int) -> bool:
         return self.routing == Routing.MULTI_NIC or (self.routing == Routing.AUTO and nodes > 1)
