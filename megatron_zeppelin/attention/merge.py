@@ -30,13 +30,6 @@ def merge(o_a: torch.Tensor, l_a: torch.Tensor, o_b: torch.Tensor, l_b: torch.Te
     return o_a * wa + o_b * wb, lse
 
 
-def merge_into(acc_o: torch.Tensor, acc_l: torch.Tensor, rows: slice, o: torch.Tensor, l: torch.Tensor) -> None:
-    """Merge a partial result for ``rows`` of the accumulators in place."""
-    mo, ml = merge(acc_o[rows], acc_l[rows], o, l)
-    acc_o[rows] = mo
-    acc_l[rows] = ml
-
-
 def merge_rows(acc_o: torch.Tensor, acc_l: torch.Tensor, rows, o: torch.Tensor, l: torch.Tensor,
                unique: bool = False) -> None:
     """Merge partial results (o [n, h, d], l [n, h]) into the accumulator rows ``rows`` in place:

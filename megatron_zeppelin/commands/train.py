@@ -76,6 +76,7 @@ def options_from_args(args):
         # Without --zeppelin-balance stock packed data parallelism runs through the same path.
         cfg = cfg.with_(strategy="packed_dp")
     z = {k: v for k, v in asdict(cfg).items() if k not in ("tp",)}
+    z["recompute"] = cfg.recompute.describe()  # its text form: the options travel as JSON
     return TrainOptions(model=args.model, steps=args.train_iters, tokens_per_batch=args.global_batch_tokens,
                         max_doc_tokens=args.max_doc_tokens, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
                         warmup=args.lr_warmup_iters, clip_grad=args.clip_grad, weight_decay=args.weight_decay,

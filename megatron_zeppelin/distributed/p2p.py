@@ -53,10 +53,6 @@ def global_rank(group, group_rank: int) -> int:
     return dist.get_global_rank(group, group_rank)
 
 
-def group_rank_of_self(group) -> int:
-    return dist.get_rank(group)
-
-
 class P2PExchange:
     """sends: [(peer, tensor, tag)], recvs: [(peer, buffer, tag)] with group-rank peers."""
 

@@ -16,18 +16,19 @@ from __future__ import annotations
 import torch
 
 from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.words import DPVariant
 
 # name -> (module under megatron_zeppelin.dp_study, class name); order = order in tables and plots
 VARIANTS = {
-    "single": ("naive", "SingleProcess"),
-    "naive": ("naive", "NaiveDP"),
-    "bucketed": ("bucketed", "BucketedDP"),
-    "torch_ddp": ("torch_ddp", "TorchDDP"),
-    "mcore_ddp": ("mcore_ddp", "McoreDDP"),
-    "mcore_distopt": ("mcore_ddp", "McoreDistOpt"),
-    "zero1": ("zero", "Zero1"),
-    "zero2": ("zero", "Zero2"),
-    "zero3": ("zero", "Zero3"),
+    DPVariant.SINGLE: ("naive", "SingleProcess"),
+    DPVariant.NAIVE: ("naive", "NaiveDP"),
+    DPVariant.BUCKETED: ("bucketed", "BucketedDP"),
+    DPVariant.TORCH_DDP: ("torch_ddp", "TorchDDP"),
+    DPVariant.MCORE_DDP: ("mcore_ddp", "McoreDDP"),
+    DPVariant.MCORE_DISTOPT: ("mcore_ddp", "McoreDistOpt"),
+    DPVariant.ZERO1: ("zero", "Zero1"),
+    DPVariant.ZERO2: ("zero", "Zero2"),
+    DPVariant.ZERO3: ("zero", "Zero3"),
 }
 
 

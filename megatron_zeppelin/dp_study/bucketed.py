@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_zeppelin.dp_study.base import Variant
+from megatron_zeppelin.spec.words import DPVariant
 
 
 def make_buckets(params: List[torch.nn.Parameter], bucket_bytes: int) -> List[List[torch.nn.Parameter]]:
@@ -51,7 +52,7 @@ class _Bucket:
 
 class BucketedDP(Variant):
     """overlapped DP: bucketed async all-reduce from gradient hooks during the backward"""
-    name = "bucketed"
+    name = DPVariant.BUCKETED
     overlap = True
 
     def wrap(self, model, group):

@@ -8,11 +8,12 @@ import torch
 
 from megatron_zeppelin.dp_study.base import Variant, make_adamw
 from megatron_zeppelin.integration.mcore_dp import wrap_mcore_ddp  # imports megatron when it wraps
+from megatron_zeppelin.spec.words import DPVariant
 
 
 class McoreDDP(Variant):
     """megatron-core DDP: contiguous grad buffers, overlap_grad_reduce=True"""
-    name = "mcore_ddp"
+    name = DPVariant.MCORE_DDP
     overlap = True
 
     def wrap(self, model, group):
@@ -49,7 +50,7 @@ class McoreDDP(Variant):
 class McoreDistOpt(McoreDDP):
     """megatron-core DDP's distributed-optimizer path: bucketed reduce-scatter, AdamW on this rank's
     shard of each bucket, parameter all-gather (start_param_sync)"""
-    name = "mcore_distopt"
+    name = DPVariant.MCORE_DISTOPT
     zero_stage = 1
 
     # megatron-core's DistributedOptimizer class itself cannot run on CPU: its constructor accepts

@@ -7,11 +7,12 @@ import torch
 import torch.distributed as dist
 
 from megatron_zeppelin.dp_study.base import Variant, VariantError
+from megatron_zeppelin.spec.words import DPVariant
 
 
 class NaiveDP(Variant):
     """naive DP: one flat all-reduce after the whole backward"""
-    name = "naive"
+    name = DPVariant.NAIVE
 
     def wrap(self, model, group):
         self.group = group
@@ -31,7 +32,7 @@ class NaiveDP(Variant):
 
 class SingleProcess(Variant):
     """plain single-process training: no wrapper, no communication (the baseline; one rank only)"""
-    name = "single"
+    name = DPVariant.SINGLE
 
     def wrap(self, model, group):
         if group is not None and dist.get_world_size(group) != 1:

@@ -27,11 +27,12 @@ from typing import List, Sequence
 
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.dp_study.base import VARIANTS, VariantError
+from megatron_zeppelin.spec.words import DPVariant
 
 
 @dataclass
 class RunSpec:
-    variants: Sequence[str] = tuple(VARIANTS)
+    variants: Sequence[DPVariant] = tuple(VARIANTS)
     steps: int = 6
     balance: Sequence[bool] = (False, True)
     tokens_per_batch: int = 8192  # global batch, trained tokens
@@ -47,6 +48,7 @@ class RunSpec:
         for v in self.variants:
             if v not in VARIANTS:
                 raise VariantError(f"unknown DP variant '{v}' (set --variants to some of {', '.join(VARIANTS)})")
+        self.variants = tuple(DPVariant(v) for v in self.variants)  # members, from the flag's words
         if self.steps < 2:
             raise ZeppelinError(f"--steps must be >= 2 (one to warm up, one to time), got {self.steps}")
         return self
@@ -112,7 +114,7 @@ def worker(rank: int, world: int, spec: RunSpec, corpus: str, verbose: bool = Tr
         planner = Planner(topo, profile, m, cfg)
         plans = [planner.plan([d.numel() - 1 for d in docs]) for docs in batches]
         for name in spec.variants:
-            if name == "single" and world != 1:
+            if name == DPVariant.SINGLE and world != 1:
                 continue  # the plain single-process baseline exists at one rank only
             variant = get_variant(name, bucket_bytes=spec.bucket_bytes)
             model = build_model(m)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from torch.nn.parallel import DistributedDataParallel
 
 from megatron_zeppelin.dp_study.base import Variant
+from megatron_zeppelin.spec.words import DPVariant
 
 
 class TorchDDP(Variant):
     """torch DDP: torch.nn.parallel.DistributedDataParallel, bucketed overlapped all-reduce"""
-    name = "torch_ddp"
+    name = DPVariant.TORCH_DDP
     averages = True
     overlap = True
 

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from megatron_zeppelin.dp_study.base import Variant, make_adamw
 from megatron_zeppelin.dp_study.bucketed import make_buckets
+from megatron_zeppelin.spec.words import DPVariant
 
 
 def shard_ranges(numel: int, world: int):
@@ -152,21 +153,21 @@ class _ZeroSharded(Variant):
 
 class Zero1(_ZeroSharded):
     """ZeRO-1: reduce-scatter of gradients (full gradient kept), sharded AdamW, all-gather of parameters"""
-    name = "zero1"
+    name = DPVariant.ZERO1
     zero_stage = 1
     keep_full_grads = True
 
 
 class Zero2(_ZeroSharded):
     """ZeRO-2: as ZeRO-1, but each rank keeps only its gradient shard (bucket gradients freed once sent)"""
-    name = "zero2"
+    name = DPVariant.ZERO2
     zero_stage = 2
     keep_full_grads = False
 
 
 class Zero3(Variant):
     """ZeRO-3: FSDP2 fully_shard(reshard_after_forward=True): params, grads, optimizer states sharded"""
-    name = "zero3"
+    name = DPVariant.ZERO3
     zero_stage = 3
     averages = True
     overlap = True

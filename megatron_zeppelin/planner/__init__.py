@@ -8,7 +8,6 @@ No torch.distributed, no clock, no unseeded randomness; ties are broken by (leng
 
 from __future__ import annotations
 
-import gc
 from typing import Optional, Sequence
 
 import numpy as np
@@ -17,8 +16,8 @@ from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.model import ModelSpec
 from megatron_zeppelin.spec.hardware import HardwareProfile
 from megatron_zeppelin.spec.host import HostModel
-from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.spec.words import StrategyName
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.cost_model import CostModel
 from megatron_zeppelin.planner.strategies import pick
@@ -47,8 +46,7 @@ def make_context(topology: Topology, profile: HardwareProfile, model: ModelSpec,
 
 def cost_model_of(topology: Topology, profile: HardwareProfile, model: ModelSpec, config: ZeppelinConfig,
                   host: Optional[HostModel] = None) -> CostModel:
-    return CostModel(model, profile, topology, config.tp, Recompute.parse(config.recompute), config.sequence_parallel,
-                     host)
+    return CostModel(model, profile, topology, config.tp, config.recompute, config.sequence_parallel, host)
 
 
 def check_lengths(lengths: Sequence[int], capacity: int, world: int, checked: bool = False) -> list:
@@ -113,14 +111,6 @@ class Planner:
             total, checked = sum(int(x) for x in lengths), False
         ctx = make_context(self.topology, self.profile, self.model, config, total_tokens=total, cost=self.cost)
         lengths = check_lengths(lengths, ctx.capacity, self.topology.world_size, checked)
-        # Planning a large batch allocates tens of thousands of small objects (the Plan's documents and
-        # segments) and no cycles: the cyclic collector's passes over them are a fifth of its time.
-        paused = gc.isenabled()
-        gc.disable()
-        try:
-            if config.balance_memory and name == "zeppelin":
-                return plan_memory_first(lengths, ctx)
-            return pick(name, lengths, ctx)[0]
-        finally:
-            if paused:
-                gc.enable()
+        if config.balance_memory and name == StrategyName.ZEPPELIN:
+            return plan_memory_first(lengths, ctx)
+        return pick(name, lengths, ctx)[0]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Iterable, Iterator, Optional, Tuple
 
 from megatron_zeppelin.planner.errors import PlanError
+from megatron_zeppelin.spec.recompute import Recompute
 
 Tried = Tuple[Tuple[int, float], ...]  # (run-level value, predicted iteration seconds), by value
 
@@ -47,8 +48,9 @@ class PlanMeta:
     # hybrid_dp: the FLOPs share that sizes its groups.
     flops_share: Optional[float] = None
     # Every strategy: the activation recompute the plan is priced with (spec/recompute.py; unset = none),
-    # which the simulator runs again before each backward (sim/iteration.plan_recompute).
-    recompute: str = ""
+    # which the simulator runs again before each backward (sim/iteration.plan_recompute); its text
+    # form ("selective:core_attn") only in the JSON pairs.
+    recompute: Optional[Recompute] = None
 
     def __post_init__(self):  # floats as their text says: a plan equals its JSON round trip
         for f in fields(self):
@@ -85,6 +87,8 @@ _TRIED = ("cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s")
 
 
 def _text(name: str, v) -> str:
+    if name == "recompute":
+        return Recompute.parse(v).describe()
     if name in _TRIED:
         return ", ".join(f"{lb}:{t:.6g}" for lb, t in v)
     if name in _FLOATS:
@@ -93,6 +97,8 @@ def _text(name: str, v) -> str:
 
 
 def _parse(name: str, s: str):
+    if name == "recompute":
+        return Recompute.parse(s)
     if name in _TRIED:
         return tuple((int(lb), float(t)) for lb, t in (x.strip().split(":") for x in s.split(",")))
     if name in _FLOATS:

@@ -32,6 +32,7 @@ from megatron_zeppelin.planner.choice import MEMORY_SLACK, MemoryChoice, faster
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.predict import lower_bound
 from megatron_zeppelin.planner.types import Plan, PlanError
+from megatron_zeppelin.spec.words import StrategyName
 
 
 @dataclass(frozen=True)
@@ -72,19 +73,24 @@ class Search:
 
 @dataclass(frozen=True)
 class Strategy:
-    name: str
+    name: StrategyName
     order: int  # position in names()
     source: str  # module.function that registered it
     propose: Callable[[Sequence[int], PlanContext, Search], Iterable[Candidate]]
 
 
-_REGISTRY: Dict[str, Strategy] = {}  # filled once, by the decorator, when planner/__init__ imports the strategies
+_REGISTRY: Dict[StrategyName, Strategy] = {}  # filled once, by the decorator, when planner/__init__ imports the strategies
 
 
-def strategy(name: str, order: int, *, searches: bool = False):
-    """Register the decorated function as strategy ``name``. A plain strategy is
-    ``(lengths, ctx) -> Placement`` (one candidate); with ``searches=True`` it is
-    ``(lengths, ctx, search) -> Iterable[Candidate]``. The function itself is returned unchanged."""
+def strategy(name: StrategyName, order: int, *, searches: bool = False):
+    """Register the decorated function as strategy ``name`` (a member of the closed set
+    spec/words.py StrategyName). A plain strategy is ``(lengths, ctx) -> Placement`` (one candidate);
+    with ``searches=True`` it is ``(lengths, ctx, search) -> Iterable[Candidate]``. The function
+    itself is returned unchanged."""
+    if name not in tuple(StrategyName):
+        raise PlanError(f"strategy '{name}' is not a StrategyName: add it to spec/words.py first")
+    name = StrategyName(name)
+
     def register(fn):
         source = f"{fn.__module__}.{fn.__qualname__}"
         if name not in STRATEGIES:
@@ -102,7 +108,7 @@ def strategy(name: str, order: int, *, searches: bool = False):
     return register
 
 
-def names() -> Tuple[str, ...]:
+def names() -> Tuple[StrategyName, ...]:
     return tuple(s.name for s in sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name)))
 
 
@@ -126,7 +132,7 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     error is raised. The winner's label becomes its ``variant``."""
     arr = np.asarray(lengths, dtype=np.int64)
     search, won, errors = Search(lengths=arr, whole_s=ctx.cost.doc_attention_np(arr)), None, []
-    memory = MemoryChoice(ctx) if name == "zeppelin" else None  # Zeppelin's memory balance
+    memory = MemoryChoice(ctx) if name == StrategyName.ZEPPELIN else None  # Zeppelin's memory balance
     # A plan up to MEMORY_SLACK slower than the best can still be picked for its memory balance
     reach = 1.0 + (MEMORY_SLACK if memory is not None else 0.0)
     tried: Dict[str, list] = {}  # setting field -> (value, predicted seconds) of each assembled setting

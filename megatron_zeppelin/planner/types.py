@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from functools import cached_property
 from operator import attrgetter
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from megatron_zeppelin.spec.topology import Topology
-from megatron_zeppelin.spec.words import CLASSES, LINKS, Comm, DocClass, Link, Stage
+from megatron_zeppelin.spec.words import CLASSES, LINKS, Comm, DocClass, Layout, Link, Stage, StrategyName
 from megatron_zeppelin.planner.errors import PlanError  # noqa: F401 (re-exported: its users import it from here)
 from megatron_zeppelin.planner.meta import PlanMeta
 
@@ -142,7 +142,7 @@ class CommOp:
     start: int
     stop: int
     nbytes: int
-    link: str  # a Link, or the name of a profile level above the NIC's
+    link: Union[Link, str]  # a Link, or the name of a profile level above the NIC's (an open set: YAML)
     nic: int
     stage: Stage
 
@@ -170,7 +170,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Plan:
-    strategy: str
+    strategy: StrategyName
     topology: Topology
     lengths: Tuple[int, ...]
     docs: Tuple[DocPlan, ...]
@@ -208,8 +208,8 @@ class Plan:
         mean = sum(t) / len(t)
         return max(t) / mean if mean > 0 else 1.0
 
-    def tokens(self, rank: int, layout: str = "attention") -> int:
-        lay = self.attention_layout if layout == "attention" else self.linear_layout
+    def tokens(self, rank: int, layout: Layout = Layout.ATTENTION) -> int:
+        lay = self.attention_layout if Layout(layout) == Layout.ATTENTION else self.linear_layout
         return sum(len(s) for s in lay[rank])
 
     def rings_of(self, rank: int, cls: Optional[str] = None) -> Tuple[Ring, ...]:
@@ -233,7 +233,7 @@ class Plan:
         plan, so it lives exactly as long as the plan does. Not part of the contract: not compared,
         serialised or digested.
 
-        >>> p = Plan("x", Topology(1, 1), (), (), (), ((),), ((),), (), (), (), 0.0, Thresholds(0, 0))
+        >>> p = Plan(StrategyName.PACKED_DP, Topology(1, 1), (), (), (), ((),), ((),), (), (), (), 0.0, Thresholds(0, 0))
         >>> p.derived("n", lambda: [1]) is p.derived("n", lambda: [2])
         True
         """
@@ -259,7 +259,7 @@ class Plan:
     def from_dict(cls, d: dict) -> "Plan":
         try:
             return Plan(
-                strategy=d["strategy"], topology=Topology.from_dict(d["topology"]),
+                strategy=StrategyName(d["strategy"]), topology=Topology.from_dict(d["topology"]),
                 lengths=tuple(d["lengths"]),
                 docs=tuple(DocPlan(**{**x, "cls": DocClass(x["cls"]), "bounds": tuple(x["bounds"])}) for x in d["docs"]),
                 rings=tuple(Ring(**{**x, "cls": DocClass(x["cls"]), "comm": Comm(x.get("comm", Comm.P2P)),
@@ -335,10 +335,6 @@ def _first_diff(a, b, path: str) -> Optional[str]:
                 return r
         return f"{path} (length {len(a)} vs {len(b)})" if len(a) != len(b) else None
     return None if a == b else path
-
-
-def segments_tokens(segs: Iterable[Segment]) -> int:
-    return sum(len(s) for s in segs)
 
 
 def cu_seqlens(segs: Iterable[Segment]) -> List[int]:

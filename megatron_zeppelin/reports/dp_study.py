@@ -106,20 +106,3 @@ def write_outputs(rows: List[dict], records: List[dict], out_dir: str, meta: dic
         json.dump({"meta": meta, "rows": rows, "records": records}, f, indent=1)
     paths.update(plot_all(rows, out_dir))
     return paths
-
-
-def markdown_table(rows: List[dict]) -> str:
-    """The table as Markdown (docs/dp.md)."""
-    M = 1e6
-    f = lambda x, fmt: format(x, fmt) if x is not None else "-"  # noqa: E731
-    out = ["| W | variant | epoch s | step ms | speedup | eff. | exposed comm ms | sent MB/step | collectives/step "
-           "| params MB | grads MB | optimizer MB | activations MB | peak MB | predicted MB | final loss |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        c = r["mem_by_category"]
-        ops = ", ".join(f"{n} {k.rstrip('_')}" for k, n in sorted(r["collectives"].items())) or "-"
-        out.append(f"| {r['world']} | {r['variant']} | {r['epoch_s']:.1f} | {r['step_s'] * 1e3:.0f} | "
-                   f"{f(r['speedup'], '.2f')} | {f(r['efficiency'], '.2f')} | {r['exposed_comm_s'] * 1e3:.1f} | "
-                   f"{r['comm_sent_bytes'] / M:.2f} | {ops} | " + " | ".join(f"{c[k] / M:.1f}" for k in CATEGORIES)
-                   + f" | {r['mem_measured_bytes'] / M:.1f} | {r['mem_predicted_bytes'] / M:.1f} | {r['final_loss']:.4f} |")
-    return "\n".join(out)

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from megatron_zeppelin.planner.iteration import Iteration
 from megatron_zeppelin.planner.types import Plan
-from megatron_zeppelin.spec.words import CLASSES, DocClass, Link
+from megatron_zeppelin.spec.words import CLASSES, DocClass, Layout, Link
 
 
 def _console(out, width: int = 132) -> Console:
@@ -168,7 +168,7 @@ def iteration_line(it: Iteration, first_seed: int = 0) -> str:
 
 def _rank_row(plan: Plan, r: int) -> List[str]:
     c = plan.cost[r]
-    return [str(r), str(plan.topology.node_of(r)), str(plan.tokens(r)), str(plan.tokens(r, "linear")),
+    return [str(r), str(plan.topology.node_of(r)), str(plan.tokens(r)), str(plan.tokens(r, Layout.LINEAR)),
             _s(c.attention_s), _s(c.linear_s), _s(c.comm_exposed_s), _s(c.remap_s), _s(c.total_s)]
 
 
@@ -183,7 +183,7 @@ def _print_ranks(con: Console, plan: Plan, max_ranks: int, first_of_many: bool =
         con.print(t)
         return
     t = _table(*cols, title=f"per-rank prediction over {world} ranks ({which}; summary, worst ranks below)")
-    m = np.array([[plan.tokens(r), plan.tokens(r, "linear"), c.attention_s, c.linear_s, c.comm_exposed_s,
+    m = np.array([[plan.tokens(r), plan.tokens(r, Layout.LINEAR), c.attention_s, c.linear_s, c.comm_exposed_s,
                    c.remap_s, c.total_s] for r, c in enumerate(plan.cost)])
     for name, f in (("min", np.min), ("mean", np.mean), ("max", np.max)):
         v = f(m, axis=0)
@@ -361,7 +361,7 @@ def strategy_record(p: Plan, zeppelin, model=None, tp: int = 1) -> dict:
                         "comm_exposed_s": [x.comm_exposed_s for x in c], "remap_s": [x.remap_s for x in c],
                         "total_s": [x.total_s for x in c],
                         "attention_tokens": [p.tokens(r) for r in range(p.world_size)],
-                        "linear_tokens": [p.tokens(r, "linear") for r in range(p.world_size)]},
+                        "linear_tokens": [p.tokens(r, Layout.LINEAR) for r in range(p.world_size)]},
            "allreduce_s": p.allreduce_s, "meta": dict(p.meta), "digest": p.digest()}
     if isinstance(zeppelin, Plan):
         rec["zeppelin_speedup"] = p.predicted_iteration_s / zeppelin.predicted_iteration_s
@@ -403,6 +403,6 @@ def json_document(plans: Dict[str, object], main, batch: dict, topo, profile, mo
             "lower_bound_s": first.lower_bound_s,
             "batch": {**batch, "lengths": [int(x) for x in first.lengths]},
             "topology": topo.to_dict(), "cluster": profile.name, "model": model.name,
-            "recompute": first.meta.recompute or "none",
+            "recompute": str(first.meta.recompute or "none"),
             "config": {"routing": args.routing, "remap": args.remap, "cp_size": args.cp_size,
                        "capacity_tokens": args.capacity_tokens, "tp": args.tp}}

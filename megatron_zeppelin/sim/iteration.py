@@ -40,6 +40,7 @@ from megatron_zeppelin.sim.events import FLOW, TaskGraph
 from megatron_zeppelin.sim.host import shared_makespan
 from megatron_zeppelin.sim.layer import LayerBuilder
 from megatron_zeppelin.sim.network import LinkTable
+from megatron_zeppelin.spec.words import Layout
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
     links = LinkTable.of_cost(cost)
     L = model.layers
     world = plan.world_size
-    head = [costs.head_iteration_s(cost.layout_rows(plan.tokens(r, "linear"))) for r in range(world)]
+    head = [costs.head_iteration_s(cost.layout_rows(plan.tokens(r, Layout.LINEAR))) for r in range(world)]
     head_s = max(head, default=0.0) if host is None else shared_makespan(head, host.cores)
     runs: List[_Run] = []
     if opt.layers == "scale":
@@ -152,7 +153,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
 
 def plan_recompute(plan: Plan) -> Recompute:
     """The activation recompute the plan was priced with (its meta; none when absent)."""
-    return Recompute.parse(plan.meta.recompute or "none")
+    return plan.meta.recompute or Recompute()
 
 
 def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, mode) -> SimResult:

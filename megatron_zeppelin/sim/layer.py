@@ -55,7 +55,7 @@ from megatron_zeppelin.sim.compute import LayerCosts
 from megatron_zeppelin.sim.events import TaskGraph
 from megatron_zeppelin.sim.executor import Hop, reverse_hops, run_step
 from megatron_zeppelin.sim.network import LinkTable
-from megatron_zeppelin.spec.words import Stage
+from megatron_zeppelin.spec.words import Layout, Stage
 
 REMAP_POINTS = ("attention_output", "core_attention")
 
@@ -74,8 +74,8 @@ class LayerBuilder:
         for o in plan.schedule:
             self.ops[(o.queue, o.step)].append(o)
         # rows the linear modules run on (sequence parallelism pads each layout to a multiple of TP)
-        self.t_att = [costs.cost.layout_rows(plan.tokens(r, "attention")) for r in range(self.world)]
-        self.t_lin = [costs.cost.layout_rows(plan.tokens(r, "linear")) for r in range(self.world)]
+        self.t_att = [costs.cost.layout_rows(plan.tokens(r, Layout.ATTENTION)) for r in range(self.world)]
+        self.t_lin = [costs.cost.layout_rows(plan.tokens(r, Layout.LINEAR)) for r in range(self.world)]
         self.mlp_fwd, self.mlp_bwd = costs.mlp_pass_s(self.t_lin)  # MoE: whole EP groups' loads
         if remap_point not in REMAP_POINTS:
             from megatron_zeppelin.errors import ZeppelinError

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.recompute import Recompute
+from megatron_zeppelin.spec.words import Routing, StrategyName
 
 from dataclasses import dataclass, field, replace
 from typing import Tuple
 
-ROUTING = ("auto", "multi-nic", "off")
+ROUTING = tuple(r.value for r in Routing)  # the plain words: --zeppelin-routing's choices
 
-# What --zeppelin-strategy accepts, in the order of tables and --compare. The planner's registry
-# (planner/strategies.py) holds one strategy under each name: a new strategy adds its name here.
-STRATEGIES = ("zeppelin", "packed_dp", "static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp")
+# What --zeppelin-strategy accepts, in the order of tables and --compare: the words of StrategyName
+# (spec/words.py). The planner's registry (planner/strategies.py) holds one strategy under each name.
+STRATEGIES = tuple(m.value for m in StrategyName)
 
 
 class ConfigError(ZeppelinError):
@@ -34,12 +35,12 @@ class ConfigError(ZeppelinError):
 @dataclass(frozen=True)
 class ZeppelinConfig:
     balance: bool = False  # --zeppelin-balance: plan every micro-batch with Zeppelin
-    strategy: str = "zeppelin"  # --zeppelin-strategy
+    strategy: StrategyName = StrategyName.ZEPPELIN  # --zeppelin-strategy
     gpus_per_node: int = 8  # --zeppelin-gpus-per-node
     nics_per_node: int = 0  # --zeppelin-nics-per-node (0 = one per GPU, or the profile's)
     gpu_nic_map: Tuple[int, ...] = field(default=())  # --zeppelin-gpu-nic-map
     cluster: str = "h200"  # --zeppelin-cluster: profile preset or YAML path
-    routing: str = "auto"  # --zeppelin-routing: auto = multi-nic when the domain spans nodes
+    routing: Routing = Routing.AUTO  # --zeppelin-routing: auto = multi-nic when the domain spans nodes
     remap: bool = True  # --zeppelin-remap / --no-zeppelin-remap
     capacity_tokens: int = 0  # --zeppelin-capacity-tokens: per-rank attention tokens, 0 = 2x the mean
     balance_memory: bool = False  # --zeppelin-balance-memory: every rank's tokens within 1.10x the mean
@@ -49,8 +50,9 @@ class ZeppelinConfig:
     plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
     tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
     # activation recompute (from Megatron's --recompute-granularity / --recompute-modules;
-    # spec/recompute.py): plans are predicted with the recomputed forward it runs
-    recompute: str = "none"
+    # spec/recompute.py): plans are predicted with the recomputed forward it runs. Given as a
+    # Recompute or its text ("selective:core_attn", "full:block=4"), kept parsed.
+    recompute: Recompute = Recompute()
     sequence_parallel: bool = False  # Megatron's --sequence-parallel: layouts split over TP along tokens
 
     def __post_init__(self):
@@ -74,11 +76,13 @@ class ZeppelinConfig:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1 (or drop it)")
+        object.__setattr__(self, "strategy", StrategyName(self.strategy))  # members, from the flags' words
+        object.__setattr__(self, "routing", Routing(self.routing))
         object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
-        object.__setattr__(self, "recompute", Recompute.parse(self.recompute).describe())
+        object.__setattr__(self, "recompute", Recompute.parse(self.recompute))
 
     def routing_enabled(self, nodes: int) -> bool:
-        return self.routing == "multi-nic" or (self.routing == "auto" and nodes > 1)
+        return self.routing == Routing.MULTI_NIC or (self.routing == Routing.AUTO and nodes > 1)
 
     def with_(self, **kw) -> "ZeppelinConfig":
         return replace(self, **kw)

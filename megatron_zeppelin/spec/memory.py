@@ -71,13 +71,6 @@ def layer_parts_per_token(m: ModelSpec, recompute=None) -> tuple:
     return (a_rep, a_sh), (l_rep, l_sh)
 
 
-def layer_elements_per_token(m: ModelSpec, recompute=None) -> tuple:
-    """(attention-layout, linear-layout) elements one layer saves per token (``layer_parts_per_token``
-    summed): ``6h + 3kv + heads`` and ``3h + 4ffn`` without recompute."""
-    (a_rep, a_sh), (l_rep, l_sh) = layer_parts_per_token(m, recompute)
-    return a_rep + a_sh, l_rep + l_sh
-
-
 def head_bytes_per_token(m: ModelSpec, tp: int = 1, sp: bool = True) -> int:
     """Final norm (sharded with sequence parallelism) and the logits path in fp32 (3 vocab / TP)."""
     return int(2 * m.hidden * m.dtype_bytes // (tp if sp else 1) + 3 * m.vocab * 4 // tp)

@@ -131,6 +131,9 @@ class Recompute:
             return f"full:block={self.block}"
         return self.granularity + (":" + ",".join(self.modules) if self.modules else "")
 
+    def __str__(self) -> str:  # its text where it is printed or written to JSON
+        return self.describe()
+
     def megatron_flags(self) -> list:
         """Megatron-LM's flags (megatron-core requires the method and the layer count with full)."""
         if self.granularity == "selective":

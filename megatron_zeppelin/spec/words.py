@@ -50,6 +50,52 @@ class Comm(_Word):
     ALLGATHER = "allgather"
 
 
+class Layout(_Word):
+    """A rank's token layout: for attention, or token-balanced for the MLP and the vocab head."""
+    ATTENTION = "attention"
+    LINEAR = "linear"
+
+
+class StrategyName(_Word):
+    """What makes a plan (planner/strategies.py registers one function per member)."""
+    ZEPPELIN = "zeppelin"
+    PACKED_DP = "packed_dp"
+    STATIC_CP = "static_cp"
+    ALLGATHER_CP = "allgather_cp"
+    HYBRID_DP = "hybrid_dp"
+    DYNAMIC_CP = "dynamic_cp"
+
+
+class Routing(_Word):
+    """``--zeppelin-routing``: split inter-node ring messages over every NIC of a node, or not."""
+    AUTO = "auto"  # multi-nic when the domain spans nodes
+    MULTI_NIC = "multi-nic"
+    OFF = "off"
+
+
+class KernelBackend(_Word):
+    """``--zeppelin-attention-kernel``: the varlen attention kernel (attention/kernels/select.py)."""
+    AUTO = "auto"
+    TORCH_FLASH = "torch_flash"
+    TE = "te"
+    FLASH_ATTN = "flash_attn"
+    CPU_FLASH = "cpu_flash"
+    REFERENCE = "reference"
+
+
+class DPVariant(_Word):
+    """A data-parallel variant of the DP study (dp_study/), in the order of its tables and plots."""
+    SINGLE = "single"
+    NAIVE = "naive"
+    BUCKETED = "bucketed"
+    TORCH_DDP = "torch_ddp"
+    MCORE_DDP = "mcore_ddp"
+    MCORE_DISTOPT = "mcore_distopt"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+
+
 CLASSES = tuple(DocClass)  # (inter, intra, local): also the one queue order of the attention layer
 RING_QUEUES = (DocClass.INTER, DocClass.INTRA)  # the queues that run rings, in that order
 STAGES = tuple(Stage)  # routing stages run in this order per step

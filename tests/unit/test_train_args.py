@@ -80,12 +80,12 @@ def test_megatron_lm_args_set_the_recompute():
     from argparse import Namespace
 
     from megatron_zeppelin.integration.args import config_from_args
-    from megatron_zeppelin.spec.recompute import RecomputeError
+    from megatron_zeppelin.spec.recompute import Recompute, RecomputeError
     assert config_from_args(Namespace(recompute_granularity="selective", recompute_modules=None)).recompute == \
-        "selective:core_attn"
+        Recompute("selective", ("core_attn",))
     with pytest.raises(RecomputeError, match="--recompute-modules"):
         config_from_args(Namespace(recompute_granularity="selective", recompute_modules=["moe"]))
     block = Namespace(recompute_granularity="full", recompute_method="block", recompute_num_layers=3)
-    assert config_from_args(block).recompute == "full:block=3"  # only the first 3 layers rerun their forward
+    assert config_from_args(block).recompute.describe() == "full:block=3"  # only the first 3 layers rerun their forward
     uniform = Namespace(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    assert config_from_args(uniform).recompute == "full"
+    assert config_from_args(uniform).recompute == Recompute("full")

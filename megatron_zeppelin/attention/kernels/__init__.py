@@ -28,6 +28,7 @@ from megatron_zeppelin.attention.kernels import select
 from megatron_zeppelin.attention.kernels.pieces import Pair, blocks_backward, blocks_forward, plan_calls, split_pair
 from megatron_zeppelin.attention.kernels.select import BACKENDS, resolve
 from megatron_zeppelin.attention.kernels.varlen import KernelError, Varlen
+from megatron_zeppelin.spec.words import KernelBackend
 
 __all__ = ["BACKENDS", "Kernel", "KernelError", "Pair", "Varlen", "attend_blocks", "attend_blocks_backward",
            "attend_pairs", "attend_pairs_backward",
@@ -38,14 +39,15 @@ __all__ = ["BACKENDS", "Kernel", "KernelError", "Pair", "Varlen", "attend_blocks
 @dataclass(frozen=True)
 class Kernel:
     """The run's kernel choice: ``--zeppelin-attention-kernel`` and Megatron's ``--transformer-impl``."""
-    name: str = "auto"
+    name: KernelBackend = KernelBackend.AUTO
     transformer_impl: Optional[str] = None
 
     def __post_init__(self):
         if self.name not in BACKENDS:
             resolve(self.name, torch.device("cpu"), torch.float32)  # raises, naming the flag
+        object.__setattr__(self, "name", KernelBackend(self.name))  # a member, from the flag's word
 
-    def resolve(self, device: torch.device, dtype: torch.dtype) -> str:
+    def resolve(self, device: torch.device, dtype: torch.dtype) -> KernelBackend:
         return resolve(self.name, device, dtype, self.transformer_impl)
 
 

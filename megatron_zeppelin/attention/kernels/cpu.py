@@ -28,6 +28,9 @@ import torch
 
 from megatron_zeppelin.attention.merge import merge
 from megatron_zeppelin.attention.kernels.varlen import Varlen
+from megatron_zeppelin.spec.words import KernelBackend
+
+_CPU_FLASH = KernelBackend.CPU_FLASH  # bound once: compared per sequence (spec/words.py)
 
 
 def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -67,13 +70,13 @@ def _acc(dtype):
 def _seq_forward(backend, q, k, v, scale, causal):
     sq, h, _ = q.shape
     sk = k.shape[0]
-    if backend == "cpu_flash" and causal and sk > sq and _flash_ok(q.dtype, False, sq, sk):
+    if backend == _CPU_FLASH and causal and sk > sq and _flash_ok(q.dtype, False, sq, sk):
         p = sk - sq  # keys [0, p) seen by every query, [p, sk) top-left causal
         o1, l1 = _seq_forward(backend, q, k[:p], v[:p], scale, False)
         o2, l2 = _seq_forward(backend, q, k[p:], v[p:], scale, True)
         return merge(o1, l1, o2, l2)
     ke, ve = _expand(k, h), _expand(v, h)
-    if backend == "cpu_flash" and _flash_ok(q.dtype, causal, sq, sk):
+    if backend == _CPU_FLASH and _flash_ok(q.dtype, causal, sq, sk):
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             _bhsd(q), _bhsd(ke), _bhsd(ve), 0.0, causal, scale=scale)
         o, lse = _shd(o), lse.squeeze(0).transpose(0, 1)
@@ -89,13 +92,13 @@ def _seq_forward(backend, q, k, v, scale, causal):
 def _seq_backward(backend, dout, q, k, v, out, lse, scale, causal):
     sq, h, _ = q.shape
     sk, kvh = k.shape[0], k.shape[1]
-    if backend == "cpu_flash" and causal and sk > sq and _flash_ok(q.dtype, False, sq, sk):
+    if backend == _CPU_FLASH and causal and sk > sq and _flash_ok(q.dtype, False, sq, sk):
         p = sk - sq
         a = _seq_backward(backend, dout, q, k[:p], v[:p], out, lse, scale, False)
         b = _seq_backward(backend, dout, q, k[p:], v[p:], out, lse, scale, True)
         return a[0] + b[0], torch.cat([a[1], b[1]]), torch.cat([a[2], b[2]])
     ke, ve = _expand(k, h), _expand(v, h)
-    if backend == "cpu_flash" and _flash_ok(q.dtype, causal, sq, sk):
+    if backend == _CPU_FLASH and _flash_ok(q.dtype, causal, sq, sk):
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             _bhsd(dout).contiguous(), _bhsd(q), _bhsd(ke), _bhsd(ve), _bhsd(out).contiguous(),
             lse.transpose(0, 1).unsqueeze(0).contiguous().to(q.dtype), 0.0, causal, scale=scale)

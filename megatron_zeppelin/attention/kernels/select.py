@@ -25,8 +25,10 @@ import torch
 
 from megatron_zeppelin.attention.kernels import cpu, flash_attn, te, torch_flash
 from megatron_zeppelin.attention.kernels.varlen import KernelError, Varlen
+from megatron_zeppelin.spec.words import KernelBackend
 
-BACKENDS = ("auto", "torch_flash", "te", "flash_attn", "cpu_flash", "reference")
+BACKENDS = tuple(k.value for k in KernelBackend)  # the plain words: --zeppelin-attention-kernel's choices
+_CUDA_ONLY = (KernelBackend.TORCH_FLASH, KernelBackend.TE, KernelBackend.FLASH_ATTN)
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -34,21 +36,24 @@ def te_installed() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def resolve(backend: str, device: torch.device, dtype: torch.dtype, transformer_impl: Optional[str] = None) -> str:
+def resolve(backend: str, device: torch.device, dtype: torch.dtype, transformer_impl: Optional[str] = None
+            ) -> KernelBackend:
     if backend not in BACKENDS:
         raise KernelError(f"unknown attention kernel {backend!r} (--zeppelin-attention-kernel: one of "
                           f"{', '.join(BACKENDS)})")
+    backend = KernelBackend(backend)
     cuda = device.type == "cuda"
-    if backend == "auto":
+    if backend == KernelBackend.AUTO:
         if cuda and dtype in HALF:
-            return "te" if transformer_impl == "transformer_engine" and te_installed() else "torch_flash"
+            return (KernelBackend.TE if transformer_impl == "transformer_engine" and te_installed()
+                    else KernelBackend.TORCH_FLASH)
         if not cuda and dtype in (torch.float32, torch.float64):
-            return "cpu_flash"
-        return "reference"
-    if backend in ("torch_flash", "te", "flash_attn") and not (cuda and dtype in HALF):
+            return KernelBackend.CPU_FLASH
+        return KernelBackend.REFERENCE
+    if backend in _CUDA_ONLY and not (cuda and dtype in HALF):
         raise KernelError(f"--zeppelin-attention-kernel {backend} runs on CUDA in fp16/bf16, not {device.type} "
                           f"{dtype}: use auto, reference, or train with --bf16/--fp16")
-    if backend == "cpu_flash" and cuda:
+    if backend == KernelBackend.CPU_FLASH and cuda:
         raise KernelError("--zeppelin-attention-kernel cpu_flash is the CPU kernel: use auto on CUDA")
     return backend
 
@@ -56,11 +61,11 @@ def resolve(backend: str, device: torch.device, dtype: torch.dtype, transformer_
 def forward(backend: str, q, k, v, spec: Varlen, scale: float):
     """(out [total_q, h, d] in q's dtype, lse [total_q, h] float32, float64 for float64 input)."""
     spec.check(q, k, v)
-    if backend == "torch_flash":
+    if backend == KernelBackend.TORCH_FLASH:
         out, lse = torch_flash.forward(q, k, v, spec, scale)
-    elif backend == "te":
+    elif backend == KernelBackend.TE:
         out, lse = te.forward(q, k, v, spec, scale)
-    elif backend == "flash_attn":
+    elif backend == KernelBackend.FLASH_ATTN:
         out, lse = flash_attn.forward(q, k, v, spec, scale)
     else:
         return cpu.forward(backend, q, k, v, spec, scale)
@@ -70,10 +75,10 @@ def forward(backend: str, q, k, v, spec: Varlen, scale: float):
 def backward(backend: str, dout, q, k, v, out, lse, spec: Varlen, scale: float):
     """(dq, dk, dv) of one call, from the *final* out and lse of its query rows."""
     spec.check(q, k, v)
-    if backend == "torch_flash":
+    if backend == KernelBackend.TORCH_FLASH:
         return torch_flash.backward(dout, q, k, v, out, lse, spec, scale)
-    if backend == "te":
+    if backend == KernelBackend.TE:
         return te.backward(dout, q, k, v, out, lse, spec, scale)
-    if backend == "flash_attn":
+    if backend == KernelBackend.FLASH_ATTN:
         return flash_attn.backward(dout, q, k, v, out, lse, spec, scale)
     return cpu.backward(backend, dout, q, k, v, out, lse, spec, scale)

@@ -22,9 +22,9 @@ from typing import Iterable, Sequence
 from megatron_zeppelin.planner.context import PlanContext
 from megatron_zeppelin.planner.strategies import Candidate, strategy
 from megatron_zeppelin.planner.baselines.static_cp import cp_candidates
-from megatron_zeppelin.spec.words import Comm
+from megatron_zeppelin.spec.words import Comm, StrategyName
 
 
-@strategy("allgather_cp", order=3, searches=True)
+@strategy(StrategyName.ALLGATHER_CP, order=3, searches=True)
 def plan_allgather_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
     return cp_candidates(lengths, ctx, Comm.ALLGATHER)

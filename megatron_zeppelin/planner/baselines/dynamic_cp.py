@@ -70,7 +70,7 @@ from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.strategies import Candidate, strategy
 from megatron_zeppelin.planner.types import PlanError
 from megatron_zeppelin.planner.baselines.cp_groups import member_tokens, placement_from_groups, setting_candidates
-from megatron_zeppelin.spec.words import Comm
+from megatron_zeppelin.spec.words import Comm, StrategyName
 
 WORKLOAD_CAP_DELTA = 0.05  # Megatron's _DYNAMIC_CP_WORKLOAD_CAP_DELTA: a round's cap is longest x m x 1.05
 
@@ -224,7 +224,7 @@ def _one_group(samples: Sequence[Sample], world: int, mslpr: int, capacity: int,
     return [grp], left
 
 
-@strategy("dynamic_cp", order=5, searches=True)
+@strategy(StrategyName.DYNAMIC_CP, order=5, searches=True)
 def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
     """Best max_seqlen_per_dp_cp_rank for the batch: the capacity, or a power-of-two fraction of it
     (smaller values split more documents), whichever the cost model predicts fastest."""

@@ -39,7 +39,7 @@ from megatron_zeppelin.planner.strategies import strategy
 from megatron_zeppelin.planner.cost.cost_model import BWD_FLOPS, LINEAR_PASSES, CostModel
 from megatron_zeppelin.planner.types import PlanError
 from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, member_tokens, placement_from_groups, cp_sizes
-from megatron_zeppelin.spec.words import Comm
+from megatron_zeppelin.spec.words import Comm, StrategyName
 
 
 def doc_flops(length: int, cost: CostModel) -> float:
@@ -50,7 +50,7 @@ def doc_flops(length: int, cost: CostModel) -> float:
     return attn + LINEAR_PASSES * lin
 
 
-@strategy("hybrid_dp", order=4)
+@strategy(StrategyName.HYBRID_DP, order=4)
 def plan_hybrid_dp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     world, cap = ctx.topology.world_size, ctx.capacity
     sizes = cp_sizes(world)

@@ -18,10 +18,10 @@ from typing import Sequence
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.strategies import strategy
 from megatron_zeppelin.planner.types import DocPlan, Thresholds
-from megatron_zeppelin.spec.words import DocClass
+from megatron_zeppelin.spec.words import DocClass, StrategyName
 
 
-@strategy("packed_dp", order=1)
+@strategy(StrategyName.PACKED_DP, order=1)
 def plan_packed_dp(lengths: Sequence[int], ctx: PlanContext) -> Placement:
     world = ctx.topology.world_size
     heap = [(0, r) for r in range(world)]

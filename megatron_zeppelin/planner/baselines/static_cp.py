@@ -29,7 +29,7 @@ from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.strategies import Candidate, strategy
 from megatron_zeppelin.planner.types import PlanError
 from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, cp_sizes, placement_from_groups, rank_tokens, setting_candidates
-from megatron_zeppelin.spec.words import Comm
+from megatron_zeppelin.spec.words import Comm, StrategyName
 
 
 def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -> Placement:
@@ -75,6 +75,6 @@ def cp_candidates(lengths: Sequence[int], ctx: PlanContext, comm: str) -> Iterab
                                for cp in cp_sizes(ctx.topology.world_size)], "cp_size")
 
 
-@strategy("static_cp", order=2, searches=True)
+@strategy(StrategyName.STATIC_CP, order=2, searches=True)
 def plan_static_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
     return cp_candidates(lengths, ctx, Comm.P2P)

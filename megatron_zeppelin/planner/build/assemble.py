@@ -26,7 +26,7 @@ from megatron_zeppelin.planner.build.routing import route_schedule
 from megatron_zeppelin.planner.build.schedule import ring_ops
 from megatron_zeppelin.planner.types import Plan, PlanError, PlanMeta, ring_documents
 from megatron_zeppelin.spec.memory import activation_bytes
-from megatron_zeppelin.spec.words import CLASSES, DocClass
+from megatron_zeppelin.spec.words import CLASSES, DocClass, Layout
 
 _DOC = attrgetter("doc")
 
@@ -248,7 +248,7 @@ def _check_fits(strategy: str, att, lin, capacity: int) -> None:
     ...
     megatron_zeppelin.planner.errors.PlanError: packed_dp runs out of memory: rank 0 holds 6 tokens in its attention layout > capacity 4 (--zeppelin-capacity-tokens)
     """
-    for name, layout in (("attention", att), ("linear", lin)):
+    for name, layout in ((Layout.ATTENTION, att), (Layout.LINEAR, lin)):
         for r, segs in enumerate(layout):
             n = sum(s.stop - s.start for s in segs)
             if n > capacity:

@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron_zeppelin.planner.build.layout import attention_layout, zigzag_bounds
 from megatron_zeppelin.planner.build.schedule import ring_messages
 from megatron_zeppelin.planner.types import Plan, PlanError, Segment
-from megatron_zeppelin.spec.words import CLASSES, COMMS, LINKS, RING_QUEUES, STAGES, DocClass, Link, Stage
+from megatron_zeppelin.spec.words import CLASSES, COMMS, LINKS, RING_QUEUES, STAGES, DocClass, Layout, Link, Stage
 
 
 def check_plan(plan: Plan, capacity: Optional[int] = None) -> None:
@@ -98,7 +98,7 @@ def check_docs_and_rings(plan: Plan) -> None:
 
 
 # --- layouts ---------------------------------------------------------------------------------
-def _coverage(layout: Sequence[Sequence[Segment]], lengths: Sequence[int], name: str) -> None:
+def _coverage(layout: Sequence[Sequence[Segment]], lengths: Sequence[int], name: Layout) -> None:
     seen = defaultdict(list)
     for r, segs in enumerate(layout):
         for s in segs:
@@ -120,8 +120,8 @@ def check_layouts(plan: Plan, capacity: Optional[int] = None) -> None:
     W = plan.world_size
     if len(plan.attention_layout) != W or len(plan.linear_layout) != W:
         raise PlanError("layouts: one attention and one linear layout per rank are required")
-    _coverage(plan.attention_layout, plan.lengths, "attention")
-    _coverage(plan.linear_layout, plan.lengths, "linear")
+    _coverage(plan.attention_layout, plan.lengths, Layout.ATTENTION)
+    _coverage(plan.linear_layout, plan.lengths, Layout.LINEAR)
     derived = attention_layout(plan.docs, plan.rings, W)
     for r in range(W):
         if tuple(plan.attention_layout[r]) != derived[r]:

@@ -12,8 +12,6 @@ ring's documents in order, chunk i before chunk 2G-1-i), then local documents in
 >>> lay = attention_layout(docs, [Ring(0, (0, 1), "intra", (0,))], 2)
 >>> [[(s.doc, s.start, s.stop) for s in r] for r in lay]
 [[(0, 0, 2), (0, 7, 10)], [(0, 2, 5), (0, 5, 7), (1, 0, 3)]]
->>> fast_segment(1, 0, 3) == Segment(1, 0, 3) and hash(fast_segment(1, 0, 3)) == hash(Segment(1, 0, 3))
-True
 """
 
 from __future__ import annotations
@@ -23,17 +21,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron_zeppelin.planner.types import DocPlan, Ring, Segment, ring_documents
 from megatron_zeppelin.spec.words import DocClass
-
-_new, _set = object.__new__, object.__setattr__
-
-
-def fast_segment(doc: int, start: int, stop: int) -> Segment:
-    """``Segment(doc, start, stop)`` without the frozen dataclass's per-field ``__setattr__``
-    (half the cost; plans of 16k documents build tens of thousands of segments)."""
-    s = _new(Segment)
-    _set(s, "__dict__", {"doc": doc, "start": start, "stop": stop})
-    return s
-
 
 def zigzag_bounds(length: int, ring_size: int) -> Tuple[int, ...]:
     n = 2 * ring_size
@@ -52,15 +39,12 @@ def attention_layout(docs: Sequence[DocPlan], rings: Sequence[Ring], world: int,
             segs = out[rank]
             for d, b in bounds:  # member i: chunks i and 2G-1-i (DocPlan.member_segments)
                 if b[i + 1] > b[i]:
-                    segs.append(fast_segment(d, b[i], b[i + 1]))
+                    segs.append(Segment(d, b[i], b[i + 1]))
                 if b[g2 - i] > b[g2 - 1 - i]:
-                    segs.append(fast_segment(d, b[g2 - 1 - i], b[g2 - i]))
+                    segs.append(Segment(d, b[g2 - 1 - i], b[g2 - i]))
     if local is None:
         cls = DocClass.LOCAL  # bound once per call (spec/words.py)
         local = sorted((d for d in docs if d.cls == cls), key=attrgetter("doc"))
-    new, put = _new, _set
     for d in local:
-        s = new(Segment)  # fast_segment inlined: one per local document
-        put(s, "__dict__", {"doc": d.doc, "start": 0, "stop": d.length})
-        out[d.owner].append(s)
+        out[d.owner].append(Segment(d.doc, 0, d.length))
     return tuple(tuple(r) for r in out)

@@ -58,7 +58,6 @@ import numpy as np
 
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.topology import Topology
-from megatron_zeppelin.planner.build.layout import fast_segment
 from megatron_zeppelin.planner.types import Move, Segment, segment_tokens
 from megatron_zeppelin.spec.words import Link
 
@@ -179,8 +178,8 @@ def _take_tail(segs: List[Segment], n: int) -> List[Segment]:
             n -= size
         else:
             cut = s.stop - n
-            segs.append(fast_segment(s.doc, s.start, cut))
-            tail.append(fast_segment(s.doc, cut, s.stop))
+            segs.append(Segment(s.doc, s.start, cut))
+            tail.append(Segment(s.doc, cut, s.stop))
             n = 0
     tail.reverse()
     return tail

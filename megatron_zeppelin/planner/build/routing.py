@@ -46,7 +46,7 @@ from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.planner.cost.predict import step_message_times
 from megatron_zeppelin.planner.types import CommOp
-from megatron_zeppelin.spec.words import RING_QUEUES, STAGES, DocClass, Link, Stage
+from megatron_zeppelin.spec.words import RING_QUEUES, STAGES, DocClass, Link, Routing, Stage
 
 NEVER = 1 << 62  # threshold when routing can never pay (NVLink not twice a NIC's bandwidth)
 
@@ -235,7 +235,7 @@ def explain_step(cost, topo: Topology, nbytes: int, config=None) -> dict:
     """
     if config is None:
         config = ZeppelinConfig()
-    config = replace(config, routing="multi-nic")
+    config = replace(config, routing=Routing.MULTI_NIC)
     t2 = topo if topo.nodes >= 2 else Topology(2, topo.gpus_per_node, topo.nics_per_node, topo.gpu_to_nic)
     cost2 = replace(cost, topology=t2)
     kvb = max(1, int(cost.kv_bytes_per_token))

@@ -171,10 +171,6 @@ class CostModel:
         for ``head``); its backward is twice that (input and weight gradients)."""
         return np.asarray(tokens, dtype=np.float64) * self.linear_flops_per_token(part) / (self.profile.gemm_tflops * 1e12)
 
-    def proj_flops_per_token(self) -> float:
-        """Forward FLOPs per token per layer of the QKV and output projections (one TP rank)."""
-        return self.linear_flops_per_token("qkv") + self.linear_flops_per_token("out")
-
     def linear_s(self, tokens: int) -> float:
         """Iteration seconds of QKV/out projections, MLP (all layers) and the vocab head for ``tokens``."""
         return self.proj_s(tokens) + self.mlp_s(tokens)
@@ -188,7 +184,7 @@ class CostModel:
 
         >>> from megatron_zeppelin.planner.testing import toy_context
         >>> c = toy_context().cost
-        >>> c.proj_flops_per_token(), c.linear_flops_per_token("mlp")
+        >>> c.linear_flops_per_token("qkv") + c.linear_flops_per_token("out"), c.linear_flops_per_token("mlp")
         (24576.0, 49152.0)
         >>> abs(c.proj_s(1000) + c.mlp_s(1000) - c.linear_s(1000)) < 1e-18
         True
@@ -219,7 +215,7 @@ class CostModel:
     def hidden_bytes_per_token(self) -> int:
         return self.model.hidden * self.model.dtype_bytes
 
-    def link_of(self, src: int, dst: int) -> str:
+    def link_of(self, src: int, dst: int) -> Link | str:
         """The link class joining two ranks: the lowest cluster level that holds both (the profile's
         levels: nvlink, nic, then any further level such as a spine; Topology.level_of)."""
         if self.topology.same_node(src, dst):
@@ -408,11 +404,6 @@ class CostModel:
         calls = G * sum(self.call_s(p) for p in passes) * self.model.layers
         ring = 2 * blocks(c, True) + (2 * G - 1) * blocks(c, False) + calls
         return np.where(G <= 1, blocks(L, True), ring)
-
-    def remap_s_per_token(self, link: str) -> float:
-        """Iteration seconds to remap one token over ``link`` (4 exchanges per layer: there and back,
-        forward and backward), without latency."""
-        return 4 * self.model.layers * self.hidden_bytes_per_token / self.bandwidth(link)
 
 
 BISECT_LEVELS = 7  # bisection levels whose midpoints (127) crossover_length prices in one call

@@ -415,21 +415,12 @@ def predict(docs: Sequence[DocPlan], rings: Sequence[Ring], linear_layout: Seque
     total = total * L + head
     a, li, rm = attn_busy * L, lin_busy * L + head, remap_t * L
     exp = np.maximum(0.0, total - a - li - rm)
-    return tuple(map(_rank_cost, a.tolist(), li.tolist(), exp.tolist(), rm.tolist()))
+    return tuple(map(RankCost, a.tolist(), li.tolist(), exp.tolist(), rm.tolist()))
 
 
 def _no_tp(tokens) -> float:
     """Megatron's TP communication without TP: none."""
     return 0.0
-
-
-def _rank_cost(attention_s: float, linear_s: float, comm_exposed_s: float, remap_s: float) -> RankCost:
-    """``RankCost(...)`` without the frozen dataclass's per-field ``__setattr__`` (one per rank per
-    prediction: a tenth of predict's time at 64 ranks)."""
-    c = object.__new__(RankCost)
-    object.__setattr__(c, "__dict__", {"attention_s": attention_s, "linear_s": linear_s,
-                                       "comm_exposed_s": comm_exposed_s, "remap_s": remap_s})
-    return c
 
 
 def _least_hops(moves: Sequence[Move], cost: CostModel):

@@ -63,7 +63,7 @@ from megatron_zeppelin.planner.strategies import Candidate, Search, pick, strate
 from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
 from megatron_zeppelin.planner.portfolio.shapes import candidate_placements, placement_key
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
-from megatron_zeppelin.spec.words import DocClass, Link
+from megatron_zeppelin.spec.words import DocClass, Link, StrategyName
 
 _INF = float("inf")
 _TABLES_AHEAD = 32  # documents whose intra ring tables one pricing pass takes (_ring_tables)
@@ -280,7 +280,7 @@ VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m i
     ("all", "hide", "time"), ("all", "forced", "time"), ("all", "hide", "off"), ("all", "forced", "off")))
 
 
-@strategy("zeppelin", order=0, searches=True)
+@strategy(StrategyName.ZEPPELIN, order=0, searches=True)
 def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search) -> Iterator[Candidate]:
     """Every variant worth assembling (strategies.pick keeps the lowest predicted iteration). A
     placement is computed once per (rate, inter) and prepared (layout, routed schedule, ring costs)
@@ -511,11 +511,8 @@ def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
             ring_docs.append([])
         ring_docs[ring_id[key]].append(i)
     rings = [Ring(id=k, ranks=key[1], cls=key[0], docs=tuple(ring_docs[k])) for key, k in ring_id.items()]
-    get, new, put, local = owner.get, object.__new__, object.__setattr__, _LOCAL
-    # A local document is DocPlan(i, Li, LOCAL, -1, o, (0, Li)) without the frozen dataclass's per-field
-    # __setattr__, written out (most documents are local; a call per document was a sixth of this).
-    docs = [(put(d := new(DocPlan), "__dict__", {"doc": i, "length": Li, "cls": local, "ring": -1, "owner": o,
-                                                  "bounds": (0, Li)}) or d) if (o := get(i)) is not None else
+    get, local = owner.get, _LOCAL
+    docs = [DocPlan(i, Li, local, -1, o, (0, Li)) if (o := get(i)) is not None else
             DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
             for i, Li in enumerate(lengths)]
     return Placement(docs=docs, rings=rings, thresholds=th, remap=ctx.config.remap,

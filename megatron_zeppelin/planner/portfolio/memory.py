@@ -38,12 +38,12 @@ def plan_memory_first(lengths, ctx: PlanContext):
 
     >>> from megatron_zeppelin.planner.strategies import pick
     >>> from megatron_zeppelin.planner.testing import toy_context
-    >>> ctx, L = toy_context(nodes=1, gpus=4, capacity=8000), [4000, 1500, 1000, 900, 700, 500, 400, 300]
-    >>> [pick("zeppelin", L, ctx)[0].tokens(r) for r in range(4)]  # the fastest: 2600 > 1.1 x 2325
-    [2150, 2050, 2500, 2600]
+    >>> ctx, L = toy_context(nodes=1, gpus=4, capacity=8000), [4000, 1400, 900, 900, 600, 300]
+    >>> [pick("zeppelin", L, ctx)[0].tokens(r) for r in range(4)]  # the fastest: 2400 > 1.1 x 2025
+    [2400, 1900, 1900, 1900]
     >>> plan = plan_memory_first(L, ctx)
     >>> plan.meta.token_cap, [plan.tokens(r) for r in range(4)], [plan.tokens(r, "linear") for r in range(4)]
-    (2557, [2500, 2000, 2300, 2500], [2500, 2000, 2300, 2500])
+    (2227, [2000, 1700, 2200, 2200], [2000, 1700, 2200, 2200])
     """
     cap = memory_cap(lengths, ctx)
     if cap < ctx.capacity:
