@@ -330,6 +330,11 @@ def advise(lengths, model: ModelSpec, profile: HardwareProfile, nodes: int, gpu_
         raise AdviseError(f"no (TP, CP or per-rank share, micro-batch size) divides the global batch of {gbs} "
                           f"sequences of {seq_length} tokens over {world} GPUs: change --global-batch-tokens, "
                           "--seq-length, --micro-batch-size or --nodes")
+    return pick(cands, gpu_memory_bytes)
+
+
+def pick(cands: List[Candidate], gpu_memory_bytes: float) -> Advice:
+    """The Advice among ``cands`` (the rule of the module doc), with its reasons."""
     fit = [c for c in cands if c.fits]
     if not fit:
         small = min(cands, key=lambda c: c.memory.total)
