@@ -8,7 +8,7 @@ shares: there Zeppelin and packed DP need DP x micro-batch to divide the G / con
 and *after*, among all. Both picks, their predicted iteration and memory, and the best Zeppelin
 candidate are written as JSON and printed as a markdown table.
 
-    .venv/bin/python benchmarks/bench_advise_contexts.py --out results/advise/contexts.json
+    .venv/bin/python benchmarks/bench_advise_contexts.py --out results/bench/advise_contexts.json
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--contexts", nargs="+", default=list(CONTEXTS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-sim", dest="sim", action="store_false")
-    ap.add_argument("--out", default="results/advise/contexts.json")
+    ap.add_argument("--out", default="results/bench/advise_contexts.json")
     a = ap.parse_args()
     model, profile = load_model(a.model), load_profile(a.cluster)
     mem = float(profile.memory_GB) * 1e9

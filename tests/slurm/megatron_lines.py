@@ -15,8 +15,8 @@ PLACEHOLDERS = ("PREFIX",)  # what a printed line leaves for the user's --data-p
 
 
 def job_from_line(line: str, name: str, prefix: str, gpu_arch: int = 9) -> dict:
-    """``[ENV=V ...] torchrun --nnodes N --nproc-per-node G SCRIPT FLAGS...`` as a job: the flags after
-    the script (the placeholder, or ``--mock-data``, becomes ``--data-path prefix``), N x G ranks, the
+    """``[ENV=V ...] torchrun --nnodes N --nproc-per-node G SCRIPT.py|-m MODULE FLAGS...`` as a job: the
+    flags after the entry (the placeholder, or ``--mock-data``, becomes ``--data-path prefix``), N x G ranks, the
     line's environment."""
     words = shlex.split(line)
     env = {}
@@ -24,7 +24,8 @@ def job_from_line(line: str, name: str, prefix: str, gpu_arch: int = 9) -> dict:
         k, v = words.pop(0).split("=", 1)
         env[k] = v
     assert words[0] == "torchrun", line
-    script = next(i for i, w in enumerate(words) if w.endswith(".py"))
+    # the entry: a script (SCRIPT.py) or a module (-m MODULE)
+    script = next(i + (w == "-m") for i, w in enumerate(words) if w.endswith(".py") or w == "-m")
     launcher, flags = words[1:script], words[script + 1:]
     nodes = int(launcher[launcher.index("--nnodes") + 1]) if "--nnodes" in launcher else 1
     world = nodes * int(launcher[launcher.index("--nproc-per-node") + 1])

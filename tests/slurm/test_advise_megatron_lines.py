@@ -60,20 +60,20 @@ def test_every_advised_line_passes_megatron_and_the_plugin(tmp_path):
         pytest.skip(why)
     prefix = write_documents(str(tmp_path / "data" / "docs"))
     lines = advised_lines()
-    kinds = {k[1:] for k in lines}
-    # every kind the brief names is among them
-    assert any(k[0] == "zeppelin" and k[2] for k in kinds) and any(k[0] == "zeppelin" and not k[2] for k in kinds)
-    assert any(k[0] == "packed_dp" and not k[1] for k in kinds) and any(k[0] == "packed_dp" and k[1] for k in kinds)
-    assert {k[3] for k in kinds if k[0] == "static_cp"} >= {2, 4, 8}
     every = [x for v in lines.values() for x in v]
-    assert all(any(f" {flag} " in line for line, _ in every) for flag in (
-        "--overlap-grad-reduce", "--use-distributed-optimizer", "optim_grads", "optim_grads_params",
-        "--recompute-granularity selective", "--recompute-granularity full", "--sequence-parallel"))
     jobs = [job_from_line(line, f"advise{i}", prefix, arch) for i, (line, arch) in enumerate(every)]
     results = check_jobs(jobs, tmp_path)
     failed = {j["line"]: results[f"{j['name']}-{j['mode']}"]["error"] for j in jobs
               if not results[f"{j['name']}-{j['mode']}"]["ok"]}
     assert not failed, "\n".join(f"{e}\n  {line}" for line, e in failed.items())
+    # ... and every kind the brief names was among them
+    kinds = {k[1:] for k in lines}
+    assert any(k[0] == "zeppelin" and k[2] for k in kinds) and any(k[0] == "zeppelin" and not k[2] for k in kinds)
+    assert any(k[0] == "packed_dp" and not k[1] for k in kinds) and any(k[0] == "packed_dp" and k[1] for k in kinds)
+    assert {k[3] for k in kinds if k[0] == "static_cp"} >= {2, 4, 8}
+    assert all(any(f" {flag} " in line for line, _ in every) for flag in (
+        "--overlap-grad-reduce", "--use-distributed-optimizer", "optim_grads", "optim_grads_params",
+        "--recompute-granularity selective", "--recompute-granularity full", "--sequence-parallel"))
 
 
 def test_the_check_fails_a_zeppelin_line_without_what_it_needs(tmp_path):

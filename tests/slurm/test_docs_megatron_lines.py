@@ -1,4 +1,4 @@
-"""The Megatron command lines quoted in docs/ (``[ENV=V] torchrun ... SCRIPT.py FLAGS``, e.g. the
+"""The Megatron command lines quoted in docs/ (``[ENV=V] torchrun ... SCRIPT.py|-m MODULE FLAGS``, e.g. the
 advise examples of docs/dp.md) pass the same check as advise's own lines: Megatron-LM's parse_args +
 validate_args + TransformerConfig, and the plugin's validation for a Zeppelin line, with the data
 placeholder replaced by a real indexed dataset. Lines with an ellipsis or ``<...>`` are sketches,
@@ -14,7 +14,7 @@ from megatron_lines import check_jobs, job_from_line
 from slurm_helpers import REPO, mlm_python_missing, write_documents
 
 pytestmark = pytest.mark.slurm
-LINE = re.compile(r"^\s*((?:[A-Z_]+=\S+\s+)*torchrun\s.*\.py\s.*)$")
+LINE = re.compile(r"^\s*((?:[A-Z_]+=\S+\s+)*torchrun\s.*(?:\.py|-m \S+)\s.*)$")
 
 
 def quoted_lines():
