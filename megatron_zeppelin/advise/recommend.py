@@ -15,7 +15,8 @@ choice, searched per strategy:
   micro-batch is ``S x mbs x DP`` tokens of whole documents (one may span ranks), so the shares
   ``C, C/2, ... C/16`` (at least ``MIN_SHARE``) are searched as CP sizes are, with
   ``ga = G / (S x mbs x DP)``: at ``G`` = 1M on 32 ranks, a 64K context is a share of 8K x 4 steps,
-  the activations per rank of CP 8. Packed DP below the context runs through the Zeppelin entry
+  the activations per rank of CP 8. A global micro-batch must hold the context (the entry cuts a
+  document at its end): ``S x mbs x DP >= C``. Packed DP below the context runs through the Zeppelin entry
   (``--zeppelin-strategy packed_dp``), since stock Megatron would cut documents at ``--seq-length``.
 
 For each (TP, strategy, CP or share, mbs) advise plans one global micro-batch
@@ -246,7 +247,9 @@ def shapes(strategy: str, domain: int, context: int, total: int, mbs_choices=MIC
     for ``strategy`` on ``domain`` ranks (per TP group), a global batch of ``total`` tokens and the
     context ``context`` (module doc); Megatron's rule: --global-batch-size (sequences) divides by
     micro-batch x DP. With one micro-batch size given, the shares use it; else a share below the
-    context takes micro-batch 1 (a share S at micro-batch 2 is the share 2S).
+    context takes micro-batch 1 (a share S at micro-batch 2 is the share 2S). Through the Zeppelin
+    entry a global micro-batch (share x micro-batch x DP tokens) must hold the context: the entry
+    cuts the last document of each to fit (integration/data.py BatchSampler).
 
     >>> [s for s in shapes("zeppelin", 32, 65536, 2**20)]   # 1M tokens of a 64K context on 32 ranks
     [(1, 32768, 1, True), (1, 16384, 1, True), (1, 8192, 1, True), (1, 4096, 1, True)]
@@ -258,7 +261,9 @@ def shapes(strategy: str, domain: int, context: int, total: int, mbs_choices=MIC
     out = []
 
     def add(cp, seq, mbs, entry):
-        if total % seq == 0 and (total // seq) % (domain // cp * mbs) == 0:
+        # the Zeppelin entry cuts a document at the end of its global micro-batch: one must hold the context
+        whole = not entry or seq * mbs * (domain // cp) >= context
+        if whole and total % seq == 0 and (total // seq) % (domain // cp * mbs) == 0:
             out.append((cp, seq, mbs, entry))
 
     if strategy == "static_cp":
