@@ -2,11 +2,24 @@
 batch: TP (with sequence parallelism), CP size or Zeppelin, micro-batch size and gradient
 accumulation, DDP / distributed optimizer / Megatron-FSDP (ZeRO-0..3), activation recompute.
 
-The global batch (tokens) and the sequence length are hyperparameters: advise never changes them.
-In Megatron's terms the global batch is ``G / S`` sequences of ``--seq-length S``; with TP, CP and
-``W`` GPUs the data-parallel size is ``DP = W / (TP x CP)``, and each choice of micro-batch size
-``mbs`` (``DP x mbs`` dividing the global batch) fixes the gradient accumulation
-``ga = G / (S x DP x mbs)``. For each (TP, strategy, CP, mbs) advise plans one global micro-batch
+The global batch (tokens) and the context (the longest document, ``--seq-length`` as the user
+gives it) are hyperparameters: advise never changes them. With TP, CP and ``W`` GPUs the
+data-parallel size is ``DP = W / (TP x CP)``. What each rank holds in one micro-batch is the free
+choice, searched per strategy:
+
+- stock Megatron (packed DP, CP): ``--seq-length`` is the context ``C``; the global batch is ``G / C``
+  sequences, and each micro-batch size ``mbs`` (``DP x mbs`` dividing them) fixes the accumulation
+  ``ga = G / (C x DP x mbs)``; Megatron CP searches its CP sizes;
+- the Zeppelin entry (Zeppelin, and packed DP with documents kept whole): ``--seq-length`` is each
+  rank's *share* ``S`` and ``--max-position-embeddings`` the longest document ``C``; a global
+  micro-batch is ``S x mbs x DP`` tokens of whole documents (one may span ranks), so the shares
+  ``C, C/2, ... C/16`` (at least ``MIN_SHARE``) are searched as CP sizes are, with
+  ``ga = G / (S x mbs x DP)``: at ``G`` = 1M on 32 ranks, a 64K context is a share of 8K x 4 steps,
+  the activations per rank of CP 8. A global micro-batch must hold the context (the entry cuts a
+  document at its end): ``S x mbs x DP >= C``. Packed DP below the context runs through the Zeppelin entry
+  (``--zeppelin-strategy packed_dp``), since stock Megatron would cut documents at ``--seq-length``.
+
+For each (TP, strategy, CP or share, mbs) advise plans one global micro-batch
 of the sampled documents (plan_batch), predicts its forward+backward with the simulator (sim/:
 attention, linear, ring and remap work; ``--no-sim``: the planner's prediction) and multiplies by
 ``ga``; then, per ZeRO stage and recompute level, it adds the data-parallel communication the
@@ -24,11 +37,13 @@ backward and forward do not hide (ring model of sim/allreduce.py, fp32 gradients
 
 Memory per GPU: weights, gradients, optimizer states sharded over the ``W / TP`` data-parallel x
 context-parallel ranks (spec/memory.py), ZeRO-3's two gathered layers, and the activations of the
-fullest rank of one micro-batch by recompute level (spec/memory.py; the levels: spec/recompute.py ADVISE_LEVELS). The pick: the fastest that
+fullest rank of one micro-batch by recompute level (spec/memory.py; the levels: spec/recompute.py ADVISE_LEVELS).
+Runs through the Zeppelin entry are weighed with DDP and the distributed optimizer only
+(spec/megatron_flags.py ``ZEPPELIN_ZERO_STAGES``: Megatron-FSDP with Zeppelin has run nowhere). The pick: the fastest that
 fits in 90% of the GPU memory; within 3% of the fastest the simplest: no recompute before
 selective before full, the distributed optimizer before DDP (it moves 6 instead of 8 bytes per
 parameter and shards the optimizer states) before ZeRO-2/3, smaller TP, smaller CP, packed DP
-before Zeppelin before CP, larger micro-batches.
+before Zeppelin before CP, stock Megatron before the Zeppelin entry, larger micro-batches and shares.
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence
 
 from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.megatron_flags import ZEPPELIN_ZERO_STAGES
 from megatron_zeppelin.spec.memory import HEADROOM, MemoryPrediction, activation_bytes_per_token, predict_memory
 from megatron_zeppelin.spec.recompute import ADVISE_LEVELS, Recompute
 from megatron_zeppelin.errors import ZeppelinError
@@ -46,7 +62,12 @@ from megatron_zeppelin.spec.topology import Topology
 
 NEAR = 1.03  # candidates within 3% of the fastest count as equally fast
 STRATEGY_ORDER = ("packed_dp", "zeppelin", "static_cp", "hybrid_dp")
-ZERO_ORDER = (1, 0, 2, 3)  # the distributed optimizer first: no slower than DDP, less memory
+ZERO_ORDER = (1, 0, 2, 3)
+ZEPPELIN_ENTRY_STRATEGIES = ("zeppelin", "hybrid_dp")  # always through the Zeppelin entry (packed_dp below the context too)
+MICRO_BATCH_SIZES = (1, 2, 4, 8)
+SHARE_STEPS = 4  # the Zeppelin entry's shares: the context / 2^k for k = 0 .. SHARE_STEPS
+MIN_SHARE = 1024  # smaller per-rank shares leave the GPU idle between kernels
+SAMPLED_STEPS = 3  # micro-batches planned besides the longest document's, for the step's mean time  # the distributed optimizer first: no slower than DDP, less memory
 DP_VARIANT = {0: "megatron-core DDP, --overlap-grad-reduce (bucketed all-reduce during the backward)",
               1: "ZeRO-1: megatron-core distributed optimizer (--use-distributed-optimizer)",
               2: "ZeRO-2: Megatron-FSDP, gradients and optimizer states sharded (optim_grads)",
@@ -89,6 +110,11 @@ class Candidate:
     compute_s: float = 0.0  # ga micro-batches' forward+backward (with recompute)
     comm_exposed_s: float = 0.0  # data-parallel communication not hidden
     classes: dict = field(default_factory=dict)
+    share: int = 0  # the line's --seq-length (0: the context): through the Zeppelin entry, each rank's share
+    zeppelin_entry: bool = False  # whole documents planned per global micro-batch (--zeppelin-balance)
+
+    def __post_init__(self):
+        self.zeppelin_entry = self.zeppelin_entry or self.strategy in ZEPPELIN_ENTRY_STRATEGIES
 
     @property
     def sp(self) -> bool:
@@ -97,7 +123,8 @@ class Candidate:
 
     def key(self):
         return (ADVISE_LEVELS.index(self.recompute), ZERO_ORDER.index(self.zero_stage), self.tp, self.cp,
-                STRATEGY_ORDER.index(self.strategy) if self.strategy in STRATEGY_ORDER else 9, -self.mbs)
+                STRATEGY_ORDER.index(self.strategy) if self.strategy in STRATEGY_ORDER else 9, self.zeppelin_entry,
+                -self.mbs, -self.share)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -189,16 +216,79 @@ def _micro_batch(lengths, topo, profile, model, tp, strategy, cp, use_sim):
     return fwd, bwd, plan_capacity_tokens(plan), plan.class_counts()
 
 
+def _step(lengths, ga, topo, profile, model, tp, strategy, cp, use_sim):
+    """(forward s, backward s, fullest rank's tokens, classes) of one micro-batch, for ``ga`` of them:
+    the micro-batch holding the longest document (where the fullest rank is, and often the slowest
+    step at a small share: a ring) planned, and up to ``SAMPLED_STEPS`` others, evenly spaced, for the
+    other ga - 1 steps' mean; memory is the fullest rank of any planned micro-batch, classes the
+    longest document's micro-batch's."""
+    batches = split_micro_batches(lengths, ga)
+    longest = max(range(len(batches)), key=lambda i: max(batches[i], default=0))
+    big = _micro_batch(batches[longest], topo, profile, model, tp, strategy, cp, use_sim)
+    rest = [i for i in range(len(batches)) if i != longest and batches[i]]
+    if not rest:
+        return big
+    picks = sorted({rest[k * (len(rest) - 1) // max(1, SAMPLED_STEPS - 1)] for k in range(min(SAMPLED_STEPS, len(rest)))})
+    others = [_micro_batch(batches[i], topo, profile, model, tp, strategy, cp, use_sim) for i in picks]
+    n = len(batches) - 1
+    fwd = (big[0] + n * sum(o[0] for o in others) / len(others)) / len(batches)
+    bwd = (big[1] + n * sum(o[1] for o in others) / len(others)) / len(batches)
+    return fwd, bwd, max([big[2]] + [o[2] for o in others]), big[3]
+
+
 def _layer_params(m: ModelSpec) -> int:
     h, d = m.hidden, m.head_dim
     return h * m.heads * d * 2 + 2 * h * m.kv_heads * d + 3 * h * m.ffn + 2 * h
 
 
+def shapes(strategy: str, domain: int, context: int, total: int, mbs_choices=MICRO_BATCH_SIZES,
+           share_steps: int = SHARE_STEPS):
+    """(CP, --seq-length, micro-batch size, through the Zeppelin entry) of every layout advise weighs
+    for ``strategy`` on ``domain`` ranks (per TP group), a global batch of ``total`` tokens and the
+    context ``context`` (module doc); Megatron's rule: --global-batch-size (sequences) divides by
+    micro-batch x DP. With one micro-batch size given, the shares use it; else a share below the
+    context takes micro-batch 1 (a share S at micro-batch 2 is the share 2S). Through the Zeppelin
+    entry a global micro-batch (share x micro-batch x DP tokens) must hold the context: the entry
+    cuts the last document of each to fit (integration/data.py BatchSampler).
+
+    >>> [s for s in shapes("zeppelin", 32, 65536, 2**20)]   # 1M tokens of a 64K context on 32 ranks
+    [(1, 32768, 1, True), (1, 16384, 1, True), (1, 8192, 1, True), (1, 4096, 1, True)]
+    >>> [s for s in shapes("static_cp", 32, 65536, 2**20) if s[0] == 8]   # CP 8: DP 4 x mbs divides 16
+    [(8, 65536, 1, False), (8, 65536, 2, False), (8, 65536, 4, False)]
+    """
+    from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes
+
+    out = []
+
+    def add(cp, seq, mbs, entry):
+        # the Zeppelin entry cuts a document at the end of its global micro-batch: one must hold the context
+        whole = not entry or seq * mbs * (domain // cp) >= context
+        if whole and total % seq == 0 and (total // seq) % (domain // cp * mbs) == 0:
+            out.append((cp, seq, mbs, entry))
+
+    if strategy == "static_cp":
+        for cp in (c for c in cp_sizes(domain) if c > 1 and context % (2 * c) == 0):  # Megatron: seq % 2CP
+            for mbs in mbs_choices:
+                add(cp, context, mbs, False)
+        return out
+    entry = strategy in ZEPPELIN_ENTRY_STRATEGIES
+    for mbs in mbs_choices:
+        add(1, context, mbs, entry)
+    if strategy in ("packed_dp",) + ZEPPELIN_ENTRY_STRATEGIES:
+        shares = [context >> k for k in range(1, share_steps + 1) if (context >> k) >= MIN_SHARE
+                  and (context >> k) << k == context]
+        for share in shares:
+            for mbs in (mbs_choices if len(mbs_choices) == 1 else (1,)):
+                add(1, share, mbs, True)
+    return out
+
+
 def advise(lengths, model: ModelSpec, profile: HardwareProfile, nodes: int, gpu_memory_bytes: float,
            seq_length: int, strategies=("packed_dp", "zeppelin", "static_cp"), tps=None,
-           use_sim: bool = True, max_mbs: int = 8) -> Advice:
+           use_sim: bool = True, max_mbs: int = 8, micro_batch_sizes=None, share_steps: int = SHARE_STEPS) -> Advice:
+    """The pick for a global batch of ``lengths`` (cut at the context ``seq_length``) and every
+    candidate weighed; ``share_steps`` 0 keeps every run's --seq-length at the context (no shares)."""
     from megatron_zeppelin.planner import PlanError
-    from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes
 
     gpn = profile.gpus_per_node
     world = nodes * gpn
@@ -217,38 +307,39 @@ def advise(lengths, model: ModelSpec, profile: HardwareProfile, nodes: int, gpu_
         domain = topo.world_size
         ar_grad = _ring_s(model.params() / tp * 4, topo, profile)
         ar_param = _ring_s(model.params() / tp * 2, topo, profile)
+        mbs_choices = tuple(micro_batch_sizes or (m for m in MICRO_BATCH_SIZES if m <= max_mbs))
         for strategy in strategies:
-            cps = [c for c in cp_sizes(domain) if c > 1] if strategy == "static_cp" else [1]
-            for cp in cps:
+            for cp, seq, mbs, entry in shapes(strategy, domain, seq_length, total, mbs_choices, share_steps):
                 dp = domain // cp
-                for mbs in (1, 2, 4, 8):
-                    if mbs > max_mbs or gbs % (dp * mbs):
-                        continue
-                    ga = gbs // (dp * mbs)
-                    try:
-                        fwd, bwd, cap, classes = _micro_batch(split_micro_batches(lengths, ga)[0], topo, profile,
-                                                              model, tp, strategy, cp, use_sim)
-                    except (PlanError, ZeppelinError):
-                        continue  # e.g. a document longer than this layout holds
-                    for level in ADVISE_LEVELS:
-                        f = time_factor(model, level)
-                        compute = ga * (fwd + bwd) * f
-                        for stage in (0, 1, 2, 3):
-                            comm = comm_exposed_s(stage, ga, fwd, bwd * f, model.layers, ar_grad, ar_param)
-                            t = compute + comm
-                            states = predict_memory(model, 0, dp=domain, tp=tp, zero_stage=stage)
-                            gathered = 2 * 2 * _layer_params(model) // tp if stage == 3 else 0
-                            sp = tp > 1
-                            act = activation_bytes_per_token(model, tp, level, sp) * cap
-                            mem = MemoryPrediction(states.weights + gathered, states.gradients, states.optimizer,
-                                                   int(act))
-                            cands.append(Candidate(tp, cp, strategy, stage, level, mbs, ga, dp, t, total / t, cap,
-                                                   mem, mem.total <= HEADROOM * gpu_memory_bytes, compute, comm,
-                                                   classes))
+                ga = total // (seq * dp * mbs)
+                try:
+                    fwd, bwd, cap, classes = _step(lengths, ga, topo, profile, model, tp, strategy, cp, use_sim)
+                except (PlanError, ZeppelinError):
+                    continue  # e.g. a document longer than this layout holds
+                for level in ADVISE_LEVELS:
+                    f = time_factor(model, level)
+                    compute = ga * (fwd + bwd) * f
+                    for stage in (ZEPPELIN_ZERO_STAGES if entry else (0, 1, 2, 3)):
+                        comm = comm_exposed_s(stage, ga, fwd, bwd * f, model.layers, ar_grad, ar_param)
+                        t = compute + comm
+                        states = predict_memory(model, 0, dp=domain, tp=tp, zero_stage=stage)
+                        gathered = 2 * 2 * _layer_params(model) // tp if stage == 3 else 0
+                        sp = tp > 1
+                        act = activation_bytes_per_token(model, tp, level, sp) * cap
+                        mem = MemoryPrediction(states.weights + gathered, states.gradients, states.optimizer,
+                                               int(act))
+                        cands.append(Candidate(tp, cp, strategy, stage, level, mbs, ga, dp, t, total / t, cap,
+                                               mem, mem.total <= HEADROOM * gpu_memory_bytes, compute, comm,
+                                               classes, seq, entry))
     if not cands:
-        raise AdviseError(f"no (TP, CP, micro-batch size) divides the global batch of {gbs} sequences of "
-                          f"{seq_length} tokens over {world} GPUs: change --global-batch-tokens, --seq-length "
-                          "or --nodes")
+        raise AdviseError(f"no (TP, CP or per-rank share, micro-batch size) divides the global batch of {gbs} "
+                          f"sequences of {seq_length} tokens over {world} GPUs: change --global-batch-tokens, "
+                          "--seq-length, --micro-batch-size or --nodes")
+    return pick(cands, gpu_memory_bytes)
+
+
+def pick(cands: List[Candidate], gpu_memory_bytes: float) -> Advice:
+    """The Advice among ``cands`` (the rule of the module doc), with its reasons."""
     fit = [c for c in cands if c.fits]
     if not fit:
         small = min(cands, key=lambda c: c.memory.total)

@@ -22,7 +22,7 @@ from megatron_zeppelin.spec.token_counts import token_count
 from megatron_zeppelin.data.workloads import describe_batch, describe_source, load_source, sample_batch
 from megatron_zeppelin.reports import plan as report
 from megatron_zeppelin.flags.domain import Domain, build_domain, require_at_least
-from megatron_zeppelin.flags.workload import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
+from megatron_zeppelin.flags.workload import add_tp_flag, add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
 from megatron_zeppelin.flags.memory import add_memory_flags, memory_setup
 from megatron_zeppelin.flags.output import check_output_paths
 from megatron_zeppelin.planner.iteration import Iteration
@@ -50,8 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="GPUs per node (default: the profile's)")
     g.add_argument("--nics-per-node", "--zeppelin-nics-per-node", type=int, default=None,
                    help="NICs per node (default: the profile's)")
-    g.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1,
-                   help="tensor-parallel size: each domain rank is a TP group of this many GPUs")
+    add_tp_flag(g)
     g = p.add_argument_group("planner")
     g.add_argument("--strategy", "--zeppelin-strategy", default="zeppelin", choices=STRATEGIES,
                    help="strategy to show in detail (default zeppelin)")

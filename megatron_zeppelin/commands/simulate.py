@@ -14,7 +14,7 @@ from megatron_zeppelin.spec.config import ROUTING, STRATEGIES, ZeppelinConfig
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.token_counts import token_count
 from megatron_zeppelin.flags.domain import build_domain, require_at_least
-from megatron_zeppelin.flags.workload import add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
+from megatron_zeppelin.flags.workload import add_tp_flag, add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
 from megatron_zeppelin.flags.memory import AUTO, add_memory_flags, memory_setup
 from megatron_zeppelin.flags.output import check_output_paths
 
@@ -39,8 +39,7 @@ def add_parser(subparsers):
                    "(default h200, as plan, train, advise and the Megatron-LM entry's --zeppelin-cluster)")
     p.add_argument("--model", default="llama-7b", help="model preset (llama-3b/7b/13b/30b, tiny) or YAML")
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    p.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1,
-                   help="tensor-parallel size: each domain rank is a TP group of this many GPUs")
+    add_tp_flag(p)
     p.add_argument("--capacity-tokens", "--zeppelin-capacity-tokens", type=_tokens_or_memory, default=0,
                    help="per-rank token capacity every strategy must fit: a count, or 'memory' (what one GPU "
                         "holds: ZeRO-1, no recompute, 90%% of the profile's memory_GB); 0 = the planner's default")

@@ -1,4 +1,4 @@
-"""The workload flags ``plan`` and ``simulate`` share: the dataset (and the tokenizer that counts a text
+"""The workload flags ``plan``, ``simulate`` and ``advise`` share: the dataset (and the tokenizer that counts a text
 dataset's tokens), the global batch, the context length, seeds; Megatron-LM's names are accepted where
 they mean the same (``--data-path``, ``--seq-length``, ``--global-batch-size``, ``--micro-batch-size``,
 ``--tokenizer-type`` / ``--tokenizer-model`` / ``--vocab-file`` / ``--merge-file``).
@@ -19,7 +19,8 @@ from megatron_zeppelin.flags.domain import FlagError, require_at_least
 DEFAULT_BATCH = parse_tokens("1M")
 
 
-def add_workload_flags(g, batch_type: Callable = token_count) -> None:
+def add_workload_flags(g, batch_type: Callable = token_count, spread: bool = True) -> None:
+    """The workload group; ``spread``: with ``--seeds`` (a command reporting over several batches)."""
     g.add_argument("--dataset", "--data-path", "--train-data-path", dest="dataset", default="arxiv", nargs="+",
                    action=BlendAction, metavar="DATASET",
                    help=f"preset ({', '.join(PRESETS)}), a distribution YAML, or lengths in a .npy / .jsonl[:FIELD] / "
@@ -47,8 +48,35 @@ def add_workload_flags(g, batch_type: Callable = token_count) -> None:
                    help="documents longer than this are cut into pieces of this length, as Megatron's GPTDataset "
                         "cuts samples of --seq-length (0 = no cut; default 64K)")
     g.add_argument("--seed", type=int, default=0, help="seed of the batch sampler")
-    g.add_argument("--seeds", type=int, default=1,
-                   help="sample N batches (seeds SEED .. SEED+N-1) and report the mean and spread over them")
+    if spread:
+        g.add_argument("--seeds", type=int, default=1,
+                       help="sample N batches (seeds SEED .. SEED+N-1) and report the mean and spread over them")
+
+
+def add_tp_flag(g, default: Optional[int] = 1, help: str = "tensor-parallel size: each domain rank is a TP group "
+                                                            "of this many GPUs") -> None:
+    """Megatron's tensor-parallel size, under both names (one definition for every command)."""
+    g.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=default, help=help)
+
+
+def whole_batch_tokens(args) -> "tuple[int, str]":
+    """(tokens of the whole global batch, how they were read) from --global-batch-tokens or Megatron's
+    --global-batch-size x --seq-length, for a command that splits the batch into steps itself (advise).
+
+    >>> from types import SimpleNamespace as NS
+    >>> whole_batch_tokens(NS(global_batch_tokens=None, global_batch_size=64, context_length=8192))
+    (524288, '--global-batch-size 64 x --seq-length 8192 = 524288 tokens')
+    """
+    gbs, tokens, seq = args.global_batch_size, args.global_batch_tokens, args.context_length
+    require_at_least(args, (("global_batch_size", "--global-batch-size", 1),))
+    if gbs is not None and tokens is not None:
+        raise FlagError("give --global-batch-size (sequences) or --global-batch-tokens, not both")
+    if gbs is None:
+        tokens = DEFAULT_BATCH if tokens is None else tokens
+        return tokens, f"--global-batch-tokens {tokens}"
+    if not seq:
+        raise FlagError("--global-batch-size counts sequences of --seq-length: set --seq-length > 0")
+    return gbs * seq, f"--global-batch-size {gbs} x --seq-length {seq} = {gbs * seq} tokens"
 
 
 class BlendAction(argparse.Action):

@@ -9,7 +9,8 @@ Modes (one job each per run of a matrix):
   ``cp`` ranks, ``--cp-comm-type p2p`` (TE's ring), ``a2a+p2p`` (hierarchical: all-to-all inside a
   node, ring across nodes, ``--hierarchical-context-parallel-sizes``) and ``all_gather`` (KV gathered).
 
-How the stock jobs attend over packed variable-length data: ``--dataloader-inter-document-masking``
+The flags a Zeppelin run needs and the stock jobs' document masking come from spec/megatron_flags.py
+(what ``zeppelin advise`` prints too). How the stock jobs attend over packed variable-length data: ``--dataloader-inter-document-masking``
 makes Megatron's GPTDataset return ``cu_seqlens`` at the dataset's document boundaries, and
 pretrain_gpt.py passes them as THD ``PackedSeqParams`` (TE's varlen attention, CP-aware; position
 ids reset per document): no dense ``[s, s]`` mask is built (``--no-create-attention-mask-in-dataloader``).
@@ -39,6 +40,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.megatron_flags import document_masking_flags, merge, zeppelin_flags
 from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.spec.token_counts import parse_tokens  # one parser for every command
 
@@ -158,7 +160,7 @@ def megatron_args(run: Dict, mode: str) -> List[str]:
          "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear",
          "--attention-dropout", 0, "--hidden-dropout", 0, "--tensor-model-parallel-size", tp,
-         "--calculate-per-token-loss", "--data-path", *data_words(r["data_path"]), "--split", "100,0,0",
+         "--data-path", *data_words(r["data_path"]), "--split", "100,0,0",
          "--tokenizer-type", r["tokenizer_type"], *r["tokenizer_args"], "--seed", r["seed"],
          "--train-iters", iters, "--lr", "3e-4", "--min-lr", "3e-5", "--lr-decay-style", "cosine",
          "--lr-warmup-iters", min(2, iters - 1), "--log-interval", 1, "--eval-iters", 0,
@@ -169,14 +171,9 @@ def megatron_args(run: Dict, mode: str) -> List[str]:
     if tp > 1 and mode != "zeppelin":  # Zeppelin's layer spec does not support sequence parallelism yet
         a += ["--sequence-parallel"]
     a += list(r["extra_args"])
-    if mode == "zeppelin":
-        if not cpu:  # Zeppelin hands RoPE per-token positions; the fused sbhd kernel cannot take them
-            a += ["--no-rope-fusion"]
-        return [str(x) for x in a + ["--dataloader-type", "external", "--zeppelin-balance",
-                                     "--zeppelin-cluster", r["cluster"], "--zeppelin-gpus-per-node", g]]
-    a += ["--reset-position-ids", "--eod-mask-loss"]
-    a += ["--reset-attention-mask"] if cpu else ["--dataloader-inter-document-masking",
-                                                 "--no-create-attention-mask-in-dataloader"]
+    if mode == "zeppelin":  # the flags every Zeppelin run needs: spec/megatron_flags.py, as advise prints them
+        return merge([str(x) for x in a], zeppelin_flags("zeppelin", r["cluster"], g, tp))
+    a = merge([str(x) for x in a], document_masking_flags(cpu))
     a += ["--context-parallel-size", cp_of(r, mode)]
     if mode in CP_COMM_TYPE:
         a += ["--cp-comm-type", CP_COMM_TYPE[mode]]

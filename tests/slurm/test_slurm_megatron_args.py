@@ -15,7 +15,7 @@ import pytest
 
 from megatron_zeppelin.slurm.jobs import ENV_SH, render_jobs
 
-from slurm_helpers import MLM_PYTHON, REPO, mlm_python_missing
+from slurm_helpers import MLM_PYTHON, REPO, mlm_python_missing, write_documents
 
 pytestmark = pytest.mark.slurm
 CHECK = os.path.join(REPO, "scripts", "slurm", "check_megatron_args.py")
@@ -35,11 +35,21 @@ def _check(jobs, tmp_path):
     return {x["job"]: x for x in results}
 
 
+def _with_data(args, prefix):
+    """``args`` with --data-path's words (a prefix, or a blend's weights and prefixes) as ``prefix``."""
+    i = args.index("--data-path")
+    j = next((k for k in range(i + 1, len(args)) if args[k].startswith("--")), len(args))
+    return args[:i + 1] + [prefix] + args[j:]
+
+
 def test_rendered_jobs_pass_megatron_validation(tmp_path):
     why = mlm_python_missing()
     if why:
         pytest.skip(why)
-    jobs = [{"name": j.name, "mode": j.mode, "args": list(j.args), "world_size": j.world_size,
+    # the matrices' data prefixes are placeholders (the example's) or made by the recipe (the CPU one's):
+    # the plugin's validation reads the documents, so every job gets a real tiny dataset
+    prefix = write_documents(str(tmp_path / "data" / "docs"))
+    jobs = [{"name": j.name, "mode": j.mode, "args": _with_data(list(j.args), prefix), "world_size": j.world_size,
              "env": dict(j.env)}
             for m in MATRICES for j in render_jobs(m, str(tmp_path))]
     assert {j["mode"] for j in jobs} >= {"zeppelin", "dp", "cp_p2p", "cp_a2a_p2p", "cp_all_gather"}

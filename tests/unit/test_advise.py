@@ -35,7 +35,7 @@ def a13():
 
 
 def test_global_batch_is_fixed_and_micro_batch_is_free(a13):
-    assert all(c.dp * c.mbs * c.ga * SEQ == sum(BATCH) for c in a13.candidates)
+    assert all(c.dp * c.mbs * c.ga * (c.share or SEQ) == sum(BATCH) for c in a13.candidates)
     assert all(c.dp * c.cp * c.tp == 8 for c in a13.candidates)
     assert len({(c.mbs, c.ga) for c in a13.candidates}) > 2  # several micro-batch sizes were weighed
     assert split_micro_batches(BATCH, 4) and sum(map(sum, split_micro_batches(BATCH, 4))) == sum(BATCH)
@@ -150,4 +150,92 @@ def test_cli_advise(capsys):
                  "--global-batch-tokens", "256K", "--seq-length", "8K", "--no-sim"]) == 0
     out = capsys.readouterr().out
     assert "recommend: TP" in out and "GiB per GPU" in out and "why:" in out and "micro-batch" in out
-    assert "torchrun --nnodes 1 --nproc-per-node 8" in out and "--global-batch-size 32" in out
+    assert "torchrun --nnodes 1 --nproc-per-node 8" in out
+    line = out.split("torchrun", 1)[1].split()
+    seq, gbs = (int(line[line.index(f) + 1]) for f in ("--seq-length", "--global-batch-size"))
+    assert seq * gbs == 256 * 1024 and line[line.index("--max-position-embeddings") + 1] == "8192"
+
+
+LONG = [65536] + [2048] * 480  # 1M tokens, one document of the whole 64K context (issue 56 item 1)
+
+
+@pytest.fixture(scope="module")
+def long_context():
+    return advise(LONG, load_model("llama-7b"), load_profile("a800"), 4, 80e9, seq_length=65536, tps=[1],
+                  use_sim=False)
+
+
+def test_zeppelin_searches_the_per_rank_share(long_context):
+    """16 sequences of 64K cannot split over 32 ranks, but shares can: 8K x 4 steps on 32 ranks holds
+    what CP 8 holds, and the line says so in Megatron's terms (--seq-length the share,
+    --max-position-embeddings the longest document)."""
+    z = [c for c in long_context.candidates if c.strategy == "zeppelin"]
+    assert {(c.share, c.ga) for c in z} >= {(8192, 4), (16384, 2), (32768, 1)}
+    c = next(c for c in z if c.share == 8192)
+    m = load_model("llama-7b")
+    flags = megatron_flags(c, m, 65536, sum(LONG), "a800", 8, 4)
+    assert [flags[flags.index(f) + 1] for f in ("--seq-length", "--max-position-embeddings", "--global-batch-size",
+                                                  "--micro-batch-size")] == ["8192", "65536", "128", "1"]
+    assert check_consistency(flags, c, m, 32, 65536, sum(LONG)) == []
+    # the longest document spans ranks at a share below it, and memory is the fullest rank's
+    assert c.capacity_tokens < 65536 and c.capacity_tokens >= 8192
+    # packed DP below the context keeps documents whole through the Zeppelin entry
+    p = [c for c in long_context.candidates if c.strategy == "packed_dp"]
+    assert p and all(c.zeppelin_entry and c.share < 65536 for c in p)
+    assert "--zeppelin-strategy packed_dp" in command_line(p[0], m, 4, 8, 65536, sum(LONG), "a800", 4)
+
+
+def test_shares_off_rule_zeppelin_out_as_before():
+    a = advise(LONG, load_model("llama-7b"), load_profile("a800"), 4, 80e9, seq_length=65536, tps=[1],
+               use_sim=False, share_steps=0)
+    assert not any(c.strategy in ("zeppelin", "packed_dp") for c in a.candidates)
+    assert any("not possible" in r for r in a.reasons)
+
+
+def test_zeppelin_is_never_advised_with_megatron_fsdp(long_context, a13):
+    for a in (long_context, a13):
+        assert not any(c.zeppelin_entry and c.zero_stage >= 2 for c in a.candidates)
+        assert any(not c.zeppelin_entry and c.zero_stage >= 2 for c in a.candidates)  # stock runs still weigh it
+    m = load_model("llama-7b")
+    best_z = min((c for c in long_context.candidates if c.strategy == "zeppelin"), key=lambda c: c.iteration_s)
+    from megatron_zeppelin.advise.reasons import reasons
+    assert any("Megatron-FSDP (ZeRO-2/3) with --zeppelin-balance has run nowhere" in r
+               for r in reasons(best_z, long_context.candidates, 80e9))
+    assert "--use-megatron-fsdp" not in megatron_flags(best_z, m, 65536, sum(LONG))
+
+
+def test_lines_carry_the_flags_the_slurm_jobs_carry(long_context, a13):
+    """One source (spec/megatron_flags.py): a Zeppelin line has what the plugin requires, a stock
+    packed line the document masking of the SLURM dp job."""
+    from megatron_zeppelin.slurm.args import megatron_args
+    from megatron_zeppelin.spec.megatron_flags import ZEPPELIN_REQUIRED, document_masking_flags
+    run = {"name": "x", "model": "llama-7b", "nodes": 1, "seq_length": 8192, "global_batch_tokens": "256K",
+           "data_path": "/d"}
+    dp_job, z_job = megatron_args(run, "dp"), megatron_args(run, "zeppelin")
+    masking = [f for f in document_masking_flags() if f.startswith("--")]
+    assert set(masking) <= set(dp_job)
+    required = [f for f in ZEPPELIN_REQUIRED if f.startswith("--")]
+    assert set(required) <= set(z_job)
+    m13, m7 = load_model("llama-13b"), load_model("llama-7b")
+    stock = [c for c in a13.candidates if not c.zeppelin_entry]
+    assert {c.strategy for c in stock} >= {"packed_dp", "static_cp"}
+    for c in stock[::17]:
+        assert set(masking) <= set(megatron_flags(c, m13, SEQ, sum(BATCH)))
+    for c in [c for c in long_context.candidates if c.zeppelin_entry][::13]:
+        line = megatron_flags(c, m7, 65536, sum(LONG))
+        assert set(required) <= set(line) and not (set(masking) - set(required)) & set(line)
+
+
+def test_cli_advise_takes_the_workload_flags(tmp_path, capsys):
+    """plan's workload flags (issue 56 item 10): a JSONL text dataset counted by --tokenizer, Megatron's
+    --data-path / --global-batch-size / --micro-batch-size / --tensor-model-parallel-size; the output
+    says how the tokens were counted."""
+    import json
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": "x" * n}) + "\n" for n in [100, 5000, 300, 2000, 8000] * 20))
+    assert main(["advise", "--model", "llama-7b", "--cluster", "a800", "--nodes", "1", "--data-path", str(data),
+                 "--tokenizer", "byte", "--global-batch-size", "32", "--seq-length", "8K", "--micro-batch-size", "1",
+                 "--tensor-model-parallel-size", "2", "--no-sim"]) == 0
+    out = capsys.readouterr().out
+    assert "counted by --tokenizer byte" in out and "--global-batch-size 32 x --seq-length 8192" in out
+    assert "recommend: TP 2" in out and "--micro-batch-size 1 " in out
