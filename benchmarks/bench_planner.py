@@ -23,6 +23,12 @@ Quality: arxiv, github and prolong64k (workloads.sample_batch, 64K context, ~1M 
 Sweep (``--sweep``): Zeppelin against every baseline on the paper's other settings: clusters a800
 and h200, 2..16 nodes of 8 GPUs, 64K..256K context, 256K tokens per node per global batch, seed 0.
 
+Scale (``--scale``): 1k documents / 64 ranks, 16k / 1024 and 128k / 8192 (1024 nodes x 8), documents
+drawn from the prolong64k and arxiv mixes (seed 0, cut at 64K), each case in a fresh process: one
+Planner's first plan (it builds the run's cost model) and its second (steady), wall seconds, and the
+process's peak resident memory (``ru_maxrss``) before and after; then the slope of the steady time
+over documents, log(t2 / t1) / log(n2 / n1) (1: linear; n log n over 16k -> 128k is about 1.2).
+
 ``--balance-memory``: every plan with ``--zeppelin-balance-memory`` (docs/partitioner.md: memory balance).
 
 Against older code (``--compare-src DIR``: a tree holding another version of the
@@ -68,6 +74,9 @@ RUN_CASES = (("a800", "llama-7b", 1, "prolong64k", 65536, 4, 16384, "auto"),
              ("h800", "llama-13b", 2, "github", 65536, 4, "memory", "none"),
              ("h200", "llama-7b", 1, "github", 16384, 4, "memory", "none"))
 
+
+SCALE_CASES = ((1000, 8), (16000, 128), (128000, 1024))  # (documents, nodes of 8): 16 documents a rank
+SCALE_MIXES = ("prolong64k", "arxiv")
 
 BALANCE_MEMORY = False  # --balance-memory: every plan with --zeppelin-balance-memory
 
@@ -139,6 +148,53 @@ def run_latency(case: int, repeats: int) -> dict:
             "cpu_median_ms": 1e3 * statistics.median(cpu), "load_average": os.getloadavg()[0],
             "batch_ms": [1e3 * statistics.median(times[k::len(batches)]) for k in range(len(batches))],
             "predicted_iteration_s": iteration}
+
+
+def scale_case(mix: str, n_docs: int, nodes: int, prof, model) -> dict:
+    """One scale case in this process (run it in a fresh one: the peak memory is the process's)."""
+    import resource
+
+    from megatron_zeppelin.data.workloads import cut_to_context, load_distribution
+    from megatron_zeppelin.planner import Planner
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    lengths = cut_to_context(load_distribution(mix).draw(np.random.default_rng(0), n_docs), 65536).astype(np.int64)
+    topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
+    planner = Planner(topo, prof, model, _config(gpus_per_node=8))
+    t0 = time.perf_counter()
+    plan = planner.plan(lengths)
+    first = time.perf_counter() - t0
+    classes = plan.class_counts()
+    del plan
+    t0 = time.perf_counter()
+    planner.plan(lengths)
+    steady = time.perf_counter() - t0
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"mix": mix, "docs": n_docs, "ranks": topo.world_size, "tokens": int(lengths.sum()),
+            "first_s": first, "steady_s": steady, "peak_rss_mib": rss1 / 1024, "rss_before_mib": rss0 / 1024,
+            "classes": classes, "load_average": os.getloadavg()[0]}
+
+
+def scale(args) -> list:
+    """Every scale case in a fresh process, and the slope of the steady time over documents."""
+    out = []
+    for mix in SCALE_MIXES:
+        rows = []
+        for n, nodes in SCALE_CASES:
+            cmd = [sys.executable, os.path.abspath(__file__), "--one-scale", mix, str(n), str(nodes),
+                   "--cluster", args.cluster, "--model", args.model]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600)
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            if rows:
+                prev = rows[-1]
+                r["slope_from_previous"] = (np.log(r["steady_s"] / prev["steady_s"]) /
+                                            np.log(r["docs"] / prev["docs"]))
+            rows.append(r)
+            print(f"scale {mix:10s} {n:6d} docs {r['ranks']:5d} ranks: first {r['first_s']:.2f} s, steady "
+                  f"{r['steady_s']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB (before {r['rss_before_mib']:.0f})"
+                  + (f", slope {r['slope_from_previous']:.2f}" if "slope_from_previous" in r else "")
+                  + f" (load {r['load_average']:.1f})", flush=True)
+        out += rows
+    return out
 
 
 def compare(case: list, info: dict, repeats: int, rounds: int, old_src: str, args) -> dict:
@@ -264,12 +320,18 @@ def main(argv=None) -> int:
                     help="plan with --zeppelin-balance-memory (its planning time; not with --compare-src)")
     ap.add_argument("--one-case", type=int, nargs=2, metavar=("DOCS", "NODES"), help=argparse.SUPPRESS)
     ap.add_argument("--one-run", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--scale", action="store_true", help="also the scale cases (up to 128k documents / 8192 ranks)")
+    ap.add_argument("--one-scale", nargs=3, metavar=("MIX", "DOCS", "NODES"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.balance_memory and args.compare_src:
         ap.error("--balance-memory plans with a flag older trees lack: run it without --compare-src")
     global BALANCE_MEMORY
     BALANCE_MEMORY = args.balance_memory
     prof, model = load_profile(args.cluster), load_model(args.model)
+    if args.one_scale:  # a child of --scale: one case, JSON on stdout
+        mix, n, nodes = args.one_scale
+        print(json.dumps(scale_case(mix, int(n), int(nodes), prof, model)))
+        return 0
     if args.one_case or args.one_run is not None:  # a child of --compare-src: one case, JSON on stdout
         import megatron_zeppelin
         r = (run_latency(args.one_run, args.repeats) if args.one_case is None else
@@ -330,6 +392,8 @@ def main(argv=None) -> int:
             print(f"quality {row['dataset']:10s} seed {row['seed']}: zeppelin {z['predicted_iteration_s']:.2f} s "
                   f"imbalance {z['imbalance']:.3f} ratio {z['ratio_to_lower_bound']:.3f}; best baseline "
                   f"{best[1]} {best[0]:.2f} s", flush=True)
+    if args.scale:
+        out["scale"] = scale(args)
     if args.sweep:
         out["sweep"] = sweep(args.sweep_clusters, args.sweep_nodes, args.sweep_contexts,
                              ("arxiv", "github", "prolong64k"), model)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 
 from megatron_zeppelin.attention.kernels.select import BACKENDS as ATTENTION_KERNELS
+from megatron_zeppelin.integration.plan_ahead import Worker
 from megatron_zeppelin.spec.config import ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
 from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.token_counts import token_count
@@ -67,11 +68,16 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
     g.add_argument("--zeppelin-plan-ahead", dest="zeppelin_plan_ahead", action="store_true", default=True,
-                   help="Megatron-LM entry: plan each global micro-batch on a worker thread while the one "
-                        "before it trains (default; the same plans, off the step's critical path). "
+                   help="Megatron-LM entry: plan each global micro-batch on a worker (--zeppelin-plan-ahead-worker) "
+                        "while the one before it trains (default; the same plans, off the step's critical path). "
                         "`zeppelin train` always plans in its step (its step times are measurements).")
     g.add_argument("--no-zeppelin-plan-ahead", dest="zeppelin_plan_ahead", action="store_false",
                    help="Megatron-LM entry: plan each batch in its forward step.")
+    g.add_argument("--zeppelin-plan-ahead-worker", default=Worker.PROCESS.value,
+                   choices=[w.value for w in Worker],
+                   help="Megatron-LM entry, with plan-ahead: plan in a spawned process (default: planning never "
+                        "holds the training process's GIL) or on a thread of it. Where no process can start, "
+                        "it says so once and plans on a thread.")
     g.add_argument("--zeppelin-debug-plan", action="store_true",
                    help="Compare plan digests across the domain every step (a mismatch is an error); "
                         "the Megatron-LM entry also prints each plan's document classes on rank 0.")

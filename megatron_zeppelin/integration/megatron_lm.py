@@ -204,7 +204,8 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
         cfg, topo, spec = _domain(args)
         if cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)
             from megatron_zeppelin.integration.plan_ahead import PlanAhead, PlannedBatches
-            ahead = args._zeppelin_plan_ahead = PlanAhead(_run_planner(args, topo, spec, cfg))
+            ahead = args._zeppelin_plan_ahead = PlanAhead(_run_planner(args, topo, spec, cfg),
+                                                          worker=getattr(args, "zeppelin_plan_ahead_worker", "process"))
             train = PlannedBatches(train, ahead, _doc_lengths)
             valid = valid if valid is None else PlannedBatches(valid, ahead, _doc_lengths)
     return train, valid, None
