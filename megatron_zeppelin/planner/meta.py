@@ -40,6 +40,7 @@ class PlanMeta:
     cp_size: Optional[int] = None
     dp_size: Optional[int] = None
     cp_size_predicted_s: Tried = ()
+    a2a_cp_size_predicted_s: Tried = ()  # static_cp: each a2a (Ulysses) CP size's prediction
     # dynamic_cp: Megatron's max_seqlen_per_dp_cp_rank (and each tried value), its HDP rounds.
     max_seqlen_per_dp_cp_rank: Optional[int] = None
     max_seqlen_per_dp_cp_rank_predicted_s: Tried = ()
@@ -87,7 +88,7 @@ class PlanMeta:
 _INTS = ("token_cap", "cp_size", "dp_size", "max_seqlen_per_dp_cp_rank", "hdp_rounds", "hdp_round",
          "q_bytes_per_token")
 _FLOATS = {"budget_s": ".6g", "estimate_s": ".6g", "flops_share": ".6g", "target": "g"}  # as strategies write them
-_TRIED = ("cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s")
+_TRIED = ("cp_size_predicted_s", "a2a_cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s")
 
 
 def _text(name: str, v) -> str:
