@@ -162,14 +162,17 @@ def test_engine_pipelined_backward_mixed_rings_routed():
 def a2a_cases(world: int):
     """(name, plan, heads, kv_heads): a2a rings with local documents; MHA and GQA (the K/V heads
     split over the ring too: heads % G == kv_heads % G == 0, as TE asserts)."""
+    t = Topology(1, 2) if world == 2 else Topology(2, 2)
+    cfg = ZeppelinConfig(gpus_per_node=t.gpus_per_node, cp_comm="a2a", cp_size=2)  # static_cp in TE's a2a mode
+    static = plan_batch(batch(1, world), t, TOY_PROFILE, TOY_MODEL, cfg, strategy="static_cp")
     if world == 2:
-        t = Topology(1, 2)
         p = hand_plan([41, 3, 17, 6], t, [(0, 1), 0, (0, 1), 1], comm="a2a")
-        return [("a2a_w2_mha", p, 4, 4), ("a2a_w2_gqa", p, 4, 2)]
-    t = Topology(2, 2)  # an inter ring of 4 and two intra rings of 2 (both queues), local documents
+        return [("a2a_w2_mha", p, 4, 4), ("a2a_w2_gqa", p, 4, 2), ("a2a_w2_static_cp", static, 4, 2)]
+    # an inter ring of 4 and two intra rings of 2 (both queues), local documents
     p4 = hand_plan([53, 5, 29, 11, 2, 19], t, [(0, 1, 2, 3), 1, (0, 1), (2, 3), 3, (0, 1, 2, 3)], comm="a2a")
     p2 = hand_plan([37, 8, 23, 4], t, [(1, 0), 2, (3, 2), 0], comm="a2a")
-    return [("a2a_w4_mha", p4, 4, 4), ("a2a_w4_gqa", p4, 8, 4), ("a2a_w4_gqa_rings2", p2, 4, 2)]
+    return [("a2a_w4_mha", p4, 4, 4), ("a2a_w4_gqa", p4, 8, 4), ("a2a_w4_gqa_rings2", p2, 4, 2),
+            ("a2a_w4_static_cp", static, 4, 2)]
 
 
 def _run_a2a(rank, world, cases):
@@ -198,7 +201,7 @@ def a2a_step_bytes(plan, rank: int, hq: int, hk: int, d: int = 8, elt: int = 8) 
 @pytest.mark.parametrize("world", [2, 4])
 def test_engine_a2a_rings_exact(world):
     cases = a2a_cases(world)
-    assert all({r.comm for r in p.rings} == {"a2a"} for _, p, _, _ in cases)
+    assert all(p.rings and {r.comm for r in p.rings} == {"a2a"} for _, p, _, _ in cases)
     results = run_distributed(_run_a2a, world, cases, timeout=240)
     for ci, (name, plan, hq, hk) in enumerate(cases):
         for rank, res in enumerate(results):
