@@ -204,8 +204,9 @@ def _micro_batch(lengths, topo, profile, model, tp, strategy, cp, use_sim):
     from megatron_zeppelin.spec.memory import plan_capacity_tokens
     from megatron_zeppelin.planner import plan_batch
 
+    # static_cp in TE's p2p mode: the mode the advice's Megatron line renders (--cp-comm-type p2p)
     cfg = ZeppelinConfig(strategy=strategy, gpus_per_node=topo.gpus_per_node, tp=tp,
-                         cp_size=cp if strategy == "static_cp" else 0)
+                         cp_size=cp if strategy == "static_cp" else 0, cp_comm="p2p" if strategy == "static_cp" else None)
     plan = plan_batch(list(lengths), topo, profile, model, cfg)
     if use_sim:
         from megatron_zeppelin.sim.iteration import SimOptions, simulate

@@ -6,9 +6,10 @@
 Rows are this rank's attention-layout segments concatenated. The result equals per-document causal
 attention run on each whole document alone (reference.py), and is differentiable. The order of the
 work is the layer program (planner/program.py, the same one the prediction prices and the simulator
-times), run by runner.py: queues inter, then intra (all-gather rings of a queue first, then zigzag
-p2p rings), the local documents while the first transfer of the first queue is in flight, the
-pipelined dK/dV. Every rank runs every queue step (proxies of routed messages included).
+times), run by runner.py: queues inter, then intra (a2a rings of a queue first, then all-gather
+rings, then zigzag p2p rings), the local documents while the first transfer of the first queue is
+in flight, the pipelined dK/dV. An a2a (Ulysses) ring's head-sharded Q/K/V, output and
+log-sum-exp are kept from the forward for the backward (ulysses.py), as TE keeps them. Every rank runs every queue step (proxies of routed messages included).
 ``counters`` (CommCounters) accumulate bytes per link/NIC/step and compute seconds per queue.
 """
 
@@ -26,6 +27,7 @@ from megatron_zeppelin.planner.program import attention_program
 from megatron_zeppelin.planner.types import CommOp, Plan, PlanError, Ring
 from megatron_zeppelin.attention.kernels import attend_pairs, attend_pairs_backward
 from megatron_zeppelin.attention.runner import LayerRun
+from megatron_zeppelin.attention.ulysses import Heads
 from megatron_zeppelin.attention.view import RankView
 from megatron_zeppelin.spec.words import DocClass
 
@@ -126,19 +128,20 @@ class AttentionEngine:
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
         out = torch.zeros(q.shape, dtype=acc, device=q.device)
         lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
-        LayerRun(self.context(), q, k, v, out, lse, lambda: self._local_forward(q, k, v, out, lse)
-                 ).run(self.program[False])
+        run = LayerRun(self.context(), q, k, v, out, lse, lambda: self._local_forward(q, k, v, out, lse))
+        run.run(self.program[False])
         self._end_pass()
-        return out.to(q.dtype), lse
+        return out.to(q.dtype), lse, run.heads
 
-    def backward(self, q, k, v, out, lse, dout):
+    def backward(self, q, k, v, out, lse, dout, heads=None):
+        """``heads``: what the forward kept for its a2a rings (its third result)."""
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros(v.shape, dtype=acc, device=q.device)
         dout = dout.to(q.dtype)
         LayerRun(self.context(), q, k, v, out, lse, lambda: self._local_backward(q, k, v, out, lse, dout, dq, dk, dv),
-                 grads=(dout, dq, dk, dv)).run(self.program[True])
+                 grads=(dout, dq, dk, dv), heads=heads).run(self.program[True])
         self._end_pass()
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
@@ -146,15 +149,16 @@ class AttentionEngine:
 class _EngineFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, engine: AttentionEngine, q, k, v):
-        out, lse = engine.forward(q.detach(), k.detach(), v.detach())
-        ctx.engine = engine
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, heads = engine.forward(q.detach(), k.detach(), v.detach())
+        ctx.engine, ctx.a2a = engine, tuple(heads)  # a2a rings' head groups, saved as TE saves them
+        ctx.save_for_backward(q, k, v, out, lse, *(t for rid in ctx.a2a for t in heads[rid].tensors()))
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.engine.backward(q.detach(), k.detach(), v.detach(), out, lse, dout)
+        q, k, v, out, lse, *kept = ctx.saved_tensors
+        heads = {rid: Heads(*kept[5 * n:5 * n + 5]) for n, rid in enumerate(ctx.a2a)}
+        dq, dk, dv = ctx.engine.backward(q.detach(), k.detach(), v.detach(), out, lse, dout, heads)
         return None, dq, dk, dv
 
 

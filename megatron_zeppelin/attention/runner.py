@@ -16,6 +16,11 @@ what each instruction does with the rank's tensors:
 - ``Wait``: ``kv``: the next block to hold; ``dkv``: the predecessor's partial, added to the fresh
   buffer, or, one step after a ring's last, the finished dK/dV of the own block (home);
   ``gather``: the others' blocks; ``scatter``: the partials of the own block, summed, home.
+- a2a (Ulysses) rings, ulysses.py: ``qkv`` / ``dout`` carry this block's Q/K/V / dO of each other
+  member's head group, ``out`` / ``dqkv`` each other member's block's output / dQ/dK/dV of this
+  member's group; their Waits build this member's whole documents for its heads (``qkv``,
+  ``dout``) or place the rows of its own block (``out``, ``dqkv``); their Compute attends the whole
+  documents for its heads, forward or backward, with what the forward kept (``heads``).
 No autograd runs through communication. Every rank runs every instruction (proxies of routed
 messages included): all ranks post the same exchanges in the same order.
 """
@@ -29,16 +34,20 @@ import torch
 from megatron_zeppelin.distributed.executor import StepExchange
 from megatron_zeppelin.planner.program import Compute, Post, Wait
 from megatron_zeppelin.attention.blocks import attend, attend_backward, pack_kv
+from megatron_zeppelin.attention.kernels import attend_pairs, attend_pairs_backward
+from megatron_zeppelin.attention.ulysses import KINDS, A2ARing, Heads
 from megatron_zeppelin.spec.words import Comm, DocClass
 
-TAGS = {"kv": 0, "dkv": 1, "gather": 2, "scatter": 3}  # exchanges a rank may keep in flight together
+TAGS = {"kv": 0, "dkv": 1, "gather": 2, "scatter": 3, "qkv": 4, "out": 5, "dout": 6, "dqkv": 7}  # exchanges
+# a rank may keep in flight together
 
 
 class LayerRun:
-    """One pass of the program on this rank. ``grads``: (dout, dq, dk, dv) in the backward."""
+    """One pass of the program on this rank. ``grads``: (dout, dq, dk, dv) in the backward;
+    ``heads``: per a2a ring id, what the forward kept (its ``heads`` after the run), for the backward."""
 
-    def __init__(self, ctx, q, k, v, out, lse, local, grads=None):
-        self.ctx, self.q, self.k, self.out, self.lse, self.local = ctx, q, k, out, lse, local
+    def __init__(self, ctx, q, k, v, out, lse, local, grads=None, heads=None):
+        self.ctx, self.q, self.k, self.v, self.out, self.lse, self.local = ctx, q, k, v, out, lse, local
         self.backward = grads is not None
         self.dout, self.dq, self.dk, self.dv = grads if grads is not None else (None,) * 4
         self.ring_of = {r.id: r for r in ctx.rings}
@@ -50,6 +59,11 @@ class LayerRun:
         self.partial: Dict[tuple, torch.Tensor] = {}  # all-gather backward: (ring, block) -> dK/dV
         self.gathered: Dict[tuple, torch.Tensor] = {}
         self.ex: Dict[str, tuple] = {}  # name -> (exchange, its Post)
+        self.a2a = {rid: A2ARing(ctx.view, self.ring_of[rid], q.shape[1], k.shape[1], q.shape[2])
+                    for rid in self.mine if self.ring_of[rid].comm == Comm.A2A}
+        self.heads: Dict[int, Heads] = dict(heads or {})
+        self.dheads: Dict[int, torch.Tensor] = {}  # a2a backward: dO of this member's group
+        self.dgrads: Dict[int, tuple] = {}  # a2a backward: dQ/dK/dV of this member's group
 
     def run(self, program) -> None:
         for x in program:
@@ -82,10 +96,15 @@ class LayerRun:
         if x.queue == DocClass.LOCAL:
             self.local()
             return
+        a2a = [rid for rid in x.rings if rid in self.a2a]
+        if a2a:
+            self._compute_a2a(x, a2a)
+            if all(rid in self.a2a or rid not in self.mine for rid in x.rings):
+                return
         with self.ctx.counters.timer(x.queue):
             work = []  # (ring id, block, its K/V message): every block of this Compute, one kernel call
             for rid in x.rings:
-                if rid not in self.mine:
+                if rid not in self.mine or rid in self.a2a:
                     continue
                 r, i = self.ring_of[rid], self.mine[rid]
                 for s in x.steps:
@@ -112,9 +131,55 @@ class LayerRun:
                 else:
                     self.partial[(rid, b)] = g
 
+    def _compute_a2a(self, x: Compute, rids) -> None:
+        """Each a2a ring's whole documents for this member's heads: causal, one call per ring."""
+        c = self.ctx
+        with c.counters.timer(x.queue):
+            for rid in rids:
+                h, a = self.heads[rid], self.a2a[rid]
+                if not self.backward:
+                    attend_pairs(h.q, h.k, h.v, a.pairs, h.out, h.lse, c.scale, c.backend)
+                    continue
+                acc = h.out.dtype
+                grads = tuple(torch.zeros(t.shape, dtype=acc, device=t.device) for t in (h.q, h.k, h.v))
+                attend_pairs_backward(self.dheads[rid], h.q, h.k, h.v, h.out, h.lse, a.pairs, *grads, c.scale,
+                                      c.backend)
+                self.dgrads[rid] = grads
+
+    def _payload_a2a(self, kind: str, rings) -> Dict[tuple, torch.Tensor]:
+        pay: Dict[tuple, torch.Tensor] = {}
+        for rid, a in self.a2a.items():
+            if rid not in rings:
+                continue
+            if kind == "qkv":
+                pay.update(a.send_qkv(self.q, self.k, self.v))
+            elif kind == "out":
+                pay.update(a.send_out(self.heads[rid], self.k.dtype))
+            elif kind == "dout":
+                pay.update(a.send_dout(self.dout))
+            else:
+                pay.update(a.send_dqkv(self.dgrads[rid], self.k.dtype))
+        return pay
+
+    def _wait_a2a(self, kind: str, rings, got) -> None:
+        for rid, a in self.a2a.items():
+            if rid not in rings:
+                continue
+            if kind == "qkv":
+                self.heads[rid] = a.gather_qkv(got, self.q, self.k, self.v, self.out.dtype)
+            elif kind == "out":
+                a.place_out(got, self.heads[rid], self.out)
+            elif kind == "dout":
+                self.dheads[rid] = a.gather_dout(got, self.dout)
+            else:
+                a.place_dqkv(got, self.dgrads.pop(rid), self.dq, self.dk, self.dv)
+
     def post(self, x: Post) -> None:
         kind = x.name.split()[0]
         rings = set(x.rings)
+        if kind in KINDS:
+            self._start(x, kind, rings, self._payload_a2a(kind, rings), self._a2a_width(kind))
+            return
         if kind == "kv":
             pay = {(rid, self._blk(rid, x.step)): self.held[rid] for rid in self.mine if rid in rings}
         elif kind == "dkv":
@@ -124,8 +189,18 @@ class LayerRun:
             pay = {(rid, self.mine[rid]): self.held[rid] for rid in self.mine if rid in rings}
         else:  # scatter: the others' blocks' partial dK/dV
             pay = {key: g for key, g in self.partial.items() if key[0] in rings and key[1] != self.mine[key[0]]}
+        self._start(x, kind, rings, pay, self.width)
+
+    def _a2a_width(self, kind: str):
+        """Channels per row of an a2a exchange, per ring (rings of different sizes split differently)."""
+        g = {r.id: r.size for r in self.ctx.rings}
+        hq, hk, d = self.q.shape[1], self.k.shape[1], self.q.shape[2]
+        per = (hq + 2 * hk) if kind in ("qkv", "dqkv") else hq
+        return lambda rid: per // g[rid] * d
+
+    def _start(self, x: Post, kind: str, rings, pay, width) -> None:
         c = self.ctx
-        ex = StepExchange(c.step_ops(x.queue, x.step, rings), c.rank, c.group, pay, self.width, dtype=self.k.dtype,
+        ex = StepExchange(c.step_ops(x.queue, x.step, rings), c.rank, c.group, pay, width, dtype=self.k.dtype,
                           device=self.k.device, reverse=x.reverse, counters=c.counters,
                           phase="bwd" if self.backward else "fwd", tag=TAGS[kind], tags=c.tags).start()
         self.ex[x.name] = (ex, x)
@@ -134,6 +209,9 @@ class LayerRun:
         ex, p = self.ex.pop(x.name)
         got = ex.wait()
         kind, s = p.name.split()[0], p.step
+        if kind in KINDS:
+            self._wait_a2a(kind, set(p.rings), got)
+            return
         for rid in self.mine:
             if rid not in p.rings:
                 continue

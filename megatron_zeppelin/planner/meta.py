@@ -40,6 +40,7 @@ class PlanMeta:
     cp_size: Optional[int] = None
     dp_size: Optional[int] = None
     cp_size_predicted_s: Tried = ()
+    a2a_cp_size_predicted_s: Tried = ()  # static_cp: each a2a (Ulysses) CP size's prediction
     # dynamic_cp: Megatron's max_seqlen_per_dp_cp_rank (and each tried value), its HDP rounds.
     max_seqlen_per_dp_cp_rank: Optional[int] = None
     max_seqlen_per_dp_cp_rank_predicted_s: Tried = ()
@@ -51,6 +52,9 @@ class PlanMeta:
     # which the simulator runs again before each backward (sim/iteration.plan_recompute); its text
     # form ("selective:core_attn") only in the JSON pairs.
     recompute: Optional[Recompute] = None
+    # Plans with a2a rings: bytes of Q per token and TP rank, which size their messages
+    # (build/schedule.row_bytes; the schedule check reads it).
+    q_bytes_per_token: Optional[int] = None
 
     def __post_init__(self):  # floats as their text says: a plan equals its JSON round trip
         for f in fields(self):
@@ -81,9 +85,10 @@ class PlanMeta:
                                        if getattr(self, f.name) not in (None, "", ())) + ")"
 
 
-_INTS = ("token_cap", "cp_size", "dp_size", "max_seqlen_per_dp_cp_rank", "hdp_rounds", "hdp_round")
+_INTS = ("token_cap", "cp_size", "dp_size", "max_seqlen_per_dp_cp_rank", "hdp_rounds", "hdp_round",
+         "q_bytes_per_token")
 _FLOATS = {"budget_s": ".6g", "estimate_s": ".6g", "flops_share": ".6g", "target": "g"}  # as strategies write them
-_TRIED = ("cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s")
+_TRIED = ("cp_size_predicted_s", "a2a_cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s")
 
 
 def _text(name: str, v) -> str:

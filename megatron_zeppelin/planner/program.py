@@ -4,7 +4,9 @@ The engine, the prediction and the simulator read the ring work from here instea
 enumerating it: ``ring_blocks`` lists every (query chunk, key/value chunk) block each ring member
 computes at each ring step (zigzag: member i at step s attends its chunks i and 2G-1-i to those of
 member (i - s) mod G, causal: a kv chunk after the q chunk is skipped; all-gather rings use the
-same blocks, step s = the block of member (i - s) mod G).
+same blocks, step s = the block of member (i - s) mod G). An a2a (Ulysses) ring's member computes,
+at step 0, every document whole and causal for its 1/G of the heads: one block per document of
+``share`` 1/G (the FLOPs of the block times share; the kernel runs at the whole document's rate).
 
 Worked example: a 2-member ring over a document of 6 tokens cut (0, 1, 3, 4, 6): member 0 holds
 chunks 0 and 3 (1 + 2 tokens), member 1 chunks 1 and 2 (2 + 1 tokens).
@@ -60,6 +62,7 @@ class RingBlocks:
     rank: np.ndarray  # the member's rank
     seq: np.ndarray  # the block's query chunk (ring, document, chunk), an id: blocks of one query chunk in
     # one kernel call are one sequence of it (attention/kernels/pieces.py), which pays cost.seq_s once
+    share: np.ndarray  # the share of the heads it computes: 1, or 1/G on an a2a ring of G members
 
 
 @lru_cache(maxsize=None)
@@ -87,11 +90,12 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
     blocks ``ring_step_blocks`` lists, built with numpy one ring size at a time (a ring of G
     members over D documents has up to 4 G^2 D blocks: hundreds of thousands for a CP 32 ring)."""
     by_size: Dict[int, List[int]] = {}
+    a2a: List[int] = []
     for ri, r in enumerate(rings):
         if r.docs and r.size:
-            by_size.setdefault(r.size, []).append(ri)
+            (a2a if r.comm == Comm.A2A else by_size.setdefault(r.size, [])).append(ri)
     parts = []
-    top = max(by_size, default=0) + 1
+    top = max([rings[ri].size for ri in a2a] + list(by_size), default=0) + 1
     pairs_before = 0  # (ring, document) pairs of the earlier sizes: seq ids stay distinct across sizes
     for g, ris in by_size.items():
         # One row per (ring, document) pair, rings in order, each ring's documents in order.
@@ -105,16 +109,30 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
         pair, at = np.nonzero(keep)
         member = member[at]
         seq = (pairs_before + pair) * (2 * top) + qa[at]
-        parts.append((q[keep], k[keep], diag[at], pair_ring[pair], member, step[at], ranks[slot[pair], member], seq))
+        parts.append((q[keep], k[keep], diag[at], pair_ring[pair], member, step[at], ranks[slot[pair], member], seq,
+                      np.ones(len(pair))))
         pairs_before += len(pair_ring)
+    for ri in a2a:  # every member: each document whole, causal, its head group (one sequence each)
+        r = rings[ri]
+        g, lengths = r.size, np.array([docs[d].length for d in r.docs], dtype=np.int64)
+        member = np.repeat(np.arange(g), len(lengths))
+        L = np.tile(lengths, g)
+        pair = pairs_before + np.tile(np.arange(len(lengths)), g)
+        keep = L > 0
+        parts.append((L[keep], L[keep], np.ones(keep.sum(), dtype=bool), np.full(keep.sum(), ri), member[keep],
+                      np.zeros(keep.sum(), dtype=np.int64), np.array(r.ranks, dtype=np.int64)[member[keep]],
+                      (pair * (2 * top) + member)[keep], np.full(keep.sum(), 1.0 / g)))
+        pairs_before += len(lengths)
     f, n, b = np.float64, np.int64, bool
     if not parts:
         e = np.zeros(0)
-        return RingBlocks(e, e.copy(), e.astype(b), e.astype(n), e.astype(n), e.astype(n), e.astype(n), e.astype(n))
-    q, kv, c, ri, i, st, rank, seq = (np.concatenate(x) for x in zip(*parts))
+        return RingBlocks(e, e.copy(), e.astype(b), e.astype(n), e.astype(n), e.astype(n), e.astype(n), e.astype(n),
+                          e.copy())
+    q, kv, c, ri, i, st, rank, seq, sh = (np.concatenate(x) for x in zip(*parts))
     order = np.argsort((ri * top + st) * top + i, kind="stable")  # (ring, step, member); documents stay in order
     return RingBlocks(q[order].astype(f), kv[order].astype(f), c[order].astype(b), ri[order].astype(n),
-                      i[order].astype(n), st[order].astype(n), rank[order].astype(n), seq[order].astype(n))
+                      i[order].astype(n), st[order].astype(n), rank[order].astype(n), seq[order].astype(n),
+                      sh[order].astype(f))
 
 
 def sequences_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, size: int) -> np.ndarray:
@@ -162,8 +180,8 @@ def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps
     b = ring_blocks(rings, docs)
     fwd, bwd = np.zeros((steps, world)), np.zeros((steps, world))
     if len(b.q):
-        np.add.at(fwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal))
-        np.add.at(bwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal, True))
+        np.add.at(fwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal) * b.share)
+        np.add.at(bwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal, True) * b.share)
         n = sequences_per(b.step * world + b.rank, b.seq, b.causal, steps * world).reshape(steps, world)
         has = n > 0
         fwd += has * cost.call_s() + n * cost.seq_s()
@@ -243,14 +261,18 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
     it (attention/engine.py runs it with attention/runner.py); the prediction and the simulator
     interpret it too.
 
-    Queues inter, then intra; in a queue the all-gather rings, then the zigzag (p2p) rings, all
-    rings of a queue stepping together. The *overlap point* is right after the first compute of
+    Queues inter, then intra; in a queue the a2a rings, the all-gather rings, then the zigzag (p2p)
+    rings, all rings of a queue stepping together. The *overlap point* is right after the first compute of
     each queue (ring kind): the first runs the local documents (inside the layer's first
     exchange); in the backward later ones wait for the previous queue's last dK/dV exchange.
     - zigzag forward: step s posts its K/V exchange (rings with s < G-1), computes, waits.
     - zigzag backward (ring-flash-attention): step s posts its K/V exchange, computes (step s-1's
       dK/dV in flight), waits for that dK/dV, posts step s's dK/dV (rings with s < G), waits for
       the K/V; step G-1's dK/dV is waited at the next overlap point (or at the end).
+    - a2a (Ulysses, TE's AttnFuncWithCPAndQKVOA2A): forward posts Q/K/V to the head groups (step
+      0), waits, computes every document for its heads, posts the output home (step 1), waited at
+      the next overlap point; backward the same with dO (step 1 mirrored) and dQ/dK/dV home (step
+      0 mirrored).
     - all-gather: gather; forward computes its own block meanwhile, the rest after; backward
       computes the other blocks, posts their partial dK/dV home (reversed ops), computes its own
       block, and waits for the partials at the next overlap point.
@@ -291,6 +313,14 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
 
     for queue in RING_QUEUES:
         qr = [r for r in rings if r.cls == queue]
+        a2a = tuple(r.id for r in qr if r.comm == Comm.A2A)
+        if a2a:  # Ulysses: heads in (step 0's ops; backward dO, step 1's mirrored), compute, heads back
+            first, then = (("dout", 1), ("dqkv", 0)) if backward else (("qkv", 0), ("out", 1))
+            prog.append(post(f"{first[0]} {queue}", queue, first[1], a2a, reverse=backward))
+            overlap_point()
+            prog += [Wait(f"{first[0]} {queue}"), Compute(queue, a2a, (0,)),
+                     post(f"{then[0]} {queue}", queue, then[1], a2a, reverse=backward)]
+            pending[0] = f"{then[0]} {queue}"
         ag = tuple(r.id for r in qr if r.comm == Comm.ALLGATHER)
         if ag:
             size = max(r.size for r in qr if r.comm == Comm.ALLGATHER)
@@ -365,7 +395,7 @@ class AttentionWork:
         self._top_id = int(ids.max(initial=-1)) + 1
         self.step, self.rank, self.seq, self.causal, self.q = b.step, b.rank, b.seq, b.causal, b.q
         self.cost, self.host = cost, cost.host
-        self.sec = {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) for bw in (False, True)}
+        self.sec = {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) * b.share for bw in (False, True)}
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
         self.members = {r.id: r.ranks for r in rings}

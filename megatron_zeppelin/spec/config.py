@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.recompute import Recompute
-from megatron_zeppelin.spec.words import Routing, StrategyName
+from megatron_zeppelin.spec.words import Comm, Routing, StrategyName
 
 from dataclasses import dataclass, field, replace
-from typing import Tuple
+from typing import Optional, Tuple
 
 ROUTING = tuple(r.value for r in Routing)  # the plain words: --zeppelin-routing's choices
 
@@ -45,6 +45,9 @@ class ZeppelinConfig:
     capacity_tokens: int = 0  # --zeppelin-capacity-tokens: per-rank attention tokens, 0 = 2x the mean
     balance_memory: bool = False  # --zeppelin-balance-memory: every rank's tokens within 1.10x the mean
     cp_size: int = 0  # --zeppelin-cp-size: CP group size for static_cp/allgather_cp, 0 = best for the batch
+    # --zeppelin-cp-comm-type: TE's cp_comm_type static_cp (and Zeppelin's static_cp shapes) may
+    # use, p2p or a2a (Ulysses); None (auto) = the faster for the batch
+    cp_comm: Optional[Comm] = None
     min_route_bytes: int = 0  # --zeppelin-min-route-bytes: 0 = derived from the profile
     debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
     plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
@@ -70,6 +73,10 @@ class ZeppelinConfig:
             raise ConfigError(f"--zeppelin-capacity-tokens must be >= 0, got {self.capacity_tokens}")
         if self.cp_size < 0 or (self.cp_size & (self.cp_size - 1)):
             raise ConfigError(f"--zeppelin-cp-size must be 0 (auto) or a power of two, got {self.cp_size}")
+        if self.cp_comm is not None and self.cp_comm not in (Comm.P2P, Comm.A2A):
+            raise ConfigError(f"--zeppelin-cp-comm-type must be auto, p2p or a2a, got {self.cp_comm}")
+        if self.cp_comm is not None:
+            object.__setattr__(self, "cp_comm", Comm(self.cp_comm))
         if self.min_route_bytes < 0:
             raise ConfigError(f"--zeppelin-min-route-bytes must be >= 0, got {self.min_route_bytes}")
         if self.tp < 1:

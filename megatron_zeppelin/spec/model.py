@@ -68,6 +68,10 @@ class ModelSpec:
         """Bytes of K and V for one token of one layer on one TP rank."""
         return 2 * max(1, self.kv_heads // tp) * self.head_dim * self.dtype_bytes
 
+    def q_bytes_per_token(self, tp: int = 1) -> int:
+        """Bytes of Q (and of the attention output) for one token of one layer on one TP rank."""
+        return max(1, self.heads // tp) * self.head_dim * self.dtype_bytes
+
     @property
     def is_moe(self) -> bool:
         return self.experts > 0

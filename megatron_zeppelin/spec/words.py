@@ -45,9 +45,11 @@ class Link(_Word):
 
 
 class Comm(_Word):
-    """How a ring moves K/V: zigzag point-to-point steps, or one all-gather (Llama-3)."""
+    """How a ring moves K/V: zigzag point-to-point steps, one all-gather (Llama-3), or Ulysses
+    all-to-alls of Q/K/V and the output (Transformer Engine's ``a2a``: heads split over the ring)."""
     P2P = "p2p"
     ALLGATHER = "allgather"
+    A2A = "a2a"
 
 
 class Layout(_Word):

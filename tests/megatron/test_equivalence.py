@@ -33,6 +33,15 @@ def _check(res, ref, strategies=STRATEGIES):
         assert all(x[strategy]["losses"] == r["losses"] for x in res)
 
 
+def test_static_cp_a2a_matches_single_process_4_ranks_2x2(reference):
+    """static_cp in TE's a2a (Ulysses) mode: head groups over CP pairs, the engine's saved head-sharded
+    tensors in the layer's autograd context."""
+    res = run_distributed(w.zeppelin_run, 4, 1, 2, ["static_cp:a2a"], STEPS, "real", reference["init"], timeout=300)
+    _check(res, reference, ["static_cp:a2a"])
+    classes = res[0]["static_cp:a2a"]["classes"]
+    assert classes.get("comm:a2a", 0) >= 1 and "comm:p2p" not in classes
+
+
 def test_zeppelin_spec_matches_single_process_4_ranks_2x2(reference):
     res = run_distributed(w.zeppelin_run, 4, 1, 2, STRATEGIES, STEPS, "real", reference["init"], timeout=300)
     _check(res, reference)

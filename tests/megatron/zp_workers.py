@@ -103,10 +103,11 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
         ddp = wrap_ddp(model)
         opt = make_optimizer([p for p in ddp.parameters()], lr=LR)
         # Small capacity forces zeppelin to split the long documents (intra and inter rings);
-        # static_cp runs every document over fixed CP groups of 2.
-        cfg = ZeppelinConfig(strategy=strategy, gpus_per_node=gpus_per_node, tp=tp, sequence_parallel=sequence_parallel,
-                             capacity_tokens=CAPACITY.get(rt.domain_size, 0) if strategy == "zeppelin" else 0, cp_size=2,
-                             recompute=recompute)
+        # static_cp runs every document over fixed CP groups of 2 ("static_cp:a2a": in TE's a2a mode).
+        name, _, comm = strategy.partition(":")
+        cfg = ZeppelinConfig(strategy=name, gpus_per_node=gpus_per_node, tp=tp, sequence_parallel=sequence_parallel,
+                             capacity_tokens=CAPACITY.get(rt.domain_size, 0) if name == "zeppelin" else 0, cp_size=2,
+                             recompute=recompute, cp_comm=comm or None)
         losses, grads, classes = [], [], {}
         for s in range(steps):
             docs = step_docs(s, m.vocab)
@@ -119,6 +120,7 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
             losses.append(r["loss"])
             grads.append(gather_full(ddp.module.named_parameters(), rt.tp_group, tp, grads=True))
             classes = {c: classes.get(c, 0) + n for c, n in plan.class_counts().items()}
+            classes.update({f"comm:{r.comm}": classes.get(f"comm:{r.comm}", 0) + 1 for r in plan.rings})
         out[strategy] = {"losses": losses, "grads": grads if rank == 0 else None, "classes": classes,
                          "recompute": model.config.recompute_granularity,
                          "sequence_parallel": model.config.sequence_parallel}

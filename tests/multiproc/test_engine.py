@@ -156,3 +156,57 @@ def pipelined_cases():
 def test_engine_pipelined_backward_mixed_rings_routed():
     cases = pipelined_cases()
     _check_results(run_distributed(_run_cases, 6, cases, timeout=240), cases)
+
+
+# --- a2a (Ulysses) rings: head groups over the ring, whole documents per group --------------------
+def a2a_cases(world: int):
+    """(name, plan, heads, kv_heads): a2a rings with local documents; MHA and GQA (the K/V heads
+    split over the ring too: heads % G == kv_heads % G == 0, as TE asserts)."""
+    t = Topology(1, 2) if world == 2 else Topology(2, 2)
+    cfg = ZeppelinConfig(gpus_per_node=t.gpus_per_node, cp_comm="a2a", cp_size=2)  # static_cp in TE's a2a mode
+    static = plan_batch(batch(1, world), t, TOY_PROFILE, TOY_MODEL, cfg, strategy="static_cp")
+    if world == 2:
+        p = hand_plan([41, 3, 17, 6], t, [(0, 1), 0, (0, 1), 1], comm="a2a")
+        return [("a2a_w2_mha", p, 4, 4), ("a2a_w2_gqa", p, 4, 2), ("a2a_w2_static_cp", static, 4, 2)]
+    # an inter ring of 4 and two intra rings of 2 (both queues), local documents
+    p4 = hand_plan([53, 5, 29, 11, 2, 19], t, [(0, 1, 2, 3), 1, (0, 1), (2, 3), 3, (0, 1, 2, 3)], comm="a2a")
+    p2 = hand_plan([37, 8, 23, 4], t, [(1, 0), 2, (3, 2), 0], comm="a2a")
+    return [("a2a_w4_mha", p4, 4, 4), ("a2a_w4_gqa", p4, 8, 4), ("a2a_w4_gqa_rings2", p2, 4, 2),
+            ("a2a_w4_static_cp", static, 4, 2)]
+
+
+def _run_a2a(rank, world, cases):
+    out = []
+    for name, plan, hq, hk in cases:
+        r = check_engine(plan, rank, dist.group.WORLD, heads=hq, kv_heads=hk, d=8, dtype=torch.float64,
+                         seed=len(name))
+        out.append((name, {**r, "counters": dict(r["counters"].bytes_by_step)}))
+    return out
+
+
+def a2a_step_bytes(plan, rank: int, hq: int, hk: int, d: int = 8, elt: int = 8) -> dict:
+    """Bytes this rank sends per (phase, queue, step) by the Plan's a2a ops: forward, step 0 a head
+    group's Q/K/V and step 1 its output from each op's source; backward, the mirrored ops (dO,
+    dQ/dK/dV) from each op's destination."""
+    size = {r.id: r.size for r in plan.rings}
+    out: dict = {}
+    for o in plan.schedule:
+        width = ((hq + 2 * hk) if o.step == 0 else hq) // size[o.ring] * d * elt
+        for phase, sender in (("fwd", o.src), ("bwd", o.dst)):
+            if sender == rank:
+                out[(phase, o.queue, o.step)] = out.get((phase, o.queue, o.step), 0) + (o.stop - o.start) * width
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_engine_a2a_rings_exact(world):
+    cases = a2a_cases(world)
+    assert all(p.rings and {r.comm for r in p.rings} == {"a2a"} for _, p, _, _ in cases)
+    results = run_distributed(_run_a2a, world, cases, timeout=240)
+    for ci, (name, plan, hq, hk) in enumerate(cases):
+        for rank, res in enumerate(results):
+            cname, r = res[ci]
+            assert cname == name and r["tokens"] == plan.tokens(rank)
+            assert max(r["out"], r["dq"], r["dk"], r["dv"]) <= TOL[torch.float64], (name, rank, r)
+            assert all(r[k + "_shape_ok"] for k in ("out", "dq", "dk", "dv"))
+            assert r["counters"] == a2a_step_bytes(plan, rank, hq, hk), (name, rank)

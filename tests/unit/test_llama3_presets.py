@@ -28,7 +28,7 @@ def _ring_step_bytes(model, tp=1):
     nodes at TP 8, one domain rank per node)."""
     profile = load_profile("a800")
     topo = Topology(1 if tp == 1 else 2, 8 // tp, max(1, profile.nics_per_node // tp))
-    cfg = ZeppelinConfig(gpus_per_node=8 // tp, tp=tp, cp_size=2)
+    cfg = ZeppelinConfig(gpus_per_node=8 // tp, tp=tp, cp_size=2, cp_comm="p2p")  # TE's ring: K/V messages
     plan = plan_batch([8192, 6000, 4000, 2000], topo, profile, model, cfg, strategy="static_cp")
     assert plan.rings and plan.kv_bytes_per_token == model.kv_bytes_per_token(tp)
     return [o.nbytes for o in plan.schedule], plan

@@ -107,7 +107,8 @@ def test_aligned_rings_keep_documents_on_the_smallest_rings_memory_allows():
 def test_the_prediction_picks_among_the_aligned_passes():
     # llama-7b on H800 with the batch memory allows: a 64K document needs 15+ ranks. The least-estimate
     # pass spreads it over all 32 ranks; the honest prediction prefers the pass that keeps it on 16 (2 nodes).
+    # (p2p shapes only: the a2a shape over all 32 ranks, a2a32, wins this batch otherwise)
     lengths, topo, profile, spec, cfg, cap = _memory_batch("prolong64k", "h800", "llama-7b")
-    plan = plan_batch(lengths, topo, profile, spec, cfg, strategy="zeppelin")
+    plan = plan_batch(lengths, topo, profile, spec, cfg.with_(cp_comm="p2p"), strategy="zeppelin")
     assert [r.size for r in plan.rings if r.cls == "inter"] == [16]
     assert "aligned" in dict(plan.meta)["variant"]

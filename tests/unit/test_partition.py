@@ -68,7 +68,9 @@ def test_placement_flags_follow_the_config():
     ctx = toy_context(nodes=2, gpus=2, config=ZeppelinConfig(gpus_per_node=2, remap=False, routing="off"))
     p = plan_zeppelin([5000, 300, 200], ctx)
     assert (p.remap, p.routing) == (False, False)
-    p = plan_zeppelin([5000, 300, 200], toy_context(nodes=2, gpus=2))
+    # p2p shapes only: an a2a (Ulysses) shape, unrouted, would otherwise win this batch
+    p = plan_zeppelin([5000, 300, 200], toy_context(nodes=2, gpus=2, config=ZeppelinConfig(gpus_per_node=2,
+                                                                                            cp_comm="p2p")))
     assert (p.remap, p.routing) == (True, True)
 
 

@@ -66,7 +66,26 @@ CASES = {  # lengths, where, comm
     "inter_intra_local": ([9000, 30000, 30000, 4000], [(0, 2), (0, 1), (2, 3), 1], "p2p"),
     "allgather": ([20000, 5000], [(0, 1, 2, 3), 0], "allgather"),
     "allgather_inter": ([6000, 30000, 800], [(0, 2), (2, 3), 1], "allgather"),
+    "a2a": ([20000, 5000, 3000], [(0, 1), (2, 3), 0], "a2a"),
+    "a2a_inter_local": ([30000, 30000, 800], [(0, 2), (1, 3), 1], "a2a"),  # equal rings: both on one NIC
 }
+
+
+def test_a2a_closed_form():
+    """A 2-member a2a ring, forward: Q/K/V of each member's block to the other (both directions at
+    once), both members compute the whole document for half the heads, the output goes home:
+    T(step 0) + c + T(step 1), c = the document's causal block at half its FLOPs."""
+    topo = Topology(1, 2)
+    cost = toy_context(1, 2).cost
+    plan = hand_plan([8192], topo, [(0, 1)], comm="a2a")
+    att = _Attention(plan.docs, plan.rings, plan.schedule, cost)
+    clock, busy = np.zeros(2), np.zeros(2)
+    att.run(clock, False, busy)
+    c = cost.block_flops_s(8192, 8192, True) / 2 + cost.seq_s() + cost.call_s()
+    assert np.allclose(att.work.seconds(Compute("intra", (0,), (0,)), False), c, rtol=1e-12)
+    T = {s: cost.latency("nvlink") + max(o.nbytes for o in plan.schedule if o.step == s) / cost.bandwidth("nvlink")
+         for s in (0, 1)}
+    assert np.allclose(clock, T[0] + c + T[1], rtol=1e-12)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -59,3 +59,37 @@ def test_checker_holds_a_plan_to_the_hand_table():
                 [replace(o, dst=o.src, src=o.dst) if i == 0 else o for i, o in enumerate(ops)]):  # reversed
         with pytest.raises(PlanError):
             check_schedule(replace(plan, schedule=tuple(bad)))
+
+
+# An a2a (Ulysses) ring of ranks 0, 1, 2 over the zigzag document above (blocks of 4, 3, 5 tokens),
+# 18 bytes of Q and 12 of K/V per token: a step 0 row is a head group's Q/K/V, (18 + 12) / 3 = 10
+# bytes; a step 1 row a head group's output, 18 / 3 = 6 bytes. Step 0: member i sends its block i to
+# each other member, in ring order from itself (i + 1, i + 2); step 1: each other member sends block
+# i's output rows of its heads home to i.
+A2A = [  # (step, src, dst, block, tokens, bytes)
+    (0, 0, 1, 0, 4, 40), (0, 0, 2, 0, 4, 40), (0, 1, 2, 1, 3, 30), (0, 1, 0, 1, 3, 30),
+    (0, 2, 0, 2, 5, 50), (0, 2, 1, 2, 5, 50),
+    (1, 0, 1, 1, 3, 18), (1, 0, 2, 2, 5, 30), (1, 1, 0, 0, 4, 24), (1, 1, 2, 2, 5, 30),
+    (1, 2, 0, 0, 4, 24), (1, 2, 1, 1, 3, 18),
+]
+
+
+def test_a2a_ring_messages_by_hand():
+    ring = Ring(0, (0, 1, 2), "intra", (0,), comm="a2a")
+    doc = DocPlan(0, 12, "intra", 0, -1, (0, 1, 3, 6, 8, 9, 12))
+    ops = ring_ops([ring], {0: doc}, Topology(1, 4), 12, q_bytes_per_token=18)
+    assert [(o.step, o.src, o.dst, o.block, o.stop, o.nbytes) for o in ops] == A2A
+    with pytest.raises(ValueError):  # no Q size given: an a2a message has no size
+        ring_ops([ring], {0: doc}, Topology(1, 4), 12)
+
+
+def test_checker_holds_an_a2a_plan_to_its_bytes():
+    plan = hand_plan([12, 8], Topology(1, 2), [(0, 1), (0, 1)], comm="a2a")
+    assert plan.meta.q_bytes_per_token and {o.step for o in plan.schedule} == {0, 1}
+    check_schedule(plan)
+    ops = list(plan.schedule)
+    for bad in ([replace(ops[0], nbytes=ops[0].nbytes + 1)] + ops[1:],  # bytes off its rows
+                [replace(o, nbytes=o.stop * plan.kv_bytes_per_token) for o in ops],  # sized as K/V
+                ops[:-1]):  # a message missing
+        with pytest.raises(PlanError):
+            check_schedule(replace(plan, schedule=tuple(bad)))

@@ -6,9 +6,20 @@ inside a node), DP = world / cp groups; documents are packed over the DP groups 
 group is zigzag-split over all its ranks (TE DualChunkSwap: member i holds chunks i and 2cp-1-i) and
 run as one p2p ring. A CP group of one rank keeps its documents local (plain packed DP).
 
+The comm type is a run-level setting too, as Transformer Engine's ``cp_comm_type``: ``p2p`` (the
+zigzag ring) or ``a2a`` (DeepSpeed-Ulysses: transformer_engine/pytorch/attention/
+dot_product_attention/context_parallel.py, AttnFuncWithCPAndQKVOA2A: an all-to-all turns the
+sequence-sharded Q/K/V into head-sharded ones, each rank attends the whole sequence for its heads,
+and an all-to-all brings the output back; THD input with the same DualChunkSwap chunks). TE asserts
+``num_heads % cp_size == 0`` for Q and for K/V (it does not replicate K/V heads), so a2a is offered
+only for CP sizes dividing the Q and the K/V heads of one TP rank; other sizes are skipped, with why.
+
 ``--zeppelin-cp-size`` (``config.cp_size``) fixes the CP size; 0 tries every power of two dividing
-the domain (and the whole domain) and keeps the predicted-fastest (``meta['cp_size']``; every
-candidate's prediction is in ``meta['cp_size_predicted_s']``). Routing and remap are off: stock Megatron has neither.
+the domain (and the whole domain). ``--zeppelin-cp-comm-type`` (``config.cp_comm``) fixes the comm
+type; auto tries both. Every (CP size, comm type) is a candidate and the
+predicted-fastest is kept (``meta['cp_size']``, the rings' ``comm``; the p2p candidates' predictions
+are in ``meta['cp_size_predicted_s']``, the a2a ones' in ``meta['a2a_cp_size_predicted_s']``).
+Routing and remap are off: stock Megatron has neither.
 
 Example: 4 ranks, CP 2: groups (0, 1) and (2, 3); lengths 8, 6, 4 pack as {8} and {6, 4}.
 
@@ -38,6 +49,8 @@ def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -
     if cp < 1 or world % cp:
         raise PlanError(f"CP size {cp} does not divide the domain of {world} ranks "
                         f"(set --zeppelin-cp-size to a power of two dividing {world}, or 0 for auto)")
+    if comm == Comm.A2A and cp > 1:
+        heads_error(ctx, cp)
     blocks = aligned_blocks(cp, world)
     groups = {i: blocks[k] for i, k in enumerate(cp_assignment(lengths, len(blocks)))}
     tok = rank_tokens(lengths, groups, world)
@@ -45,9 +58,28 @@ def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -
     if tok[worst] > ctx.capacity:
         raise PlanError(f"CP size {cp}: rank {worst} would hold {tok[worst]} tokens > capacity {ctx.capacity} "
                         f"(raise --zeppelin-capacity-tokens or --zeppelin-cp-size)")
-    why = (f"{'TE p2p' if comm == 'p2p' else 'Llama-3 all-gather'} CP over fixed groups of {cp} consecutive "
+    kind = {Comm.P2P: "TE p2p", Comm.A2A: "TE a2a (Ulysses)", Comm.ALLGATHER: "Llama-3 all-gather"}[Comm(comm)]
+    why = (f"{kind} CP over fixed groups of {cp} consecutive "
            f"rank(s): every document split over its group" if cp > 1 else "CP size 1: packed DP, all local")
     return placement_from_groups(lengths, groups, ctx, comm, why, {"cp_size": str(cp), "dp_size": str(world // cp)})
+
+
+def heads_error(ctx: PlanContext, cp: int) -> None:
+    """Raise PlanError where an a2a CP group of ``cp`` cannot split the heads of one TP rank (TE's
+    assert: num_heads % cp_size == 0 for Q and for K/V).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context   # 4 heads, 2 K/V heads
+    >>> heads_error(toy_context(gpus=4), 2)
+    >>> heads_error(toy_context(gpus=4), 4)
+    Traceback (most recent call last):
+    ...
+    megatron_zeppelin.planner.errors.PlanError: a2a CP size 4 does not divide the 2 K/V heads of a TP rank (TE needs num_heads % cp_size == 0 for Q and K/V: use p2p or a CP size dividing both)
+    """
+    m, tp = ctx.cost.model, ctx.cost.tp
+    for what, n in (("Q", max(1, m.heads // tp)), ("K/V", max(1, m.kv_heads // tp))):
+        if n % cp:
+            raise PlanError(f"a2a CP size {cp} does not divide the {n} {what} heads of a TP rank (TE needs "
+                            f"num_heads % cp_size == 0 for Q and K/V: use p2p or a CP size dividing both)")
 
 
 def cp_assignment(lengths: Sequence[int], groups: int) -> list:
@@ -75,6 +107,25 @@ def cp_candidates(lengths: Sequence[int], ctx: PlanContext, comm: str) -> Iterab
                                for cp in cp_sizes(ctx.topology.world_size)], "cp_size")
 
 
+def a2a_candidates(lengths: Sequence[int], ctx: PlanContext) -> Iterable[Candidate]:
+    """The a2a (Ulysses) settings: ``config.cp_size`` if set, else every CP size (size 1, packed DP,
+    only where p2p does not offer it already); one whose size does not divide the heads carries
+    that error (choose skips it)."""
+    sizes = [ctx.config.cp_size] if ctx.config.cp_size else cp_sizes(ctx.topology.world_size)
+    low = 1 if Comm.P2P not in cp_comms(ctx) else 2
+    return setting_candidates([(cp, (lambda cp=cp: cp_placement(lengths, ctx, cp, Comm.A2A)))
+                               for cp in sizes if cp >= low], "a2a_cp_size")
+
+
+def cp_comms(ctx: PlanContext) -> tuple:
+    """The comm types static_cp may run: ``--zeppelin-cp-comm-type`` (``config.cp_comm``), or both."""
+    return (Comm.P2P, Comm.A2A) if ctx.config.cp_comm is None else (ctx.config.cp_comm,)
+
+
 @strategy(StrategyName.STATIC_CP, order=2, searches=True)
 def plan_static_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
-    return cp_candidates(lengths, ctx, Comm.P2P)
+    comms = cp_comms(ctx)
+    if Comm.P2P in comms:
+        yield from cp_candidates(lengths, ctx, Comm.P2P)
+    if Comm.A2A in comms:
+        yield from a2a_candidates(lengths, ctx)

@@ -26,7 +26,7 @@ from megatron_zeppelin.planner.build.routing import route_schedule
 from megatron_zeppelin.planner.build.schedule import ring_ops
 from megatron_zeppelin.planner.types import Plan, PlanError, PlanMeta, ring_documents
 from megatron_zeppelin.spec.memory import activation_bytes
-from megatron_zeppelin.spec.words import CLASSES, DocClass, Layout
+from megatron_zeppelin.spec.words import CLASSES, Comm, DocClass, Layout
 
 _DOC = attrgetter("doc")
 
@@ -66,7 +66,7 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
         local = [d for d in docs if d.cls == local_]
     att = attention_layout(docs, rings, topo.world_size, local)
     dmap = ring_documents(docs, rings)  # ring_ops reads ring documents only
-    ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of)
+    ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of, cost.model.q_bytes_per_token(cost.tp))
     if placement.routing:
         ops = route_schedule(ops, topo, cost, ctx.config)
     arrays = local_arrays(docs, local)  # the attention tokens and the ring costs both read them
@@ -144,13 +144,16 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
                 schedule=tuple(ops), cost=rank_cost,
                 lower_bound_s=lower_bound(lengths, cost) if lower_bound_s is None else lower_bound_s,
                 thresholds=placement.thresholds, kv_bytes_per_token=cost.kv_bytes_per_token,
-                meta=PlanMeta.from_pairs(plan_meta(placement.meta, cost)),
+                meta=PlanMeta.from_pairs(plan_meta(placement.meta, cost, rings)),
                 allreduce_s=cost.dp_allreduce_s())
 
 
-def plan_meta(meta: dict, cost) -> tuple:
-    """The strategy's notes, and the recompute the plan is priced with (the simulator reads it)."""
+def plan_meta(meta: dict, cost, rings=()) -> tuple:
+    """The strategy's notes, the recompute the plan is priced with (the simulator reads it) and,
+    with a2a rings, the Q bytes per token that size their messages (the checker reads it)."""
     extra = {} if cost.recompute.none else {"recompute": cost.recompute.describe()}
+    if any(r.comm == Comm.A2A for r in rings):
+        extra["q_bytes_per_token"] = str(cost.model.q_bytes_per_token(cost.tp))
     return tuple(sorted((str(k), str(v)) for k, v in {**meta, **extra}.items()))
 
 

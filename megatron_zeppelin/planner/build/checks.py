@@ -39,7 +39,7 @@ from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron_zeppelin.planner.build.layout import attention_layout, zigzag_bounds
-from megatron_zeppelin.planner.build.schedule import ring_messages
+from megatron_zeppelin.planner.build.schedule import ring_messages, row_bytes
 from megatron_zeppelin.planner.types import Plan, PlanError, Segment
 from megatron_zeppelin.spec.words import CLASSES, COMMS, LINKS, RING_QUEUES, STAGES, DocClass, Layout, Link, Stage
 
@@ -195,13 +195,20 @@ def check_schedule(plan: Plan) -> None:
     topo, W, kvb = plan.topology, plan.world_size, plan.kv_bytes_per_token
     want = expected_messages(plan)
     by_msg: Dict[Tuple, list] = defaultdict(list)
+    ring_of = {r.id: r for r in plan.rings}
+    qb = plan.meta.q_bytes_per_token or 0
     for o in plan.schedule:
         # link classes beyond nvlink and nic come from the profile (its levels): any identifier
         if o.stage not in STAGES or not (o.link in LINKS or str(o.link).isidentifier()) or o.queue not in RING_QUEUES:
             raise PlanError(f"schedule: op {o} has a bad stage, link or queue")
         if not (0 <= o.src < W and 0 <= o.dst < W) or o.src == o.dst:
             raise PlanError(f"schedule: op {o} has bad ranks")
-        if not (0 <= o.start < o.stop) or o.nbytes != (o.stop - o.start) * kvb:
+        ring = ring_of.get(o.ring)
+        try:
+            per_row = kvb if ring is None else row_bytes(ring, o.step, kvb, qb)
+        except ValueError as e:
+            raise PlanError(f"schedule: op {o}: {e}") from None
+        if not (0 <= o.start < o.stop) or o.nbytes != (o.stop - o.start) * per_row:
             raise PlanError(f"schedule: op {o} bytes do not match its token rows")
         if (o.link != Link.NVLINK) == topo.same_node(o.src, o.dst):
             raise PlanError(f"schedule: op {o} link {o.link} does not match the ranks' nodes")

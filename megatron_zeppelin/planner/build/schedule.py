@@ -4,6 +4,13 @@ Zigzag ring (``p2p``): at step s member i holds the K/V block of member (i - s) 
 to member i + 1. Steps 0..G-2 run in the forward; step G-1 only in the backward (dK/dV come home).
 All rings of one queue step together: global step s of the queue is step s of each of its rings.
 All-gather ring (``allgather``): one step in which every member sends its block to every other.
+All-to-all ring (``a2a``, DeepSpeed-Ulysses as Transformer Engine runs it:
+transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+AttnFuncWithCPAndQKVOA2A and flash_attn_a2a_communicate): step 0 moves Q/K/V, each member sending
+member j the heads of group j of its own block (sequence-sharded -> head-sharded); step 1 moves the
+output back, member j sending each member i the output rows of i's block for j's heads. Message
+rows are tokens of the block; a row carries 1/G of the heads (``a2a_row_bytes``). The backward
+mirrors both: dO as step 1 reversed, dQ/dK/dV as step 0 reversed.
 
 Worked example: one intra ring of ranks (0, 1) holding a document of 6 tokens (member 0 holds 3
 tokens, member 1 holds 3), 4 bytes of K/V per token:
@@ -33,9 +40,31 @@ def block_tokens(ring: Ring, docs: Dict[int, DocPlan]) -> List[int]:
     return [sum([b[i + 1] - b[i] + b[g2 - i] - b[g2 - 1 - i] for b in bounds]) for i in range(ring.size)]
 
 
+def a2a_row_bytes(g: int, step: int, kv_bytes_per_token: int, q_bytes_per_token: int) -> int:
+    """Bytes of one token row of an all-to-all message of a ring of ``g`` members: step 0 carries
+    Q, K and V of one head group (1/g of the heads), step 1 the output of one head group. Needs
+    g | the Q and the K/V heads (per TP rank), as TE asserts; the planner refuses other sizes.
+
+    >>> a2a_row_bytes(2, 0, kv_bytes_per_token=16, q_bytes_per_token=32), a2a_row_bytes(2, 1, 16, 32)
+    (24, 16)
+    """
+    per = q_bytes_per_token + (kv_bytes_per_token if step == 0 else 0)
+    if not q_bytes_per_token or per % g:
+        raise ValueError(f"an a2a ring of {g} members needs Q bytes per token divisible by it, got {q_bytes_per_token}")
+    return per // g
+
+
+def row_bytes(ring: Ring, step: int, kv_bytes_per_token: int, q_bytes_per_token: int = 0) -> int:
+    """Bytes of one token row of ``ring``'s messages at ``step``: K/V of every head for p2p and
+    all-gather rings; a head group's share of Q/K/V or of the output for a2a rings."""
+    if ring.comm == Comm.A2A:
+        return a2a_row_bytes(ring.size, step, kv_bytes_per_token, q_bytes_per_token)
+    return kv_bytes_per_token
+
+
 def _op(topo: Topology, ring: Ring, step: int, block: int, src: int, dst: int, tokens: int, kvb: int,
         link_of: Optional[Callable[[int, int], str]]) -> CommOp:
-    """The direct CommOp of one ring message (one hop, the whole block)."""
+    """The direct CommOp of one ring message (one hop, the whole block); ``kvb``: bytes per row."""
     inter = not topo.same_node(src, dst)
     link = link_of(src, dst) if link_of is not None else Link.NIC if inter else Link.NVLINK
     return CommOp(queue=ring.cls, step=step, ring=ring.id, block=block, msg_src=src, msg_dst=dst, src=src, dst=dst,
@@ -55,6 +84,9 @@ def ring_messages(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> List[Tuple
         sizes = block_tokens(ring, docs)
         if ring.comm == Comm.ALLGATHER:  # one step: every member's block to every other member
             sends = [(0, i, i, (i + k) % g) for i in range(g) for k in range(1, g)]
+        elif ring.comm == Comm.A2A:  # Q/K/V of block i to every head group j, then j's output of block i home
+            sends = ([(0, i, i, (i + k) % g) for i in range(g) for k in range(1, g)]
+                     + [(1, i, (i + k) % g, i) for i in range(g) for k in range(1, g)])
         else:  # zigzag: at step s member i passes block (i - s) mod G on to member i + 1
             sends = [(s, (i - s) % g, i, (i + 1) % g) for s in range(g) for i in range(g)]
         out += [(ring.cls, s, ring.id, b, ring.ranks[i], ring.ranks[j], sizes[b]) for s, b, i, j in sends if sizes[b]]
@@ -62,11 +94,13 @@ def ring_messages(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> List[Tuple
 
 
 def ring_ops(rings: Sequence[Ring], docs: Dict[int, DocPlan], topo: Topology, kv_bytes_per_token: int,
-             link_of: Optional[Callable[[int, int], str]] = None) -> List[CommOp]:
+             link_of: Optional[Callable[[int, int], str]] = None, q_bytes_per_token: int = 0) -> List[CommOp]:
     """Direct CommOps of every ring message; ``link_of`` (CostModel.link_of) names each hop's link
-    class (default: nvlink inside a node, nic across nodes)."""
+    class (default: nvlink inside a node, nic across nodes); ``q_bytes_per_token`` sizes a2a
+    rings' messages (row_bytes)."""
     ring_of = {r.id: r for r in rings}
-    ops = [_op(topo, ring_of[rid], s, b, src, dst, n, kv_bytes_per_token, link_of)
+    ops = [_op(topo, ring_of[rid], s, b, src, dst, n,
+               row_bytes(ring_of[rid], s, kv_bytes_per_token, q_bytes_per_token), link_of)
            for _, s, rid, b, src, dst, n in ring_messages(rings, docs)]
     ops.sort(key=lambda o: (RING_QUEUES.index(o.queue), o.step, o.ring, o.src))
     return ops

@@ -38,7 +38,9 @@ def plan_memory_first(lengths, ctx: PlanContext):
 
     >>> from megatron_zeppelin.planner.strategies import pick
     >>> from megatron_zeppelin.planner.testing import toy_context
-    >>> ctx, L = toy_context(nodes=1, gpus=4, capacity=8000), [4000, 1400, 900, 900, 600, 300]
+    >>> from megatron_zeppelin.spec.config import ZeppelinConfig   # p2p shapes only (a2a2 wins otherwise)
+    >>> cfg = ZeppelinConfig(gpus_per_node=4, cp_comm="p2p")
+    >>> ctx, L = toy_context(nodes=1, gpus=4, capacity=8000, config=cfg), [4000, 1400, 900, 900, 600, 300]
     >>> [pick("zeppelin", L, ctx)[0].tokens(r) for r in range(4)]  # the fastest: 2400 > 1.1 x 2025
     [2400, 1900, 1900, 1900]
     >>> plan = plan_memory_first(L, ctx)

@@ -10,11 +10,13 @@ ring spans nodes (and without, as static_cp runs), and the least predicted plan 
 Every candidate is built by the baseline's own placement function, so "Zeppelin never loses to a
 baseline (predicted)" holds by construction on every batch, for every run-level setting the
 baseline could deploy: each CP size of the domain, and each ``max_seqlen_per_dp_cp_rank`` of
-dynamic_cp's ladder. Only p2p rings are candidates (the all-gather CP variant keeps its own kernel).
+dynamic_cp's ladder. p2p rings and static_cp's a2a (Ulysses) rings, at each CP size that divides
+the heads (``a2a<cp>``), are candidates as ``--zeppelin-cp-comm-type`` allows (the all-gather CP
+variant keeps its own kernel).
 
->>> from megatron_zeppelin.planner.testing import toy_context
+>>> from megatron_zeppelin.planner.testing import toy_context   # 4 Q heads, 2 K/V heads: a2a over 2
 >>> [label for label, _, _ in fixed_shape_candidates([8, 6, 4, 2], toy_context(gpus=4, capacity=16))]
-['cp1', 'cp2', 'cp4', 'hybrid_dp', 'dynamic_cp/16', 'dynamic_cp/8', 'dynamic_cp/4', 'dynamic_cp/2']
+['cp1', 'cp2', 'cp4', 'a2a2', 'hybrid_dp', 'dynamic_cp/16', 'dynamic_cp/8', 'dynamic_cp/4', 'dynamic_cp/2']
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes
 from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
 from megatron_zeppelin.planner.baselines.hybrid_dp import plan_hybrid_dp
-from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement
+from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_comms, cp_placement, heads_error
 from megatron_zeppelin.planner.build.assemble import activation_weights, memory_caps
 from megatron_zeppelin.planner.build.levels import linear_level
 from megatron_zeppelin.planner.build.schedule import block_tokens
@@ -56,25 +58,35 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
     world, cost = ctx.topology.world_size, ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
     out = []
+    comms = cp_comms(ctx)  # --zeppelin-cp-comm-type: the comm types the static_cp shapes may use
+    settings = [(cp, Comm.P2P, f"cp{cp}") for cp in cp_sizes(world) if Comm.P2P in comms or cp == 1]  # cp1: no ring
     for cp in cp_sizes(world):
+        try:
+            if cp > 1 and Comm.A2A in comms:
+                heads_error(ctx, cp)
+                settings.append((cp, Comm.A2A, f"a2a{cp}"))
+        except PlanError:
+            continue  # the heads do not split over this CP size: TE refuses a2a there
+    for cp, comm, label in settings:
         # Every member of a CP group computes the same attention of each of its documents (zigzag:
-        # ring_member_attention, as compute_bound prices the built placement), and the group's
-        # projections and recompute split evenly at best; the MLP then runs wherever it runs best in
-        # its node (the remap moves it inside nodes). Bounds the plan before it is built.
-        member = cost.ring_member_attention_np(L, np.full(len(L), cp))
-        build = (lambda cp=cp: cp_placement(lengths, ctx, cp, Comm.P2P))
+        # ring_member_attention, a2a: its heads' share of each whole document, as compute_bound
+        # prices the built placement), and the group's projections and recompute split evenly at
+        # best; the MLP then runs wherever it runs best in its node (the remap moves it inside
+        # nodes). Bounds the plan before it is built.
+        member = member_attention(cost, L, np.full(len(L), cp), comm)
+        build = (lambda cp=cp, comm=comm: cp_placement(lengths, ctx, cp, comm))
         # The busiest node's level is at least the mean over ranks: every member's documents, all
         # projections, recompute and MLP (0.999: the water level rounds node tokens)
-        mean = 0.999 * BOUND_SLACK * _mean_work(L, member, cp, ctx)
+        mean = 0.999 * BOUND_SLACK * _mean_work(L, member, cp, ctx, comm)
         if mean >= reach:
-            out.append((f"cp{cp}", mean, build))
+            out.append((label, mean, build))
             continue
         groups = cp_assignment(lengths, world // cp)
         tokens = np.bincount(groups, weights=L, minlength=world // cp) / cp
         own = np.bincount(groups, weights=member, minlength=world // cp) + cost.proj_s_np(tokens)
-        again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx)
+        again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx, comm)
         rows = node_rows(np.repeat(own + again, cp), np.repeat(tokens, cp), ctx, rate_again)
-        out.append((f"cp{cp}", BOUND_SLACK * (1 - 1e-9) * water_level(*rows), build))  # (1 - 1e-9: sums in another order)
+        out.append((label, BOUND_SLACK * (1 - 1e-9) * water_level(*rows), build))  # (1 - 1e-9: sums in another order)
     small = len(lengths) <= SMALL_BATCH * world
     if small or len(lengths) <= HYBRID_DOCS:
         out.append(("hybrid_dp", None, lambda: plan_hybrid_dp(lengths, ctx)))
@@ -85,6 +97,25 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
             out.append((f"dynamic_cp/{m}", None, (lambda m=m: dynamic_cp_placement(lengths, ctx, m))))
             m, n = m // 2, n + 1
     return out
+
+
+def member_attention(cost, lengths, rings, comm=Comm.P2P, passes=(False, True)) -> np.ndarray:
+    """Attention seconds (all layers) of one member of a ring of ``rings`` members for each document
+    of ``lengths``: zigzag p2p (and all-gather) rings ``ring_member_attention_np``; a2a (Ulysses)
+    rings each whole document causal at 1/G of its FLOPs plus one sequence per pass (program.py's
+    a2a blocks; the kernel call a Compute pays once per rank is left out: a lower bound).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> c = toy_context().cost
+    >>> a = member_attention(c, [8000], [2], Comm.A2A, passes=(False,))[0]
+    >>> bool(abs(a - (c.block_flops_s(8000, 8000, True) / 2 + c.seq_s()) * c.model.layers) < 1e-15)
+    True
+    """
+    if comm != Comm.A2A:
+        return cost.ring_member_attention_np(lengths, rings, passes)
+    L, G = np.asarray(lengths, dtype=np.float64), np.maximum(np.asarray(rings, dtype=np.float64), 1)
+    return sum(np.where(L > 0, cost.block_flops_s(L, L, True, p) / G + cost.seq_s(p), 0.0)
+               for p in passes) * cost.model.layers
 
 
 def spans_nodes(placement: Placement, ctx: PlanContext) -> bool:
@@ -108,7 +139,7 @@ def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float
         pl.meta["shape"] = label
         b = compute_bound(pl, ctx)
         yield max(b, ring_chain_bound(pl, ctx)), label, pl
-        if routing and spans_nodes(pl, ctx):
+        if routing and spans_nodes(pl, ctx) and all(r.comm != Comm.A2A for r in pl.rings):  # a2a: not routed
             routed = replace(pl, routing=True, meta=dict(pl.meta))
             yield max(b, ring_chain_bound(routed, ctx)), label + "+routing", routed
 
@@ -154,11 +185,12 @@ def _attention(placement: Placement, ctx: PlanContext, passes=(False, True)):
     owners = np.fromiter([d.owner for d in loc], dtype=np.int64, count=len(loc))
     att = (np.bincount(owners, cost.ring_member_attention_np([d.length for d in loc], [1] * len(loc), passes),
                        minlength=world) if loc else np.zeros(world))
-    pairs = [(length[i], r) for r in placement.rings for i in r.docs]  # each document of each ring
-    if pairs:
-        member = cost.ring_member_attention_np([L for L, _ in pairs], [r.size for _, r in pairs], passes)
-        for (_, r), t in zip(pairs, member.tolist()):
-            att[list(r.ranks)] += t
+    for comm in {r.comm for r in placement.rings}:
+        pairs = [(length[i], r) for r in placement.rings if r.comm == comm for i in r.docs]  # each ring document
+        if pairs:
+            member = member_attention(cost, [L for L, _ in pairs], [r.size for _, r in pairs], comm, passes)
+            for (_, r), t in zip(pairs, member.tolist()):
+                att[list(r.ranks)] += t
     return att
 
 
@@ -177,15 +209,15 @@ def recomputed_s(placement: Placement, ctx: PlanContext, tokens):
     return per_rank, rate
 
 
-def _mean_work(L, member, cp: int, ctx: PlanContext) -> float:
-    """Per rank on average, what a CP placement of size ``cp`` computes: each document's ``member``
-    attention on its cp members, the projections, recompute and MLP of every token."""
+def _mean_work(L, member, cp: int, ctx: PlanContext, comm=Comm.P2P) -> float:
+    """Per rank on average, what a CP placement of size ``cp`` (rings of ``comm``) computes: each
+    document's ``member`` attention on its cp members, the projections, recompute and MLP of every token."""
     cost, world = ctx.cost, ctx.topology.world_size
     total = float(L.sum())
     w_att, w_proj, rate_again = _recompute_terms(ctx)
     again = 0.0
     if w_att:
-        again += w_att * cp * float(cost.ring_member_attention_np(L, [cp] * len(L), passes=(False,)).sum()) / world
+        again += w_att * cp * float(member_attention(cost, L, [cp] * len(L), comm, passes=(False,)).sum()) / world
     if w_proj:
         again += w_proj * float(cost.gemm_s(total / world, "qkv") + cost.gemm_s(total / world, "out"))
     return (cp * float(member.sum()) / world + float(cost.proj_s_np([total / world])[0]) + again
@@ -209,7 +241,7 @@ def _recompute_terms(ctx: PlanContext):
     return w_att, w_proj, rate
 
 
-def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext):
+def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext, comm=Comm.P2P):
     """``recomputed_s`` of a CP group's member before its placement is built: its documents' forward
     member attention again (core_attn), its share ``tokens`` of projections (full); and per movable
     token the forward MLP (mlp). (per-group seconds, seconds per movable token)."""
@@ -217,7 +249,7 @@ def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext):
     w_att, w_proj, rate = _recompute_terms(ctx)
     per_group = np.zeros(len(tokens))
     if w_att:
-        fwd = cost.ring_member_attention_np(L, np.full(len(L), cp), passes=(False,))
+        fwd = member_attention(cost, L, np.full(len(L), cp), comm, passes=(False,))
         per_group += w_att * np.bincount(groups, weights=fwd, minlength=len(tokens))
     if w_proj:
         per_group += w_proj * (cost.gemm_s(tokens, "qkv") + cost.gemm_s(tokens, "out"))
@@ -332,6 +364,7 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
 
 
 def placement_key(placement: Placement) -> tuple:
-    """Equal keys: the same documents on the same ranks (rings as rank tuples), the same routing."""
-    ranks = {r.id: r.ranks for r in placement.rings}
+    """Equal keys: the same documents on the same ranks (rings as rank tuples and their comm), the
+    same routing."""
+    ranks = {r.id: (r.ranks, r.comm) for r in placement.rings}
     return (placement.routing,) + tuple((d.owner, ranks.get(d.ring, ())) for d in sorted(placement.docs, key=lambda d: d.doc))
