@@ -73,11 +73,11 @@ def main(argv=None):
     def queue_fwd():
         return eng.forward(q, k, v)
 
-    out_e, lse_e = queue_fwd()
+    out_e, lse_e, _ = queue_fwd()
 
     def queue_fb():
-        o, l = eng.forward(q, k, v)
-        eng.backward(q, k, v, o, l, q)
+        o, l, heads = eng.forward(q, k, v)  # heads: what a2a rings saved for the backward (none here)
+        eng.backward(q, k, v, o, l, q, heads)
 
     def packed_fwd():
         return varlen_forward(q, k, v, spec, scale, kernel)
