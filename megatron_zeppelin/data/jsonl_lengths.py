@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Iterator, Optional, Tuple
 
 import numpy as np
@@ -61,6 +62,10 @@ def jsonl_lengths(path: str, field: Optional[str], flag: str, tokenizer=None) ->
         key = token_cache.cache_key(path, field or "", tok.identity or tok.name)
         hit = token_cache.load(key)
         if hit is not None:
+            # say so: a user who changed the tokenizer's files or wants a recount must know where
+            # the counts came from (stderr: the report on stdout stays the same either way)
+            print(f"token counts of {path} ({tok.name}) read from the cache in {token_cache.cache_dir()} "
+                  "(ZEPPELIN_CACHE=off counts again)", file=sys.stderr)
             return hit
     out, texts, where, chars = [], [], [], 0
     progress = Progress(f"counting tokens of {path} ({tok.name})", os.path.getsize(path))

@@ -113,7 +113,7 @@ def _failing(tokenizer):
     return dataclasses.replace(tokenizer, count=boom, count_batch=boom)
 
 
-def test_token_counts_are_cached_per_file_and_tokenizer(tmp_path, cache):
+def test_token_counts_are_cached_per_file_and_tokenizer(tmp_path, cache, capsys):
     import os
     from megatron_zeppelin.data.workloads import read_lengths
     path, tok = _bpe(tmp_path)
@@ -122,7 +122,9 @@ def test_token_counts_are_cached_per_file_and_tokenizer(tmp_path, cache):
     want = [len(tok.encode(x, add_special_tokens=False).ids) for x in TEXTS]
     assert read_lengths(str(f), tokenizer=t).tolist() == want
     assert len(list((cache / "token_counts").glob("*.npy"))) == 1
+    assert "read from the cache" not in capsys.readouterr().err
     assert read_lengths(str(f), tokenizer=_failing(t)).tolist() == want  # second run: the cache
+    assert "read from the cache" in capsys.readouterr().err  # and it says so
     assert make_tokenizer(path).identity == t.identity  # a digest of the file, stable across loads
     with pytest.raises(AssertionError, match="tokenized although cached"):  # another tokenizer: counted again
         read_lengths(str(f), tokenizer=_failing(make_tokenizer("byte")))
