@@ -414,7 +414,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
             rec["tried"] = {str(s): (sum(ts) / len(ts) if all(t is not None for t in ts) else None)
                             for s, ts in times.items()} if not auto else {}
         if dep is None:
-            why = "; ".join(f"{name} {shown(k)}: {e}" if not auto else e for k, e in errors.items())
+            why = "; ".join(f"{name} {shown(k)}: {e}" if not auto else
+                            (f"rc={k[1]}: {e}" if spec.recompute_per_strategy else e) for k, e in errors.items())
             rec["error"] = (f"no fixed {name} fits every batch of the run: {why}" if not auto else why)
             if not times:
                 rec["error"] = f"no recompute of the ladder holds {spec.tokens_per_gpu} tokens per GPU"
