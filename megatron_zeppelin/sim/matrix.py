@@ -321,7 +321,8 @@ def _best_baseline(dep: Dict[str, List[Tuple[str, float]]], orc: Dict[str, List[
         best_of[v] += 1
     ratio = [ceiling[v][[k for k, _ in dep[v]].index(key)] for key, (_, v) in per_key.items()]
     return {"deployed": _stats([(k, x) for k, (x, _) in per_key.items()]), "oracle": _stats(list(oracle.items())),
-            "out_of_memory": sum(k not in per_key for k in keys), "lower_bound_ratio": sum(ratio) / len(ratio), "best_of": dict(sorted(best_of.items()))}
+            "out_of_memory": sum(k not in per_key for k in keys), "lower_bound_ratio": sum(ratio) / len(ratio),
+            "best_of": dict(sorted(best_of.items()))}
 
 
 def baselines(summary: Dict) -> Dict[str, Dict]:

@@ -120,7 +120,8 @@ def test_the_accumulation_study_takes_global_batches_and_leaves_the_others_alone
     items, _ = load_matrix("megatron_zeppelin/presets/runs/paper.yaml")
     acc = [spec for spec, _, _ in items if spec.study == "accumulation"]
     assert {spec.global_batch_tokens for spec in acc} == {1 << 20, 4 << 20}
-    assert {spec.model for spec in acc} == {"llama-7b", "llama3-8b"} and {spec.cluster for spec in acc} == {"a800", "h200"}
+    assert {spec.model for spec in acc} == {"llama-7b", "llama3-8b"}
+    assert {spec.cluster for spec in acc} == {"a800", "h200"}
     for spec in acc:  # micro-batches of what memory holds, as many as the global batch needs
         world = domain_topology(load_profile(spec.cluster), spec.nodes, spec.tp).world_size
         assert spec.regime == "memory" and spec.recompute_per_strategy and spec.micro_batches > 1
