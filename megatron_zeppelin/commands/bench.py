@@ -13,7 +13,7 @@ from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.words import DocClass
 
 CSV_FIELDS = ("study", "regime", "cluster", "model", "tp", "dataset", "context", "nodes", "ranks", "tokens_per_gpu",
-              "capacity", "recompute", "batches", "variant", "run_setting_name", "run_setting", "cp_size", "documents",
+              "global_batch_tokens", "micro_batches", "capacity", "recompute", "batches", "variant", "run_setting_name", "run_setting", "cp_size", "documents",
               "tokens", "max_length", "iteration_s", "oracle_iteration_s", "predicted_s", "lower_bound_s",
               "recompute_s", "allreduce_s", "forward_s", "backward_s", "time_imbalance", "memory_imbalance",
               "memory_imbalance_attention", "memory_imbalance_linear", "peak_activation_GB", "max_nic_util",
@@ -34,6 +34,8 @@ def add_parser(subparsers):
                    help="run only the K-th of N shares of the configurations (every N-th, from the K-th; "
                         "1 <= K <= N), to split a long study over processes or jobs: `zeppelin report "
                         "--results` merges the shards' --json files")
+    p.add_argument("--batches", type=int, default=0, metavar="N",
+                   help="runs of N batches in every study (default: each study's own), for a quick slice")
     p.add_argument("--json", metavar="FILE", help="write every run and the summary as JSON")
     p.add_argument("--csv", metavar="FILE", help="write every run as CSV")
     p.add_argument("--plots", metavar="DIR", help="write speedup bars and scaling lines (PNG) here")
@@ -57,7 +59,7 @@ def add_parser(subparsers):
 def command_line(args) -> str:
     """The command that reproduces this run (from the parsed flags, not sys.argv)."""
     parts = ["zeppelin bench"] + ([f"--matrix {args.matrix}"] if args.matrix else [])
-    for flag in ("studies", "shard", "json", "csv", "plots"):
+    for flag in ("studies", "shard", "batches", "json", "csv", "plots"):
         if getattr(args, flag):
             parts.append(f"--{flag} {getattr(args, flag)}")
     if args.overlap_grad_reduce:
@@ -136,6 +138,11 @@ def run(args) -> int:
         if bad:
             raise ZeppelinError(f"--studies names {bad}, not in {matrix_path} (known: {', '.join(known)})")
         items = [it for it in items if it[0].study in want]
+    if args.batches < 0:
+        raise ZeppelinError(f"--batches {args.batches}: want at least 1 (or 0: each study's own)")
+    if args.batches:
+        from dataclasses import replace
+        items = [(replace(spec, batches=args.batches), *rest) for spec, *rest in items]
     shard = parse_shard(args.shard)
     if shard is not None:
         k, n = shard

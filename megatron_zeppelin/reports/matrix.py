@@ -29,11 +29,13 @@ def _x(v) -> str:
 
 
 def _summary_table(s: dict) -> List[str]:
-    from megatron_zeppelin.sim.matrix import baselines
+    from megatron_zeppelin.sim.matrix import BEST, baselines
     rows = []
     for b, x in baselines(s["summary"]).items():
         d, o = x["deployed"], x["oracle"]
-        rows.append([b, _x(d["mean_speedup"]), _x(d["geomean_speedup"]), _x(d["max_speedup"]), _x(d["min_speedup"]),
+        name = b if b != BEST else "best deployed baseline, per configuration (" + ", ".join(
+            f"{v} {n}" for v, n in x.get("best_of", {}).items()) + ")"
+        rows.append([name, _x(d["mean_speedup"]), _x(d["geomean_speedup"]), _x(d["max_speedup"]), _x(d["min_speedup"]),
                      str(d["configs"]), str(len(d["losses"])), str(x.get("out_of_memory", 0)),
                      _x(o["mean_speedup"]), _x(o["max_speedup"]), _x(o["min_speedup"]), str(o["configs"]),
                      str(len(o["losses"])),
@@ -66,7 +68,7 @@ def _per_config(runs: List[dict], study: str, variants: List[str]) -> List[str]:
         z = z if z and z.get("iteration_s") else None
         any_r = next(iter(vs.values()))
         label = any_r.get("label") or key
-        if any_r.get("recompute", "none") != "none":
+        if any_r.get("recompute", "none") != "none" and not any_r.get("recompute_per_strategy"):
             label += f" rc={any_r['recompute']}"
         cells = []
         for v in variants:
@@ -77,6 +79,8 @@ def _per_config(runs: List[dict], study: str, variants: List[str]) -> List[str]:
             cell = fmt_s(r["iteration_s"]) if r.get("iteration_s") else "OOM"
             if r.get("run_setting"):
                 cell += f" ({'cp' if r.get('run_setting_name') == 'cp_size' else 'mslpr '}{r['run_setting']})"
+            if r.get("recompute_per_strategy") and r.get("iteration_s"):  # each strategy's own recompute
+                cell += f" rc={r['recompute']}"
             if r.get("oracle_iteration_s") and (not r.get("iteration_s") or r["oracle_iteration_s"] < r["iteration_s"] * 0.9995):
                 cell += f" / {fmt_s(r['oracle_iteration_s'])}"
             cells.append(cell)
@@ -90,9 +94,11 @@ def _per_config(runs: List[dict], study: str, variants: List[str]) -> List[str]:
 
 
 def _losses(doc: dict) -> List[str]:
-    from megatron_zeppelin.sim.matrix import baselines
+    from megatron_zeppelin.sim.matrix import BEST, baselines
     out = []
     for b, x in baselines(doc["summary"]).items():
+        if b == BEST:  # each of its losses is listed under the baseline that was faster
+            continue
         for col in ("deployed", "oracle"):
             c = x[col]
             for k, sp in zip(c["losses"], c.get("loss_speedups", [None] * len(c["losses"]))):

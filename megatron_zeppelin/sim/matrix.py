@@ -7,7 +7,15 @@ runs: speedup = the variant's mean simulated iteration over the run / Zeppelin's
 ``deployed`` (the baseline's run-level settings fixed for the run, as deployed; sim/runs.py) and
 ``oracle`` (tuned per batch, with hindsight: an upper bound on the baseline). ``batches`` (matrix-wide
 or per study, default 16) sets the run's length; ``recompute`` the activation recompute ("auto": the
-fastest that fits, spec/recompute.py LADDER; the same for every strategy).
+fastest that fits, spec/recompute.py LADDER; the same for every strategy; "per_strategy": each
+strategy climbs the ladder itself, a run-level setting like its CP size, sim/runs.py).
+``global_batch_tokens`` (a token count or a list, which crosses like the others; default none: one
+micro-batch per iteration) makes each batch an iteration of Megatron's ``--global-batch-size``:
+``micro_batches`` = global_batch_tokens / (tokens_per_gpu x ranks), rounded to the nearest whole
+count (at least one), gradient-accumulated (sim/runs.py).
+
+>>> micro_batches(1 << 20, 4096, 16), micro_batches(4 << 20, 7000, 16), micro_batches(1000, 4096, 16)
+(16, 37, 1)
 
 >>> parse_tokens("64K"), parse_tokens(4096)
 (65536, 4096)
@@ -21,6 +29,10 @@ fastest that fits, spec/recompute.py LADDER; the same for every strategy).
 (1.75, 3.0, ['b'], 1.25)
 >>> round(s["zeppelin_lower_bound"]["max"], 3)   # 2.0 / 0.9
 2.222
+>>> recs += [rec("a", "packed_dp", 1.5), rec("b", "packed_dp", 4.0)]
+>>> best = summarize(recs)["summary"][BEST]   # per configuration, the fastest deployed baseline
+>>> best["deployed"]["mean_speedup"], best["deployed"]["losses"], best["best_of"]
+(1.0, ['b'], {'packed_dp': 1, 'static_cp': 1})
 """
 
 from __future__ import annotations
@@ -39,8 +51,9 @@ import yaml
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.token_counts import parse_tokens  # noqa: F401 - one parser for every command
 from megatron_zeppelin.sim.iteration import SimOptions
-from megatron_zeppelin.sim.runs import DEFAULT_BATCHES, VARIANTS, RunSpec, run_config
+from megatron_zeppelin.sim.runs import DEFAULT_BATCHES, VARIANTS, RunSpec, domain_topology, run_config
 from megatron_zeppelin.presets import preset_dir
+from megatron_zeppelin.spec.hardware import load_profile
 
 
 class MatrixError(ZeppelinError):
@@ -89,6 +102,8 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
         cps = tuple(int(x) for x in st.get("cp_sizes", default_cp))
         batches = int(st.get("batches", default_batches))
         rc_want = str(st.get("recompute", default_rc))
+        per_strategy = rc_want == PER_STRATEGY
+        rc_want = "auto" if per_strategy else rc_want  # the configuration's own rung sets its batch as before
         balanced = bool(st.get("balance_memory", False))  # Zeppelin with --zeppelin-balance-memory
         if batches < 1:
             raise MatrixError(f"{path}: study {study} has batches {batches}: a run needs at least one batch")
@@ -99,18 +114,33 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
         try:
             per_gpus = st.get("tokens_per_gpu", doc.get("tokens_per_gpu", None))
             per_gpus = per_gpus if isinstance(per_gpus, list) else [per_gpus]
-            for cl, (model, tp), ds, ctx, nodes, per_gpu in itertools.product(
-                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus):
+            globals_ = st.get("global_batch_tokens", doc.get("global_batch_tokens", None))
+            globals_ = [parse_tokens(g) if g is not None else 0
+                        for g in (globals_ if isinstance(globals_, list) else [globals_])]
+            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs in itertools.product(
+                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus, globals_):
                 ctx = parse_tokens(ctx)
                 per_gpu = ctx if per_gpu is None else per_gpu
                 fill = float(st.get("memory_fill", doc.get("memory_fill", MEMORY_FILL)))
                 regime = "memory" if str(per_gpu) == "memory" else "fixed"
                 per_tok, cap, rc = batch_and_recompute(str(cl), model, tp, int(nodes), per_gpu, rc_want, fill)
+                world = domain_topology(load_profile(str(cl)), int(nodes), tp).world_size
                 items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_tok, seed, cap,
-                                      batches, rc, regime, balanced), variants, cps))
+                                      batches, rc, regime, balanced, gbs,
+                                      micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy),
+                              variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None
     return items, doc
+
+
+PER_STRATEGY = "per_strategy"  # a study's recompute: each strategy climbs the ladder itself (sim/runs.py)
+
+
+def micro_batches(global_batch_tokens: int, tokens_per_gpu: int, ranks: int) -> int:
+    """Gradient-accumulation steps of one iteration: Megatron's --global-batch-size over
+    --micro-batch-size x data-parallel ranks, here in tokens (the nearest whole count, at least one)."""
+    return max(1, round(global_batch_tokens / (tokens_per_gpu * ranks)))
 
 
 MEMORY_FILL = 0.8  # tokens per GPU / capacity: the slack a balancer needs (packing to 100% rarely fits)
@@ -151,8 +181,6 @@ def memory_tokens(cluster: str, model: str, tp: int, nodes: int, fill: float = M
     fit the capacity on every rank, as a real run must fit in memory."""
     from megatron_zeppelin.spec.memory import capacity_tokens
     from megatron_zeppelin.spec.model import load_model
-    from megatron_zeppelin.spec.hardware import load_profile
-    from megatron_zeppelin.sim.runs import domain_topology
     profile, spec = load_profile(cluster), load_model(model)
     world = domain_topology(profile, nodes, tp).world_size
     cap = capacity_tokens(spec, profile.memory_GB * 1e9, dp=world, tp=tp, zero_stage=1, recompute=recompute)
@@ -210,12 +238,18 @@ def _stats(pairs: Sequence[Tuple[str, float]]) -> Dict:
             "losses": [k for k, x in pairs if x < 1.0], "loss_speedups": [x for _, x in pairs if x < 1.0]}
 
 
+BEST = "best_baseline"  # the summary's entry for the fastest deployed baseline of each configuration
+
+
 def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     """``summary``: per other variant, Zeppelin's speedup over it on the same runs, ``deployed``
     (run-level settings fixed for the run) and ``oracle`` (tuned per batch, with hindsight): mean,
     max, min, geometric mean, configs, and the configurations where Zeppelin is slower (``losses``);
     ``out_of_memory``: runs where no fixed setting of the baseline fits every batch (Zeppelin's does);
     ``lower_bound_ratio``: the deployed baseline / the lower bound (the most any strategy could gain).
+    ``summary.best_baseline`` (BEST): the same against, per configuration, the fastest of the
+    baselines (strategies, not the ablation steps) as deployed, and the fastest oracle; ``best_of``
+    counts which baseline that was.
     ``summary.zeppelin_lower_bound``: Zeppelin's mean iteration / the lower bound (mean, max).
     ``balance``: per variant (Zeppelin too), the mean over configurations of the plans' time and
     peak-activation-memory imbalance (max / mean over ranks)."""
@@ -226,12 +260,13 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     orc: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
     ceiling: Dict[str, List[float]] = defaultdict(list)
     oom: Dict[str, int] = defaultdict(int)
-    lb = []
+    lb, zkeys = [], []
     for key, vs in by_key.items():
         z = vs.get(reference)
         if not z or z.get("error") or not z.get("iteration_s"):
             continue
         lb.append(z["iteration_s"] / z["lower_bound_s"])
+        zkeys.append(key)
         for v, r in vs.items():
             if v == reference:
                 continue
@@ -246,6 +281,9 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     for v in sorted(set(dep) | set(orc) | set(oom)):
         summary[v] = {"deployed": _stats(dep[v]), "oracle": _stats(orc[v]), "out_of_memory": oom.get(v, 0),
                       "lower_bound_ratio": sum(ceiling[v]) / len(ceiling[v]) if ceiling[v] else None}
+    best = _best_baseline(dep, orc, ceiling, zkeys)
+    if best:
+        summary[BEST] = best
     if lb:
         summary["zeppelin_lower_bound"] = {"mean": sum(lb) / len(lb), "max": max(lb), "configs": len(lb)}
     balance = {}
@@ -257,6 +295,34 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
                           "memory_imbalance_max": max(r["memory_imbalance"] for r in ok), "configs": len(ok)}
     return {"summary": summary, "balance": balance,
             "errors": [f"{r['key']} {r['variant']}: {r['error']}" for r in records if r.get("error")]}
+
+
+def _best_baseline(dep: Dict[str, List[Tuple[str, float]]], orc: Dict[str, List[Tuple[str, float]]],
+                   ceiling: Dict[str, List[float]], keys: Sequence[str]) -> Optional[Dict]:
+    """Zeppelin's speedup over the fastest deployed baseline of each configuration (the least speedup
+    among the strategies that fit it) and over the fastest oracle; ``out_of_memory``: of ``keys``
+    (Zeppelin's runs), those no baseline fits. None without baselines."""
+    from megatron_zeppelin.sim.runs import ABLATIONS
+    keep = [v for v in dep if v not in ABLATIONS]
+    per_key: Dict[str, Tuple[float, str]] = {}
+    for v in sorted(keep):
+        for key, x in dep[v]:
+            if key not in per_key or x < per_key[key][0]:
+                per_key[key] = (x, v)
+    if not per_key:
+        return None
+    oracle: Dict[str, float] = {}
+    for v in orc:
+        if v not in ABLATIONS:
+            for key, x in orc[v]:
+                oracle[key] = min(x, oracle.get(key, x))
+    best_of: Dict[str, int] = defaultdict(int)
+    for _, v in per_key.values():
+        best_of[v] += 1
+    ratio = [ceiling[v][[k for k, _ in dep[v]].index(key)] for key, (_, v) in per_key.items()]
+    return {"deployed": _stats([(k, x) for k, (x, _) in per_key.items()]), "oracle": _stats(list(oracle.items())),
+            "out_of_memory": sum(k not in per_key for k in keys), "lower_bound_ratio": sum(ratio) / len(ratio),
+            "best_of": dict(sorted(best_of.items()))}
 
 
 def baselines(summary: Dict) -> Dict[str, Dict]:

@@ -10,6 +10,21 @@ The *oracle* column keeps the per-batch best value (tuned per batch, with hindsi
 bound on the baseline, not something a user can deploy. Zeppelin and the baselines without
 run-level settings (packed_dp, hybrid_dp) plan each batch themselves; their two columns agree.
 
+Gradient accumulation (``micro_batches`` > 1, from a matrix's ``global_batch_tokens``): each batch
+of the run is one iteration of Megatron's ``--global-batch-size`` split into ``micro_batches``
+global micro-batches of ``tokens_per_gpu`` x ranks tokens each (micro-batch m of batch b sampled
+with seed ``seed + b x micro_batches + m``; one micro-batch is today's batch). Every strategy plans
+each micro-batch on its own, at the run's setting; a rank's iteration is the sum over its
+micro-batches, then the DP gradient reduce once (sim/iteration.py ``accumulate``). A rank holds one
+micro-batch's activations at a time: peak memory is the largest micro-batch's.
+
+Activation recompute per strategy (``recompute_per_strategy``, a matrix's ``recompute:
+per_strategy``): the recompute joins the run-level settings. For each setting a strategy climbs
+spec/recompute.py's LADDER from the fastest rung, each rung's memory capacity binding it, and keeps
+the first rung at which every batch of the run fits (a slower rung only repeats more of the forward
+for the same plan shape); the deployed (setting, recompute) pair is again the least mean time.
+Rungs whose capacity is below the mean tokens per GPU are skipped: no plan can fit them.
+
 A *variant* is a strategy, or one of the paper's ablation steps expressed as a Plan:
 
 - ``static_cp+routing``: TE-style CP with the routing layer on (routing only);
@@ -26,10 +41,17 @@ Tensor parallelism: the domain is one TP slice, so a node holds gpus_per_node / 
 (4, [2.0, 2.0], [8, 4])
 >>> deployed_and_oracle({8: [0.5, None]})
 (None, None, [8, None])
+>>> spec = RunSpec("s", "a800", "llama-7b", 1, "arxiv", 65536, 2, 4096, batches=2, global_batch_tokens=1 << 20,
+...                micro_batches=8)
+>>> spec.key(), [len(steps) for steps in run_steps(spec, 16)]
+('s/a800/llama-7b-tp1/arxiv/ctx64K/2n/gbs1M/seed0', [8, 8])
+>>> run_steps(dataclasses.replace(spec, micro_batches=1), 16) == [[b] for b in run_lengths(spec, 16)]
+True
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -39,7 +61,7 @@ from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.spec.hardware import HardwareProfile, load_profile
 from megatron_zeppelin.spec.topology import Topology
-from megatron_zeppelin.sim.iteration import SimOptions, simulate
+from megatron_zeppelin.sim.iteration import SimOptions, accumulate, simulate
 from megatron_zeppelin.spec.words import Link
 
 ABLATIONS = ("static_cp+routing", "zeppelin-noremap")
@@ -70,18 +92,33 @@ class RunSpec:
     recompute: str = "none"  # activation recompute of the run (spec/recompute.py), the same for every strategy
     regime: str = "fixed"  # "memory": the batch memory allows (capacity binds); "fixed": tokens_per_gpu as set
     balance_memory: bool = False  # Zeppelin planned with --zeppelin-balance-memory (memory_choice.plan_memory_first)
+    global_batch_tokens: int = 0  # Megatron's --global-batch-size in tokens; 0: one micro-batch per iteration
+    micro_batches: int = 1  # gradient-accumulation steps per iteration, each tokens_per_gpu x ranks tokens
+    recompute_per_strategy: bool = False  # each strategy climbs the recompute ladder itself (module doc)
 
     def key(self) -> str:
         regime = "/memory" if self.regime == "memory" else ""
         balanced = "/balance-memory" if self.balance_memory else ""
+        gbs = f"/gbs{_tokens_label(self.global_batch_tokens)}" if self.global_batch_tokens else ""
+        rc = "/rc-per-strategy" if self.recompute_per_strategy else ""
         return (f"{self.study}/{self.cluster}/{self.model}-tp{self.tp}/{self.dataset}/ctx{self.context // 1024}K/"
-                f"{self.nodes}n{regime}{balanced}/seed{self.seed}")
+                f"{self.nodes}n{regime}{balanced}{gbs}{rc}/seed{self.seed}")
 
     def label(self) -> str:
         """Short, distinguishable label for plots and tables."""
         tp = f" tp{self.tp}" if self.tp > 1 else ""
         regime = " mem" if self.regime == "memory" else f" {self.tokens_per_gpu // 1024}K/GPU"
-        return f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{regime}"
+        gbs = (f" gbs {_tokens_label(self.global_batch_tokens)} x{self.micro_batches}"
+               if self.global_batch_tokens else "")
+        return f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{regime}{gbs}"
+
+
+def _tokens_label(n: int) -> str:
+    """1M, 4M, 512K, or the count itself."""
+    for unit, suffix in ((1 << 20, "M"), (1 << 10, "K")):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
 
 
 def domain_topology(profile: HardwareProfile, nodes: int, tp: int = 1) -> Topology:
@@ -149,6 +186,8 @@ def deployed_and_oracle(times: Dict) -> Tuple[Optional[object], Optional[List[fl
     """From {setting: [seconds per batch, None where it runs out of memory]}: the deployed setting
     (least mean among those that fit every batch; ties: the first) and its times, and the per-batch
     best setting (None where no setting fits that batch)."""
+    if not times:
+        return None, None, []
     fits = [(sum(ts) / len(ts), k, s) for k, (s, ts) in enumerate(times.items()) if all(t is not None for t in ts)]
     dep = min(fits)[2] if fits else None
     n = len(next(iter(times.values())))
@@ -223,31 +262,82 @@ def run_lengths(spec: RunSpec, world: int) -> List[List[int]]:
                                           max_len=spec.context)] for b in range(spec.batches)]
 
 
-def _batch_record(plan, res, spec, model, profile, plan_s, sim_s) -> Dict:
-    """A batch's plan and simulated iteration (the run's activation recompute is in both: the plan
-    is priced with it, the simulator runs the recomputed forward in each layer's backward;
-    ``recompute_s`` is the busiest rank's recomputed work) and the plan's time and memory balance."""
+def run_steps(spec: RunSpec, world: int) -> List[List[List[int]]]:
+    """Per batch (iteration) of the run, its micro-batches' document lengths (module doc); with one
+    micro-batch, run_lengths's batches."""
+    from megatron_zeppelin.data.workloads import sample_batch
+    m = spec.micro_batches
+    return [[[int(x) for x in sample_batch(spec.dataset, spec.tokens_per_gpu * world, spec.seed + b * m + k,
+                                           max_len=spec.context)] for k in range(m)] for b in range(spec.batches)]
+
+
+def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: str) -> Dict:
+    """A batch's plans (one per micro-batch) and simulated iteration (the activation recompute
+    ``recompute`` is in both: the plan is priced with it, the simulator runs the recomputed forward
+    in each layer's backward; ``recompute_s`` is the busiest rank's recomputed work) and the plans'
+    time and memory balance. Each micro-batch (and each of dynamic_cp's rounds) waits for its
+    slowest rank; a rank holds one of them at a time."""
     from megatron_zeppelin.spec.memory import plan_memory_balance
-    mem = plan_memory_balance(plan, model, spec.tp, spec.recompute)
-    if isinstance(res, _Rounds):  # a rank holds one round's activations at a time
-        parts = [plan_memory_balance(p, model, spec.tp, spec.recompute) for p in res.plans]
-        by = [max(x["bytes"][r] for x in parts) for r in range(len(mem["bytes"]))]
-        mem = dict(mem, bytes=by, max_bytes=max(by), imbalance=max(by) / (sum(by) / len(by)) if sum(by) else 1.0,
+    held = res.plans if isinstance(res, _Rounds) else plans
+    if len(held) == 1 and not isinstance(res, _Rounds):
+        mem = plan_memory_balance(held[0], model, spec.tp, recompute)
+    else:
+        parts = [plan_memory_balance(p, model, spec.tp, recompute) for p in held]
+        by = [max(x["bytes"][r] for x in parts) for r in range(len(parts[0]["bytes"]))]
+        mem = dict(bytes=by, max_bytes=max(by), imbalance=max(by) / (sum(by) / len(by)) if sum(by) else 1.0,
                    imbalance_attention=max(x["imbalance_attention"] for x in parts),
                    imbalance_linear=max(x["imbalance_linear"] for x in parts))
-    t = [c.total_s for c in plan.cost]
-    predicted = max(t) if not isinstance(res, _Rounds) else sum(max(c.total_s for c in p.cost) for p in res.plans)
+    t = [[c.total_s for c in p.cost] for p in plans]
+    predicted = sum(max(c.total_s for c in p.cost) for p in held)
+    slowest, mean = sum(max(x) for x in t), sum(sum(x) / len(x) for x in t)
+    classes: Dict[str, int] = {}
+    for p in plans:
+        for c, n in p.class_counts().items():
+            classes[c] = classes.get(c, 0) + n
     return dict(iteration_s=res.iteration_s, recompute_s=res.recompute_s,
                 predicted_s=predicted + res.allreduce_exposed_s,
-                lower_bound_s=plan.lower_bound_s + res.allreduce_exposed_s, allreduce_s=res.allreduce_exposed_s,
+                lower_bound_s=sum(p.lower_bound_s for p in plans) + res.allreduce_exposed_s,
+                allreduce_s=res.allreduce_exposed_s,
                 forward_s=res.forward_s, backward_s=res.backward_s, head_s=res.head_s,
                 max_nic_util=res.max_nic_util, nic_bytes=res.link_bytes.get(Link.NIC, 0.0),
                 nvlink_bytes=res.link_bytes.get(Link.NVLINK, 0.0), plan_s=plan_s, sim_s=sim_s,
-                time_imbalance=max(t) / (sum(t) / len(t)) if sum(t) > 0 else 1.0,
+                time_imbalance=slowest / mean if mean > 0 else 1.0,
                 memory_imbalance=mem["imbalance"], memory_imbalance_attention=mem["imbalance_attention"],
                 memory_imbalance_linear=mem["imbalance_linear"], peak_activation_GB=mem["max_bytes"] / 1e9,
-                documents=len(plan.lengths), tokens=sum(plan.lengths), max_length=max(plan.lengths),
-                classes=plan.class_counts(), setting=dict(plan.meta).get("cp_size", ""))
+                documents=sum(len(p.lengths) for p in plans), tokens=sum(sum(p.lengths) for p in plans),
+                max_length=max(max(p.lengths) for p in plans),
+                classes=classes, setting=dict(plans[0].meta).get("cp_size", ""))
+
+
+def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, options):
+    """(the micro-batches' plans, the iteration's result): each micro-batch simulated, then
+    accumulated as Megatron runs them (sim/iteration.py ``accumulate``: the gradient reduce once,
+    after the last). dynamic_cp's rounds of every micro-batch run one after another, the reduce
+    after the very last round."""
+    if v != "dynamic_cp":
+        return plans, accumulate([simulate(p, profile, model, tp=tp, options=options) for p in plans])
+    opts = options or SimOptions()
+    merged, rounds = [], []
+    for k, lengths in enumerate(steps):
+        o = opts if k == len(steps) - 1 else dataclasses.replace(opts, allreduce=False)
+        plan, rr = simulate_rounds(lengths, topo, profile, model, config, int(s), tp, o)
+        merged.append(plan)
+        rounds.append(rr)
+    if len(rounds) == 1:
+        return merged, rounds[0]
+    return merged, _Rounds([p for r in rounds for p in r.plans], [x for r in rounds for x in r.results])
+
+
+def recompute_rungs(spec: RunSpec) -> List[Tuple[str, int]]:
+    """[(recompute, capacity)] a strategy may climb: the run's own when not per strategy, else the
+    LADDER's rungs (fastest first) whose capacity holds at least the mean tokens per GPU."""
+    if not spec.recompute_per_strategy:
+        return [(spec.recompute, spec.capacity)]
+    from megatron_zeppelin.sim.matrix import memory_tokens
+    from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
+    rungs = [(rc, memory_tokens(spec.cluster, spec.model, spec.tp, spec.nodes, 1.0, rc)[1])
+             for rc in RECOMPUTE_LADDER]
+    return [(rc, cap) for rc, cap in rungs if cap >= spec.tokens_per_gpu]
 
 
 def _mean_record(recs: List[Dict]) -> Dict:
@@ -264,61 +354,87 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                cp_sizes: Sequence[int] = ()) -> List[Dict]:
     """One record per variant: the spec, the means over the run at the deployed run-level setting
     (``iteration_s``, ...), the oracle's mean (``oracle_iteration_s``), the per-batch times and the
-    settings. ``cp_sizes``: the CP sizes fixed-CP baselines may deploy (empty: every power of two)."""
+    settings. ``cp_sizes``: the CP sizes fixed-CP baselines may deploy (empty: every power of two).
+    With ``spec.recompute_per_strategy`` a setting is (value, recompute) and the record's
+    ``recompute`` is the deployed one's."""
     profile, model = load_profile(spec.cluster), load_model(spec.model)
     topo = domain_topology(profile, spec.nodes, spec.tp)
-    runs = run_lengths(spec, topo.world_size)
+    runs = run_steps(spec, topo.world_size)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp,
                             capacity_tokens=spec.capacity, recompute=spec.recompute,
                             balance_memory=spec.balance_memory)
-    capacity = spec.capacity or 2 * spec.tokens_per_gpu  # the planner's default: twice the mean per rank
+    rungs = recompute_rungs(spec)
     out = []
     for v in variants:
         rec = {**asdict(spec), "key": spec.key(), "label": spec.label(), "variant": v, "ranks": topo.world_size,
                "error": "", "oracle_error": ""}
-        settings = run_settings(v, topo.world_size, capacity, spec.context, cp_sizes)
         times: Dict = {}
         batch_recs: Dict = {}
         errors: Dict = {}
-        for s in settings:
-            times[s], batch_recs[s] = [], []
-            for b, lengths in enumerate(runs):
-                try:
-                    t0 = time.perf_counter()
-                    plan = make_plan(v, lengths, topo, profile, model, config, s)
-                    t1 = time.perf_counter()
-                    if v == "dynamic_cp":  # Megatron's execution: its rounds one after another
-                        plan, res = simulate_rounds(lengths, topo, profile, model, config, int(s), spec.tp, options)
-                    else:
-                        res = simulate(plan, profile, model, tp=spec.tp, options=options)
-                    t2 = time.perf_counter()
-                except ZeppelinError as e:
-                    times[s].append(None)
-                    batch_recs[s].append(None)
-                    errors.setdefault(s, f"batch {b}: {e}")
+        fitted = set()  # settings that fit every batch at a faster rung: no slower one for them
+        for rc, cap in rungs:
+            rc_config = config.with_(recompute=rc, capacity_tokens=cap) if spec.recompute_per_strategy else config
+            capacity = cap or 2 * spec.tokens_per_gpu  # the planner's default: twice the mean per rank
+            settings = run_settings(v, topo.world_size, capacity, spec.context, cp_sizes)
+            for s in settings:
+                if s in fitted:
                     continue
-                br = _batch_record(plan, res, spec, model, profile, t1 - t0, t2 - t1)
-                times[s].append(br["iteration_s"])
-                batch_recs[s].append(br)
+                key = (s, rc) if spec.recompute_per_strategy else s
+                times[key], batch_recs[key] = [], []
+                for b, steps in enumerate(runs):
+                    try:
+                        t0 = time.perf_counter()
+                        plans = [make_plan(v, lengths, topo, profile, model, rc_config, s) for lengths in steps]
+                        t1 = time.perf_counter()
+                        plans, res = _simulate_steps(v, steps, plans, topo, profile, model, rc_config, s, spec.tp,
+                                                     options)
+                        t2 = time.perf_counter()
+                    except ZeppelinError as e:
+                        times[key].append(None)
+                        batch_recs[key].append(None)
+                        errors.setdefault(key, f"batch {b}: {e}")
+                        continue
+                    br = _batch_record(plans, res, spec, model, profile, t1 - t0, t2 - t1, rc)
+                    times[key].append(br["iteration_s"])
+                    batch_recs[key].append(br)
+                if all(t is not None for t in times[key]):
+                    fitted.add(s)
         dep, dep_times, oracle = deployed_and_oracle(times)
         name = "max_seqlen_per_dp_cp_rank" if v == "dynamic_cp" else "cp_size"
-        rec["tried"] = {str(s): (sum(ts) / len(ts) if all(t is not None for t in ts) else None)
-                        for s, ts in times.items()} if settings != [AUTO] else {}
-        if dep is None:
-            why = "; ".join(f"{name} {s}: {e}" if s != AUTO else e for s, e in errors.items())
-            rec["error"] = (f"no fixed {name} fits every batch of the run: {why}" if settings != [AUTO] else why)
+        auto = all((k[0] if spec.recompute_per_strategy else k) == AUTO for k in times)
+
+        def shown(k):  # a setting as the record spells it
+            return str(k[0] if spec.recompute_per_strategy else k) + (f" rc={k[1]}" if spec.recompute_per_strategy
+                                                                     else "")
+        if spec.recompute_per_strategy:
+            rec["tried"] = {shown(k): (sum(ts) / len(ts) if all(t is not None for t in ts) else None)
+                            for k, ts in times.items()}
         else:
+            rec["tried"] = {str(s): (sum(ts) / len(ts) if all(t is not None for t in ts) else None)
+                            for s, ts in times.items()} if not auto else {}
+        if dep is None:
+            why = "; ".join(f"{name} {shown(k)}: {e}" if not auto else
+                            (f"rc={k[1]}: {e}" if spec.recompute_per_strategy else e) for k, e in errors.items())
+            rec["error"] = (f"no fixed {name} fits every batch of the run: {why}" if not auto else why)
+            if not times:
+                rec["error"] = f"no recompute of the ladder holds {spec.tokens_per_gpu} tokens per GPU"
+        else:
+            s_dep = dep[0] if spec.recompute_per_strategy else dep
+            if spec.recompute_per_strategy:
+                rec["recompute"], rec["capacity"] = dep[1], dict(rungs)[dep[1]]
             rec.update(_mean_record(batch_recs[dep]))
             rec["batch_iteration_s"] = dep_times
-            rec["run_setting"] = "" if dep == AUTO else str(dep)
-            rec["cp_size"] = str(dep) if v in CP_VARIANTS else batch_recs[dep][0]["setting"]
-        if any(s is None for s in oracle):
-            b = oracle.index(None)
+            rec["run_setting"] = "" if s_dep == AUTO else str(s_dep)
+            rec["cp_size"] = str(s_dep) if v in CP_VARIANTS else batch_recs[dep][0]["setting"]
+        if not oracle or any(s is None for s in oracle):
+            b = oracle.index(None) if oracle else 0
             rec["oracle_error"] = f"batch {b} fits no setting"
         else:
             rec["oracle_iteration_s"] = sum(times[s][b] for b, s in enumerate(oracle)) / len(oracle)
-            rec["oracle_settings"] = [str(s) if s != AUTO else "" for s in oracle]
-        rec["run_setting_name"] = name if settings != [AUTO] else ""
+            rec["oracle_settings"] = ([shown(s) if s[0] != AUTO else f"rc={s[1]}" for s in oracle]
+                                      if spec.recompute_per_strategy else
+                                      [str(s) if s != AUTO else "" for s in oracle])
+        rec["run_setting_name"] = name if not auto else ""
         out.append(rec)
     return out

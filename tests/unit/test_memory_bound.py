@@ -112,3 +112,22 @@ def test_the_prediction_picks_among_the_aligned_passes():
     plan = plan_batch(lengths, topo, profile, spec, cfg.with_(cp_comm="p2p"), strategy="zeppelin")
     assert [r.size for r in plan.rings if r.cls == "inter"] == [16]
     assert "aligned" in dict(plan.meta)["variant"]
+
+
+def test_the_accumulation_study_takes_global_batches_and_leaves_the_others_alone():
+    from megatron_zeppelin.sim.matrix import micro_batches
+    from megatron_zeppelin.sim.runs import domain_topology
+    from megatron_zeppelin.spec.hardware import load_profile
+    items, _ = load_matrix("megatron_zeppelin/presets/runs/paper.yaml")
+    acc = [spec for spec, _, _ in items if spec.study == "accumulation"]
+    assert {spec.global_batch_tokens for spec in acc} == {1 << 20, 4 << 20}
+    assert {spec.model for spec in acc} == {"llama-7b", "llama3-8b"}
+    assert {spec.cluster for spec in acc} == {"a800", "h200"}
+    for spec in acc:  # micro-batches of what memory holds, as many as the global batch needs
+        world = domain_topology(load_profile(spec.cluster), spec.nodes, spec.tp).world_size
+        assert spec.regime == "memory" and spec.recompute_per_strategy and spec.micro_batches > 1
+        assert spec.micro_batches == micro_batches(spec.global_batch_tokens, spec.tokens_per_gpu, world)
+        assert abs(spec.micro_batches * spec.tokens_per_gpu * world / spec.global_batch_tokens - 1) < 0.1
+    others = [spec for spec, _, _ in items if spec.study != "accumulation"]
+    assert all(s.micro_batches == 1 and not s.global_batch_tokens and not s.recompute_per_strategy for s in others)
+    assert len({spec.key() for spec, _, _ in items}) == len(items)

@@ -146,3 +146,58 @@ def test_zeppelin_weighs_hybrid_dp_on_batches_of_many_documents_per_rank():
     z = plan_batch(lengths, topo, profile, model, cfg, strategy="zeppelin").predicted_iteration_s
     h = plan_batch(lengths, topo, profile, model, cfg, strategy="hybrid_dp").predicted_iteration_s
     assert z <= h * (1 + 1e-9)
+
+
+def _acc_spec(**kw):
+    from megatron_zeppelin.sim.runs import RunSpec
+    base = dict(study="t", cluster="a800", model="tiny", tp=1, dataset="github", context=4096, nodes=1,
+                tokens_per_gpu=1024, batches=2)
+    return RunSpec(**{**base, **kw})
+
+
+def test_gradient_accumulation_sums_the_micro_batches_then_reduces_once():
+    """Micro-batch k of batch b is sampled with seed b x M + k: the run of one micro-batch per batch
+    and M x B batches holds the same micro-batches in order, so each accumulated iteration is the sum
+    of M of its iterations less their gradient reduce, plus one reduce (every setting tried)."""
+    from megatron_zeppelin.sim.runs import run_config
+    from megatron_zeppelin.sim.matrix import micro_batches
+    m = micro_batches(2 * 1024 * 8, 1024, 8)
+    assert m == 2
+    variants = ("zeppelin", "packed_dp", "static_cp", "dynamic_cp")
+    acc = run_config(_acc_spec(global_batch_tokens=2 * 1024 * 8, micro_batches=m), variants, cp_sizes=(1, 2, 4))
+    one = run_config(_acc_spec(batches=4), variants, cp_sizes=(1, 2, 4))
+    for a, o in zip(acc, one):
+        assert a["variant"] == o["variant"] and not a["error"] and a["key"] != o["key"]
+        ar = o["allreduce_s"]
+        assert ar > 0 and a["allreduce_s"] == pytest.approx(ar)
+        assert a["tokens"] == pytest.approx(2 * o["tokens"]) and a["documents"] == pytest.approx(2 * o["documents"])
+        if a["run_setting_name"]:  # per run-level setting: the mean over the run
+            assert a["tried"].keys() == o["tried"].keys()
+            for s, t in a["tried"].items():
+                if t is not None and o["tried"][s] is not None:
+                    assert t == pytest.approx(m * (o["tried"][s] - ar) + ar, rel=1e-9), (a["variant"], s)
+        else:
+            ts = o["batch_iteration_s"]
+            want = [sum(ts[b * m:(b + 1) * m]) - (m - 1) * ar for b in range(2)]
+            assert a["batch_iteration_s"] == pytest.approx(want, rel=1e-9)
+            # a rank holds one micro-batch at a time: the peak is the largest micro-batch's, not the sum
+            assert a["peak_activation_GB"] < 2 * o["peak_activation_GB"]
+
+
+def test_each_strategy_deploys_the_fastest_recompute_its_own_plans_fit():
+    """A memory-bound run (7B, 16 H200s): packed_dp cannot hold a 64K document on one rank without
+    recompute and climbs the ladder; Zeppelin fits without any. A setting stops climbing at its first
+    rung that fits every batch."""
+    from megatron_zeppelin.sim.matrix import memory_tokens
+    from megatron_zeppelin.sim.runs import recompute_rungs, run_config
+    tok, cap = memory_tokens("h200", "llama-7b", 1, 2)
+    spec = _acc_spec(cluster="h200", model="llama-7b", dataset="prolong64k", context=65536, nodes=2, tokens_per_gpu=tok,
+                     capacity=cap, batches=1, regime="memory", recompute_per_strategy=True)
+    rungs = recompute_rungs(spec)
+    assert [rc for rc, _ in rungs] == list(RECOMPUTE_LADDER) and rungs[0][1] == cap
+    z, p = run_config(spec, ("zeppelin", "packed_dp"))
+    assert z["recompute"] == "none" and z["capacity"] == cap and z["tried"] == {"auto rc=none": z["iteration_s"]}
+    assert p["recompute"] != "none" and p["capacity"] == dict(rungs)[p["recompute"]]
+    assert list(p["tried"].values())[-1] == p["iteration_s"] and all(t is None for t in list(p["tried"].values())[:-1])
+    assert p["recompute_s"] > 0 and z["recompute_s"] == 0
+    assert z["iteration_s"] < p["iteration_s"]

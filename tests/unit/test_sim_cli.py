@@ -34,7 +34,16 @@ def test_bench_writes_runs_summary_csv_and_plots(tmp_path, capsys):
                "--no-progress"])
     assert rc == 0
     doc = json.loads(out.read_text())
-    assert set(doc["summary"]) == {"packed_dp", "static_cp", "zeppelin_lower_bound"}
+    assert set(doc["summary"]) == {"packed_dp", "static_cp", "best_baseline", "zeppelin_lower_bound"}
+    # the best deployed baseline per configuration: Zeppelin's least speedup over either, per run
+    by_key = {}
+    for r in doc["runs"]:
+        if r["study"] == "main":
+            by_key.setdefault(r["key"], {})[r["variant"]] = r["iteration_s"]
+    want = [min(v["packed_dp"], v["static_cp"]) / v["zeppelin"] for v in by_key.values()]
+    best = doc["summary"]["best_baseline"]
+    assert best["deployed"]["mean_speedup"] == sum(want) / len(want) and best["deployed"]["configs"] == 4
+    assert sum(best["best_of"].values()) == 4
     for b in ("packed_dp", "static_cp"):
         for col in ("deployed", "oracle"):
             s = doc["summary"][b][col]
@@ -163,3 +172,39 @@ def test_bench_reports_each_configuration_when_not_on_a_terminal(tmp_path):
     assert Progress.for_stream(False, Tty()) is Progress.BAR
     assert Progress.for_stream(False, io.StringIO()) is Progress.LINES
     assert Progress.for_stream(True, Tty()) is Progress.NONE
+
+
+ACCUMULATION = """
+seed: 0
+cp_sizes: [1, 2, 4]
+strategies: [zeppelin, packed_dp, static_cp]
+studies:
+  accumulation:
+    clusters: [a800]
+    models: [tiny]
+    datasets: [github]
+    context: [4K]
+    nodes: [1]
+    tokens_per_gpu: 1K
+    global_batch_tokens: [16K, 32K]
+    recompute: per_strategy
+    batches: 3
+"""
+
+
+def test_bench_runs_global_batches_of_micro_batches_with_recompute_per_strategy(tmp_path, capsys):
+    m = tmp_path / "m.yaml"
+    m.write_text(ACCUMULATION)
+    out, csv = tmp_path / "r.json", tmp_path / "r.csv"
+    assert main(["bench", "--matrix", str(m), "--batches", "1", "--json", str(out), "--csv", str(csv),
+                 "--no-progress"]) == 0
+    doc = json.loads(out.read_text())
+    assert "--batches 1" in doc["command"]
+    runs = doc["runs"]
+    assert len(runs) == 2 * 3 and all(r["error"] == "" and r["batches"] == 1 for r in runs)
+    assert sorted({(r["global_batch_tokens"], r["micro_batches"]) for r in runs}) == [(16384, 2), (32768, 4)]
+    assert all(r["recompute_per_strategy"] and "gbs" in r["key"] and " rc=" in next(iter(r["tried"])) for r in runs)
+    assert all(r["tokens"] == r["micro_batches"] * 8 * 1024 for r in runs)  # every micro-batch, 8 ranks x 1K
+    header = csv.read_text().splitlines()[0].split(",")
+    assert "micro_batches" in header and "global_batch_tokens" in header
+    assert "best_baseline" in doc["summary"]
