@@ -48,16 +48,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.token_counts import parse_tokens  # noqa: F401 - one parser for every command
 from megatron_zeppelin.sim.iteration import SimOptions
+from megatron_zeppelin.sim.memory_fit import (MEMORY_FILL, MatrixError, batch_and_recompute,  # noqa: F401 -- re-exported
+                                             memory_tokens)
 from megatron_zeppelin.sim.runs import DEFAULT_BATCHES, VARIANTS, RunSpec, domain_topology, run_config
 from megatron_zeppelin.presets import preset_dir
 from megatron_zeppelin.spec.hardware import load_profile
-
-
-class MatrixError(ZeppelinError):
-    pass
 
 
 RUNS_DIR = preset_dir("runs")
@@ -141,53 +138,6 @@ def micro_batches(global_batch_tokens: int, tokens_per_gpu: int, ranks: int) -> 
     """Gradient-accumulation steps of one iteration: Megatron's --global-batch-size over
     --micro-batch-size x data-parallel ranks, here in tokens (the nearest whole count, at least one)."""
     return max(1, round(global_batch_tokens / (tokens_per_gpu * ranks)))
-
-
-MEMORY_FILL = 0.8  # tokens per GPU / capacity: the slack a balancer needs (packing to 100% rarely fits)
-
-
-def batch_and_recompute(cluster: str, model: str, tp: int, nodes: int, per_gpu, recompute: str = "auto",
-                        fill: float = MEMORY_FILL) -> Tuple[int, int, str]:
-    """(tokens per GPU, capacity, recompute) of a configuration, physically realisable: ``per_gpu``
-    "memory" fills ``fill`` of what memory holds with ``recompute`` ("auto": no recompute); a token
-    count is kept and ``recompute`` "auto" takes the fastest of RECOMPUTE_LADDER whose capacity holds
-    it at ``fill``, the capacity then binding every strategy (MatrixError when even full recompute
-    cannot). An explicit ``recompute`` with a token count keeps the planner's default capacity only
-    when it is "none" and nothing was asked of memory (the compute-bound what-if)."""
-    from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
-    if str(per_gpu) == "memory":
-        rc = "none" if recompute == "auto" else recompute
-        tok, cap = memory_tokens(cluster, model, tp, nodes, fill, rc)
-        return tok, cap, rc
-    tok = parse_tokens(per_gpu)
-    if recompute != "auto":
-        if recompute == "none":
-            return tok, 0, "none"
-        _, cap = memory_tokens(cluster, model, tp, nodes, fill, recompute)
-        return tok, cap, recompute
-    for rc in RECOMPUTE_LADDER:
-        _, cap = memory_tokens(cluster, model, tp, nodes, fill, rc)
-        if tok <= fill * cap:
-            return tok, cap, rc
-    raise MatrixError(f"{model} (tp {tp}) on {cluster}: {tok} tokens per GPU do not fit in memory even with full "
-                      f"recompute (capacity {cap}): lower tokens_per_gpu or raise tp in the matrix")
-
-
-def memory_tokens(cluster: str, model: str, tp: int, nodes: int, fill: float = MEMORY_FILL,
-                  recompute: str = "none") -> Tuple[int, int]:
-    """(tokens per GPU, capacity) when memory sets the batch: the capacity is what one GPU holds
-    (dp.memory.capacity_tokens: ZeRO-1 over the domain, the given activation recompute, 90% of the
-    profile's memory_GB), and the batch fills ``fill`` of it on average. Every strategy must then
-    fit the capacity on every rank, as a real run must fit in memory."""
-    from megatron_zeppelin.spec.memory import capacity_tokens
-    from megatron_zeppelin.spec.model import load_model
-    profile, spec = load_profile(cluster), load_model(model)
-    world = domain_topology(profile, nodes, tp).world_size
-    cap = capacity_tokens(spec, profile.memory_GB * 1e9, dp=world, tp=tp, zero_stage=1, recompute=recompute)
-    if cap < 1:
-        raise MatrixError(f"{model} (tp {tp}) does not fit in {profile.memory_GB:g} GB of {cluster} even without "
-                          "activations: raise its tp in the matrix")
-    return max(1, int(fill * cap)), cap
 
 
 class Progress(Enum):

@@ -59,9 +59,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron_zeppelin.spec.config import STRATEGIES, ZeppelinConfig
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.model import load_model
-from megatron_zeppelin.spec.hardware import HardwareProfile, load_profile
+from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.sim.iteration import SimOptions, accumulate, simulate
+from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
+from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
 from megatron_zeppelin.spec.words import Link
 
 ABLATIONS = ("static_cp+routing", "zeppelin-noremap")
@@ -119,17 +121,6 @@ def _tokens_label(n: int) -> str:
         if n >= unit and n % unit == 0:
             return f"{n // unit}{suffix}"
     return str(n)
-
-
-def domain_topology(profile: HardwareProfile, nodes: int, tp: int = 1) -> Topology:
-    g = profile.gpus_per_node
-    if tp < 1 or g % tp:
-        raise ZeppelinError(f"tensor-parallel size {tp} does not divide the {g} GPUs of a {profile.name} node "
-                            "(set tp in the matrix or --tp to a divisor)")
-    gpus = g // tp
-    nics = max(1, min(gpus, profile.nics_per_node // tp))
-    wiring = profile.gpu_to_nic if tp == 1 and nics == profile.nics_per_node else ()
-    return Topology(nodes, gpus, nics, wiring)
 
 
 def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, model, config: ZeppelinConfig,
@@ -333,8 +324,6 @@ def recompute_rungs(spec: RunSpec) -> List[Tuple[str, int]]:
     LADDER's rungs (fastest first) whose capacity holds at least the mean tokens per GPU."""
     if not spec.recompute_per_strategy:
         return [(spec.recompute, spec.capacity)]
-    from megatron_zeppelin.sim.matrix import memory_tokens
-    from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
     rungs = [(rc, memory_tokens(spec.cluster, spec.model, spec.tp, spec.nodes, 1.0, rc)[1])
              for rc in RECOMPUTE_LADDER]
     return [(rc, cap) for rc, cap in rungs if cap >= spec.tokens_per_gpu]
