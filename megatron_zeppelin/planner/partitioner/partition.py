@@ -109,7 +109,15 @@ def _ring_tables(ctx: PlanContext, lengths: Sequence[int], sizes: np.ndarray, ra
 
 class _Ranks:
     """Per-rank load (seconds) and attention tokens, with a lazy min-heap for LPT picks; the loads
-    and tokens also as arrays, for the ring choices' masks (kept equal entry by entry)."""
+    and tokens also as arrays, for the ring choices' masks (kept equal entry by entry).
+
+    A rank without room for a pick's document is *parked* (a max-heap by room) rather than popped
+    and pushed back on every pick: the greedy asks longest first, so once ranks fill up (a tight
+    capacity, or the tail of a large batch) nearly every rank lacked room for the last document
+    and draining them all per pick made planning quadratic in the documents. A parked rank returns
+    to the load heap when a pick's document fits its room; ``add`` gives a rank a fresh load-heap
+    entry (its parked one goes stale). Every rank has exactly one live entry (version ``ver``), in
+    one heap or the other, so a pick still returns the least (load, rank) with room."""
 
     def __init__(self, world: int, cap: int):
         self.load = [0.0] * world  # lists: the heap's picks touch single entries
@@ -119,22 +127,25 @@ class _Ranks:
         self.cap = cap
         self.ver = [0] * world
         self.heap = [(0.0, r, 0) for r in range(world)]
+        self.parked = []  # (-room, rank, version, load): ranks too full for an earlier pick
 
     def least_loaded(self, need: int):
         """(load, rank) of the least-loaded rank with room for ``need`` tokens, or None."""
-        heap, aside, out = self.heap, [], None
+        heap, parked, ver, tok, cap = self.heap, self.parked, self.ver, self.tok, self.cap
+        while parked and -parked[0][0] >= need:  # room enough now: back to the load heap
+            _, r, v, t = heapq.heappop(parked)
+            if v == ver[r]:
+                heapq.heappush(heap, (t, r, v))
         while heap:
             t, r, v = heap[0]
-            if v != self.ver[r]:
+            if v != ver[r]:
                 heapq.heappop(heap)
                 continue
-            if self.tok[r] + need <= self.cap:
-                out = (t, r)
-                break
-            aside.append(heapq.heappop(heap))
-        for x in aside:
-            heapq.heappush(heap, x)
-        return out
+            if tok[r] + need <= cap:
+                return (t, r)
+            heapq.heappop(heap)
+            heapq.heappush(parked, (tok[r] - cap, r, v, t))
+        return None
 
     def add(self, r: int, t: float, tokens: int, rate: float) -> None:
         self.load[r] += t
@@ -160,6 +171,7 @@ class _Ranks:
         self.ver[:] = [v + 1 for v in self.ver]
         self.heap[:] = [(t, r, v) for r, (t, v) in enumerate(zip(self.load, self.ver))]
         heapq.heapify(self.heap)
+        self.parked.clear()  # every rank is back in the load heap
         owner.update(zip(docs[:n], got.tolist()))
         return n
 
