@@ -3,10 +3,12 @@ a faster partitioner) must print the same digests before and after.
 
 The batches are built as ``bench_planner.py --scale`` builds them (scale_case: the mix's lengths,
 seed 0, cut at 64K; nodes of 8 GPUs; a800, llama-7b), each planned by one Planner. Prints one line
-per case, ``mix docs ranks digest seconds``; ``--profile`` prints cProfile's top functions of the
-last case instead of nothing.
+per case, ``mix docs ranks digest seconds``; ``--profile`` also prints cProfile's top functions (own
+time) of each case's plan.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/scale_digests.py --docs 1000 16000 > results/bench/scale_digests.txt
+    PYTHONPATH=. .venv/bin/python benchmarks/scale_digests.py --docs 1000 16000 32000 128000 > results/bench/scale_digests.txt
+    git archive 0f6491c megatron_zeppelin | tar -x -C DIR   # an older tree, for its digests
+    PYTHONPATH=DIR .venv/bin/python benchmarks/scale_digests.py --docs 1000 16000 32000 > results/bench/scale_digests_before.txt
 """
 
 from __future__ import annotations
