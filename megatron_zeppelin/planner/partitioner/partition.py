@@ -109,7 +109,15 @@ def _ring_tables(ctx: PlanContext, lengths: Sequence[int], sizes: np.ndarray, ra
 
 class _Ranks:
     """Per-rank load (seconds) and attention tokens, with a lazy min-heap for LPT picks; the loads
-    and tokens also as arrays, for the ring choices' masks (kept equal entry by entry)."""
+    and tokens also as arrays, for the ring choices' masks (kept equal entry by entry).
+
+    A rank without room for a pick's document is *parked* (a max-heap by room) rather than popped
+    and pushed back on every pick: the greedy asks longest first, so once ranks fill up (a tight
+    capacity, or the tail of a large batch) nearly every rank lacked room for the last document
+    and draining them all per pick made planning quadratic in the documents. A parked rank returns
+    to the load heap when a pick's document fits its room; ``add`` gives a rank a fresh load-heap
+    entry (its parked one goes stale). Every rank has exactly one live entry (version ``ver``), in
+    one heap or the other, so a pick still returns the least (load, rank) with room."""
 
     def __init__(self, world: int, cap: int):
         self.load = [0.0] * world  # lists: the heap's picks touch single entries
@@ -119,22 +127,25 @@ class _Ranks:
         self.cap = cap
         self.ver = [0] * world
         self.heap = [(0.0, r, 0) for r in range(world)]
+        self.parked = []  # (-room, rank, version, load): ranks too full for an earlier pick
 
     def least_loaded(self, need: int):
         """(load, rank) of the least-loaded rank with room for ``need`` tokens, or None."""
-        heap, aside, out = self.heap, [], None
+        heap, parked, ver, tok, cap = self.heap, self.parked, self.ver, self.tok, self.cap
+        while parked and -parked[0][0] >= need:  # room enough now: back to the load heap
+            _, r, v, t = heapq.heappop(parked)
+            if v == ver[r]:
+                heapq.heappush(heap, (t, r, v))
         while heap:
             t, r, v = heap[0]
-            if v != self.ver[r]:
+            if v != ver[r]:
                 heapq.heappop(heap)
                 continue
-            if self.tok[r] + need <= self.cap:
-                out = (t, r)
-                break
-            aside.append(heapq.heappop(heap))
-        for x in aside:
-            heapq.heappush(heap, x)
-        return out
+            if tok[r] + need <= cap:
+                return (t, r)
+            heapq.heappop(heap)
+            heapq.heappush(parked, (tok[r] - cap, r, v, t))
+        return None
 
     def add(self, r: int, t: float, tokens: int, rate: float) -> None:
         self.load[r] += t
@@ -160,6 +171,7 @@ class _Ranks:
         self.ver[:] = [v + 1 for v in self.ver]
         self.heap[:] = [(t, r, v) for r, (t, v) in enumerate(zip(self.load, self.ver))]
         heapq.heapify(self.heap)
+        self.parked.clear()  # every rank is back in the load heap
         owner.update(zip(docs[:n], got.tolist()))
         return n
 
@@ -234,20 +246,21 @@ def _inter(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
         m = masked(int(need[j]))
         if G > len(m):
             break
-        order = np.lexsort((np.arange(len(m)), m))
-        kth = float(m[order[G - 1]])
+        # numpy throughout (no Python sort keyed per rank): an inter ring's choice is O(world) per size,
+        # and at 8,192 ranks the per-rank sorts were a tenth of planning.
+        kth = float(np.partition(m, G - 1)[G - 1])  # the G-th least load
         res = kth + float(member[j])
         if res == _INF or res >= best[0]:
             continue
-        elig = order[m[order] <= kth]
-        nodes = elig // g
-        count = np.bincount(nodes, minlength=len(m) // g)
-        rank_node = sorted(range(len(count)), key=lambda n: (-int(count[n]), n))
-        pos = {n: k for k, n in enumerate(rank_node)}
-        chosen = sorted(elig.tolist(), key=lambda r: (pos[r // g], float(m[r]), r))[:G]
+        elig = np.flatnonzero(m <= kth)
+        count = np.bincount(elig // g, minlength=len(m) // g)
+        rank_node = np.lexsort((np.arange(len(count)), -count))  # nodes by (-eligible ranks, node)
+        pos = np.empty_like(rank_node)
+        pos[rank_node] = np.arange(len(count))
+        chosen = elig[np.lexsort((elig, m[elig], pos[elig // g]))[:G]].tolist()  # by (node's pos, load, rank)
         if len({r // g for r in chosen}) < 2:
             continue  # all in one node: the intra candidate is as good and cheaper
-        best = (res, G, tuple(sorted(chosen, key=lambda r: (r // g, r))))
+        best = (res, G, tuple(sorted(chosen)))  # node by node: rank order
         if res <= budget:
             break
     return best
