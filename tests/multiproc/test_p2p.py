@@ -9,6 +9,7 @@ from megatron_zeppelin.distributed.executor import StepExchange
 from megatron_zeppelin.distributed.tags import ExchangeTags
 from megatron_zeppelin.distributed.launch import run_distributed
 from megatron_zeppelin.distributed.p2p import CommError, P2PExchange, ring_shift, send_recv
+from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.topology import Topology
 
 F64 = torch.float64
@@ -102,3 +103,77 @@ def test_guards_against_misuse():
         st.start()
     with pytest.raises(CommError, match="not a member"):
         ring_shift(torch.zeros(1), (1, 2), 0)
+
+
+# --- NCCL's matching rules (distributed/nccl_matching.py, ZEPPELIN_P2P_SEMANTICS=nccl) -------------
+NCCL = {"ZEPPELIN_P2P_SEMANTICS": "nccl"}
+
+
+def _pair_cases(rank, world):
+    """Rank 0 sends, rank 1 receives: same order, swapped order, dtype, tag and size mismatches.
+    Returns per case what rank 1 got (a tensor's values or the error)."""
+    out, keep = {}, []  # exchanges live until the end: a gloo request freed early is cancelled
+    a, b = torch.arange(6, dtype=F64).view(3, 2), 10 + torch.arange(6, dtype=F64).view(3, 2)
+
+    def case(name, sends, recvs):
+        if rank == 0:
+            P2PExchange([(1, t, tag) for t, tag in sends], [], dist.group.WORLD).start().wait()
+            return
+        bufs = [torch.zeros(shape, dtype=dt) for shape, dt, _ in recvs]
+        ex = P2PExchange([], [(0, buf, tag) for buf, (_, _, tag) in zip(bufs, recvs)], dist.group.WORLD).start()
+        keep.append(ex)
+        try:
+            ex.wait()
+            out[name] = [buf.tolist() for buf in bufs]
+        except ZeppelinError as e:
+            out[name] = f"{type(e).__name__}: {e}"
+
+    case("same_order", [(a, 5), (b, 9)], [((3, 2), F64, 5), ((3, 2), F64, 9)])
+    # gloo pairs by tag (each buffer gets its own message); NCCL by order (the first receive meets
+    # the first send, whose tag is another): raises in NCCL mode
+    case("swapped", [(a, 5), (b, 9)], [((3, 2), F64, 9), ((3, 2), F64, 5)])
+    dist.barrier()
+    return out
+
+
+def _mismatch_cases(rank, world, kind):
+    """One send and one receive of rank 0 -> 1 that differ in ``kind``; rank 1 returns the error."""
+    t = torch.arange(6, dtype=F64).view(3, 2)
+    recv = {"dtype": ((3, 2), torch.int64, 4), "size": ((2, 2), F64, 4), "tag": ((3, 2), F64, 8)}[kind]
+    if rank == 0:  # not waited (a payload of another size never matches), kept until rank 1 checked
+        ex = P2PExchange([(1, t, 4)], [], dist.group.WORLD).start()
+        dist.barrier()
+        return ex is None
+    buf = torch.zeros(recv[0], dtype=recv[1])
+    ex = P2PExchange([], [(0, buf, recv[2])], dist.group.WORLD).start()
+    try:
+        ex.wait()
+        err = "no error"
+    except ZeppelinError as e:
+        err = f"{type(e).__name__}: {e}"
+    dist.barrier()
+    return err
+
+
+def test_nccl_semantics_order_and_mismatches_world2():
+    tags = run_distributed(_pair_cases, 2, timeout=120)[1]
+    nccl = run_distributed(_pair_cases, 2, timeout=120, env=NCCL)[1]
+    a, b = list(range(6)), list(range(10, 16))
+    rows = lambda v: [v[i:i + 2] for i in range(0, 6, 2)]  # noqa: E731
+    want = [rows([float(x) for x in a]), rows([float(x) for x in b])]
+    assert tags["same_order"] == want and nccl["same_order"] == want
+    assert tags["swapped"] == want[::-1]  # gloo: by tag
+    # NCCL: the receive of tag 9 (posted first) meets the send of tag 5 (posted first): both named
+    assert nccl["swapped"].startswith("MatchError") and "differs in tag" in nccl["swapped"], nccl["swapped"]
+    assert "rank 1: irecv #2 from rank 0 (tag 9, shape (3, 2), torch.float64)" in nccl["swapped"]  # after #0, #1
+    assert "rank 0: isend #2 to rank 1 (tag 5, shape (3, 2), torch.float64)" in nccl["swapped"]
+
+
+@pytest.mark.parametrize("kind", ["dtype", "size", "tag"])
+def test_nccl_semantics_mismatch_names_both_ops(kind):
+    err = run_distributed(_mismatch_cases, 2, kind, timeout=60, env=NCCL)[1]
+    assert err.startswith("MatchError") and f"differs in {'shape' if kind == 'size' else kind}" in err, err
+    assert "rank 0: isend #0 to rank 1 (tag 4, shape (3, 2), torch.float64)" in err, err
+    theirs = {"dtype": "(tag 4, shape (3, 2), torch.int64)", "size": "(tag 4, shape (2, 2), torch.float64)",
+              "tag": "(tag 8, shape (3, 2), torch.float64)"}[kind]
+    assert f"rank 1: irecv #0 from rank 0 {theirs}" in err, err
