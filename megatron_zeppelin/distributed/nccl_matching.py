@@ -39,8 +39,8 @@ rank's batch completes as a whole; here each op completes on its own, as on gloo
 True
 >>> wire_tags(3, 64)[1] != wire_tags(3, 72)[1]   # sizes differ: the payloads never meet
 True
->>> describe("isend", 1, 5, 262150, (2, 4), torch.float64)
-'rank 1: isend #5 to rank 5 (tag 262150, shape (2, 4), torch.float64)'
+>>> describe("isend", 1, 5, 262150, (2, 4), torch.float64, seq=0)   # rank 1's first send to rank 5
+'rank 1: isend #0 to rank 5 (tag 262150, shape (2, 4), torch.float64)'
 """
 
 from __future__ import annotations
