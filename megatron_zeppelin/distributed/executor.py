@@ -49,6 +49,7 @@ Worked example (no communication needed): one direct op of 2 rows from rank 0 to
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -250,6 +251,10 @@ class StepExchange:
                     self._post_all(before)
         except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread by wait() or a join
             self._error = e
+            # the caller may be blocked on a request this failure leaves unmatched until the group's
+            # timeout: say the cause now, where the run's output shows it
+            sys.stderr.write(f"rank {self.rank}: relay of exchange (tag {self._tag >> OP_BITS}) failed: "
+                             f"{type(e).__name__}: {e}\n")
         finally:
             self._first_posted.set()
             self._posted.set()
