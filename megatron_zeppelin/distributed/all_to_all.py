@@ -7,7 +7,7 @@ ranks, so its adjoint is its inverse.
 
 Any dtype: rows travel as raw bytes (uint8), so bf16, bool or complex work on every backend.
 ``method="p2p"`` (default) uses batched isend/irecv with only the pairs that exchange rows (a remap
-touches few pairs); ``method="collective"`` uses ``all_to_all_single`` (every rank takes part).
+touches few pairs), posted through p2p.P2PExchange (so ``ZEPPELIN_P2P_SEMANTICS=nccl`` checks them too); ``method="collective"`` uses ``all_to_all_single`` (every rank takes part).
 ``check=True`` all-gathers the counts first and raises on every rank if any pair disagrees.
 Process groups are passed explicitly (``group=None`` is the default group).
 """
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.distributed.p2p import P2PExchange
 
 METHODS = ("p2p", "collective")
 
@@ -34,10 +35,6 @@ def _counts(name: str, counts: Sequence[int], world: int) -> List[int]:
         raise AllToAllError(f"{name} must be {world} non-negative integers (one per group rank), got "
                             f"{list(counts)}")
     return out
-
-
-def _peer(group, j: int) -> int:
-    return j if group is None else dist.get_global_rank(group, j)
 
 
 def _exchange(x: torch.Tensor, send: List[int], recv: List[int], group, method: str) -> torch.Tensor:
@@ -62,17 +59,11 @@ def _exchange(x: torch.Tensor, send: List[int], recv: List[int], group, method: 
     for c in recv:
         r_off.append(r_off[-1] + c)
     ob[r_off[me]:r_off[me + 1]] = xb[s_off[me]:s_off[me + 1]]  # own rows: a local copy
-    ops = []
-    for j in range(len(send)):
-        if j == me:
-            continue
-        if recv[j]:
-            ops.append(dist.P2POp(dist.irecv, ob[r_off[j]:r_off[j + 1]], _peer(group, j), group))
-        if send[j]:
-            ops.append(dist.P2POp(dist.isend, xb[s_off[j]:s_off[j + 1]], _peer(group, j), group))
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+    others = [j for j in range(len(send)) if j != me]  # group ranks: P2PExchange maps them to global ones
+    sends = [(j, xb[s_off[j]:s_off[j + 1]], 0) for j in others if send[j]]
+    recvs = [(j, ob[r_off[j]:r_off[j + 1]], 0) for j in others if recv[j]]
+    if sends or recvs:
+        P2PExchange(sends, recvs, group).start().wait()
     return out
 
 

@@ -15,9 +15,18 @@ phase order (planner/program.py ``exchange_phases``: dispatch, transfer, combine
 ``reverse``). wait() returns once this rank's own messages are done (its sends left, the messages
 ending here assembled): a pure proxy does not wait for the pieces it relays. On CUDA the relay
 runs on a side stream; wait() joins it only when a relayed piece ends on this rank, and then
-orders the caller's stream after the relay's copies. Not yet run on NCCL,
-which matches point-to-point messages by posting order, not by tag: relays posted from a second
-thread need their own communicator there.
+orders the caller's stream after the relay's copies.
+
+Posting order (NCCL pairs a peer pair's sends and receives in posting order and ignores tags;
+distributed/nccl_matching.py checks it on gloo): each rank posts its sends on the group in the
+program's order, whatever the relay threads' timing. Per exchange: the sends of the messages it
+originates (phase order, then schedule order), then its relayed pieces (phase order, then schedule
+order); exchange after exchange as the caller starts them. So while an earlier exchange of the
+calling thread is still relaying (ExchangeTags ``tail``), a new exchange posts its sends from its
+own thread once that one has posted all of its own; its receives are posted at once. A receiver
+posts its receives from one peer in the same order: the peer's first hops, then its relays (phase,
+then schedule order). A proxy's next exchange may therefore leave after its previous relays (the
+prediction times relays within an exchange in this order, not this wait across exchanges).
 
 Tags (distributed/tags.py): an exchange takes its tag slot from the ``ExchangeTags`` of its group,
 passed explicitly (``tags=``); ``tag`` separates the exchanges a caller keeps in flight together;
@@ -40,6 +49,7 @@ Worked example (no communication needed): one direct op of 2 rows from rank 0 to
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -91,7 +101,9 @@ class StepExchange:
         # this rank's ops as (index, op) (the index is the op's tag: the same on both sides)
         mine = sorted(((i, o) for i, o in enumerate(ops) if rank in (o.src, o.dst)),
                       key=lambda x: (order[x[1].stage], x[0]))
-        self._recvs = [(i, o) for i, o in mine if o.dst == rank and o.src != rank]
+        # receives from one peer in the order it posts its sends: its first hops, then its relays
+        self._recvs = sorted(((i, o) for i, o in mine if o.dst == rank and o.src != rank),
+                             key=lambda x: x[1].src != x[1].msg_src)
         self._first = [(i, o) for i, o in mine if o.src == rank and o.msg_src == rank]  # data at hand
         self._relayed = [(i, o) for i, o in mine if o.src == rank and o.msg_src != rank]  # wait for a piece
         self._rows: Dict[Key, int] = {}
@@ -107,7 +119,11 @@ class StepExchange:
         self._state = "new"
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
+        # set by the thread once it posted its first hops / all its sends (also when it failed)
+        self._first_posted, self._posted = threading.Event(), threading.Event()
+        self._posted_all = False  # every send of this rank posted (False while posting or if that failed)
         self._stream = self._event = None  # CUDA: the relay's side stream and its end event
+        self._first_event = None  # CUDA: the side stream after the first hops (self-hops delivered)
 
     # --- data lookup ----------------------------------------------------------------------
     def _rows_of(self, o: CommOp) -> torch.Tensor:
@@ -192,39 +208,69 @@ class StepExchange:
             prev.join()
         self._exs: List[P2PExchange] = []
         self._count()
-        sends, recvs = [], []
-        for i, o in self._first:
-            self._send(sends, i, o)
+        recvs = []
         for i, o in self._recvs:
             self._bufs[i] = torch.empty((o.stop - o.start, self.width(o.ring)), dtype=self.dtype, device=self.device)
             recvs.append((o.src, self._bufs[i], self._tag + i))
-        self._post(sends, recvs)
-        if self._relayed:  # proxies: forward each piece as it arrives, concurrently with the caller
-            if self.device.type == "cuda":
-                self._stream = torch.cuda.Stream(self.device)
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))  # buffers are allocated
-            self._thread = threading.Thread(target=self._relay, daemon=True,
-                                            name=f"zeppelin-relay-r{self.rank}-t{self._tag >> OP_BITS}")
-            self.tags.hold(*self._slot, self)
-            self._thread.start()
+        before = self.tags.tail()  # the caller's last exchange still posting its sends, if any
+        if before is not None and before._posted.is_set():
+            before = None
+        if not self._relayed and before is None:  # nothing to wait for: everything from here, one batch
+            sends = []
+            for i, o in self._first:
+                self._send(sends, i, o)
+            self._post(sends, recvs)
+            self._posted_all = True
+            self._first_posted.set()
+            self._posted.set()
+            return self
+        self._post([], recvs)
+        # sends from a thread: after the earlier exchange's, then each relayed piece as it arrives
+        if self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(self.device)
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # buffers are allocated
+        self._thread = threading.Thread(target=self._relay, args=(before,), daemon=True,
+                                        name=f"zeppelin-relay-r{self.rank}-t{self._tag >> OP_BITS}")
+        self.tags.hold(*self._slot, self)
+        self.tags.follow(self)
+        self._thread.start()
         return self
 
-    def _relay(self) -> None:
-        """Background: per relayed op (stage order), wait for its piece, then send it on."""
+    def _relay(self, before: Optional["StepExchange"]) -> None:
+        """Background: after ``before`` posted its sends, post the first hops, then per relayed op
+        (phase order) wait for its piece and send it on."""
         try:
             with torch.no_grad():  # no autograd runs through communication
                 if self._stream is not None:
                     torch.cuda.set_device(self.device)
                     with torch.cuda.stream(self._stream):
-                        self._forward_all()
+                        self._post_all(before)
                         self._event = torch.cuda.Event()
                         self._event.record(self._stream)
                 else:
-                    self._forward_all()
+                    self._post_all(before)
         except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread by wait() or a join
             self._error = e
+            # the caller may be blocked on a request this failure leaves unmatched until the group's
+            # timeout: say the cause now, where the run's output shows it
+            sys.stderr.write(f"rank {self.rank}: relay of exchange (tag {self._tag >> OP_BITS}) failed: "
+                             f"{type(e).__name__}: {e}\n")
+        finally:
+            self._first_posted.set()
+            self._posted.set()
 
-    def _forward_all(self) -> None:
+    def _post_all(self, before: Optional["StepExchange"]) -> None:
+        if before is not None:
+            before.await_posted()
+        sends = []
+        for i, o in self._first:
+            self._send(sends, i, o)
+        if sends:
+            self._post(sends, [])
+        if self._stream is not None:  # self-hops copied here on the side stream: wait() orders after them
+            self._first_event = torch.cuda.Event()
+            self._first_event.record(self._stream)
+        self._first_posted.set()
         for i, o in self._relayed:
             src = self._source_of(o)
             if src is not None:
@@ -233,9 +279,20 @@ class StepExchange:
             self._send(sends, i, o)
             if sends:
                 self._post(sends, [])
+        self._posted_all = True
+        self._posted.set()
         for i, o in self._relayed:
             if o.dst != self.rank:
                 self._wait_req(i)  # sent: the buffers may go
+
+    def await_posted(self) -> None:
+        """Wait (bounded) until this exchange has posted all its sends; raise if it could not."""
+        if not self._posted.wait(self._limit()):
+            raise CommError(f"rank {self.rank}: routed exchange (tag {self._tag >> OP_BITS}) did not post its "
+                            f"relayed pieces within {self._limit():.0f}s: a peer did not post its matching stage")
+        if not self._posted_all:
+            raise CommError(f"rank {self.rank}: an earlier exchange on the group failed before posting all its "
+                            f"sends ({type(self._error).__name__}: {self._error}); later sends would pair wrongly")
 
     def _limit(self) -> float:
         return group_timeout_s(self.group) + 30.0  # the requests themselves time out first
@@ -256,6 +313,14 @@ class StepExchange:
         if self._state == "done":
             raise CommError("StepExchange.wait() called twice")
         self._state = "done"
+        if self._thread is not None and self._first:  # its first hops are posted by the thread
+            if not self._first_posted.wait(self._limit()):
+                raise CommError(f"rank {self.rank}: exchange (tag {self._tag >> OP_BITS}) could not post its sends "
+                                f"within {self._limit():.0f}s: an earlier exchange's relay did not finish posting")
+            if self._error is not None and any(i not in self._req for i, _ in self._first):
+                self.join()  # re-raises the thread's error
+            if self._first_event is not None:
+                torch.cuda.current_stream(self.device).wait_event(self._first_event)
         # own part: sends of messages originating here, pieces of messages ending here
         for i, o in self._first:
             if o.dst != self.rank:

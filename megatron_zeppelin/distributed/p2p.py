@@ -9,6 +9,9 @@ stages from background threads (distributed/executor.py), and NCCL's batch_isend
 through per-group state that two threads must not interleave. Gloo's send/recv run on the calling
 thread with explicit tags (ProcessGroupGloo.hpp: "completed by the device thread", no per-call
 sequence to match), so waiting outside the lock is safe; tags keep concurrent exchanges apart.
+With ``ZEPPELIN_P2P_SEMANTICS=nccl`` the exchange posts by NCCL's rules instead (nccl_matching.py:
+a receive meets the oldest unmatched send of its peer pair whatever the tags, and a receive that
+meets a send of another tag, shape or dtype raises naming both).
 
 ``send_recv`` is the autograd Function: sends tensors to peers and returns the tensors received;
 its backward is the mirror (gradients of what was received go back to the senders, and the
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.distributed import nccl_matching
 
 
 class CommError(ZeppelinError):
@@ -66,13 +70,17 @@ class P2PExchange:
     def start(self) -> "P2PExchange":
         if self._state != "new":
             raise CommError(f"P2PExchange.start() called twice (state {self._state})")
-        ops = [dist.P2POp(dist.isend, t.contiguous(), global_rank(self.group, p), self.group, tag)
-               for p, t, tag in self.sends]
-        ops += [dist.P2POp(dist.irecv, b, global_rank(self.group, p), self.group, tag)
-                for p, b, tag in self.recvs]
-        self._keep = ops  # contiguous send copies must outlive the requests
+        sends = [(global_rank(self.group, p), t.contiguous(), tag) for p, t, tag in self.sends]
+        recvs = [(global_rank(self.group, p), b, tag) for p, b, tag in self.recvs]
+        self._keep = sends  # contiguous send copies must outlive the requests
+        mode = nccl_matching.semantics()
         with _POST_LOCK:  # one batch at a time per process (NCCL coalescing state is per group)
-            self._reqs = dist.batch_isend_irecv(ops) if ops else []
+            if mode is nccl_matching.P2PSemantics.NCCL:  # sequence numbers follow this lock's order
+                self._reqs = nccl_matching.post(sends, recvs, self.group)
+            else:
+                ops = [dist.P2POp(dist.isend, t, p, self.group, tag) for p, t, tag in sends]
+                ops += [dist.P2POp(dist.irecv, b, p, self.group, tag) for p, b, tag in recvs]
+                self._reqs = dist.batch_isend_irecv(ops) if ops else []
         self._state = "started"
         return self
 

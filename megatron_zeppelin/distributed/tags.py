@@ -7,6 +7,13 @@ dkv, gather, scatter), ``slot`` rotates over SLOTS consecutive exchanges of the 
 relay thread still forwarding pieces of an earlier exchange cannot meet the next one's messages.
 Before an exchange posts in a slot, the relay last registered in that slot is joined.
 
+It also keeps each calling thread's *posting chain*: the last exchange of that thread whose sends
+are still being posted by a background thread (distributed/executor.py). The next exchange of the
+thread posts its sends only after that one has posted all of its own, so a rank's sends on the
+group leave in the thread's program order, as NCCL's matching needs (nccl_matching.py), whatever
+the relay threads' timing. Chains are per thread: two threads posting on one group keep their own
+orders (gloo's tags keep them apart; on NCCL that is not supported at all).
+
 Every rank must take its slots from the same sequence in the same order (the ops come from the
 Plan, which all ranks share): an ``ExchangeTags`` therefore lives as long as the group it numbers
 (the attention engine owns one per engine and drains it at the end of each pass; a caller keeping
@@ -35,6 +42,7 @@ class ExchangeTags:
         self._lock = threading.Lock()
         self._seq: Dict[int, int] = {}  # tag -> exchanges created so far
         self._live: Dict[Tuple[int, int], object] = {}  # (tag, slot) -> the last exchange with a relay
+        self._tail: Dict[int, object] = {}  # thread id -> its last exchange posting from a background thread
 
     def take(self, tag: int) -> int:
         """The slot of the next exchange of ``tag``."""
@@ -53,11 +61,22 @@ class ExchangeTags:
         with self._lock:
             return self._live.pop((tag, slot), None)
 
+    def tail(self) -> Optional[object]:
+        """The calling thread's last exchange that posts from a background thread (None if none)."""
+        with self._lock:
+            return self._tail.get(threading.get_ident())
+
+    def follow(self, exchange) -> None:
+        """``exchange`` posts from a background thread after the calling thread's current tail."""
+        with self._lock:
+            self._tail[threading.get_ident()] = exchange
+
     def drain(self) -> None:
         """Join every relay still running (bounded), re-raising the first error after all are joined."""
         with self._lock:
             live = list(self._live.values())
             self._live.clear()
+            self._tail.clear()
         first = None
         for ex in live:
             try:

@@ -1,6 +1,7 @@
 """The attention engine on gloo equals single-process per-document causal attention (out and
 q/k/v gradients) for every strategy's plan, counts the bytes the Plan's ops say, and handles bad
-input (zero-token rank, NaN, plan mismatch) without hanging."""
+input (zero-token rank, NaN, plan mismatch) without hanging. ``semantics``: gloo's tag matching or
+NCCL's (ZEPPELIN_P2P_SEMANTICS, distributed/nccl_matching.py); NCCL's with -m slow."""
 
 import random
 
@@ -12,12 +13,14 @@ from megatron_zeppelin.attention.engine import verify_plan
 from megatron_zeppelin.attention.testing import check_engine, expected_step_bytes, hand_plan, toy_route
 from megatron_zeppelin.spec.config import STRATEGIES, ZeppelinConfig
 from megatron_zeppelin.distributed.launch import run_distributed
+from megatron_zeppelin.distributed.nccl_matching import ENV
 from megatron_zeppelin.planner import plan_batch
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.planner.types import PlanError
 from megatron_zeppelin.spec.topology import Topology
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+TAGS_FIRST = [pytest.param("tags"), pytest.param("nccl", marks=pytest.mark.slow)]  # NCCL's rules: -m slow
 
 
 def batch(seed: int, world: int):
@@ -104,14 +107,15 @@ def default_cases():
     return cases
 
 
-def test_engine_world4_2x2_several_strategies_and_faults():
+@pytest.mark.parametrize("semantics", TAGS_FIRST)
+def test_engine_world4_2x2_several_strategies_and_faults(semantics):
     cases = default_cases()
     assert cases[4][1].tokens(3) == 0
-    _check_results(run_distributed(_run_cases, 4, cases, timeout=240), cases)
+    _check_results(run_distributed(_run_cases, 4, cases, timeout=240, env={ENV: semantics}), cases)
     t = Topology(2, 2)
     plan = hand_plan([9, 4, 6], t, [(0, 2), 1, 3])
     other = hand_plan([9, 4, 7], t, [(0, 2), 1, 3])
-    res = run_distributed(_faults, 4, plan, other, timeout=300)
+    res = run_distributed(_faults, 4, plan, other, timeout=300, env={ENV: semantics})
     assert all(r["nan"] for r in res)  # NaN propagated, nobody hung
     assert "first difference at plan.lengths[2]" in res[1]["verify"]
     assert all("digest" in r["verify"] for r in res)
@@ -122,8 +126,9 @@ MATRIX = [(Topology(1, 1), 1), (Topology(1, 2), 2), (Topology(1, 4), 4), (Topolo
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("semantics", ["tags", "nccl"])
 @pytest.mark.parametrize("topo,world", MATRIX, ids=lambda x: getattr(x, "describe", lambda: str(x))()[:12])
-def test_engine_every_strategy_matrix(topo, world):
+def test_engine_every_strategy_matrix(topo, world, semantics):
     cases = []
     for seed in (2, 3):
         lengths = batch(seed, world)
@@ -132,7 +137,7 @@ def test_engine_every_strategy_matrix(topo, world):
                 cases.append((f"{s}_{seed}_{dtype}", strategy_plan(s, lengths, topo), dtype, kvh))
     if topo.nodes > 1:
         cases.append(("routed", toy_route(strategy_plan("hybrid_dp", batch(4, world), topo)), torch.float64, 2))
-    _check_results(run_distributed(_run_cases, world, cases, timeout=600), cases)
+    _check_results(run_distributed(_run_cases, world, cases, timeout=600, env={ENV: semantics}), cases)
 
 
 # --- pipelined backward (dK/dV of step s in flight during step s+1's compute) ---------------------
@@ -153,9 +158,10 @@ def pipelined_cases():
             ("pipelined_allgather_routed", ag, torch.float64, 2)]
 
 
-def test_engine_pipelined_backward_mixed_rings_routed():
+@pytest.mark.parametrize("semantics", TAGS_FIRST)
+def test_engine_pipelined_backward_mixed_rings_routed(semantics):
     cases = pipelined_cases()
-    _check_results(run_distributed(_run_cases, 6, cases, timeout=240), cases)
+    _check_results(run_distributed(_run_cases, 6, cases, timeout=240, env={ENV: semantics}), cases)
 
 
 # --- a2a (Ulysses) rings: head groups over the ring, whole documents per group --------------------

@@ -1,6 +1,10 @@
 """Routed schedules on gloo: every ring step's routed transfers deliver exactly the data of the direct
 ones, the executed per-NIC bytes are the schedule's, and the attention engine's outputs and gradients
-are bitwise equal with routing on and off (float64)."""
+are bitwise equal with routing on and off (float64).
+
+Each test runs under gloo's tag matching and under NCCL's (``semantics``: ZEPPELIN_P2P_SEMANTICS,
+distributed/nccl_matching.py: a receive meets the oldest unmatched send of its peer pair whatever the
+tag); the default run has the 2x2 exactness case under NCCL's rules, ``-m slow`` all the others."""
 
 import zlib
 from collections import defaultdict
@@ -15,6 +19,7 @@ from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.distributed.counters import CommCounters
 from megatron_zeppelin.distributed.executor import StepExchange
 from megatron_zeppelin.distributed.launch import run_distributed
+from megatron_zeppelin.distributed.nccl_matching import ENV, P2PSemantics, semantics as p2p_semantics
 from megatron_zeppelin.distributed.tags import ExchangeTags
 from megatron_zeppelin.planner.build.assemble import assemble
 from megatron_zeppelin.planner.build.checks import check_plan
@@ -135,18 +140,28 @@ def check_topology(topo: Topology, results):
 
 
 TOPOLOGIES = [Topology(2, 2), Topology(2, 4, 2), Topology(4, 2)]
+# (mode, marks): NCCL's rules in the default run, gloo's tags with -m slow; ``BOTH``: both slow
+NCCL_FIRST = [pytest.param("nccl"), pytest.param("tags", marks=pytest.mark.slow)]
+TAGS_FIRST = [pytest.param("tags"), pytest.param("nccl", marks=pytest.mark.slow)]
+BOTH = ["tags", "nccl"]
 
 
-def test_routed_equals_direct_2x2():
+def env(mode: str) -> dict:
+    return {ENV: mode}
+
+
+@pytest.mark.parametrize("semantics", NCCL_FIRST)
+def test_routed_equals_direct_2x2(semantics):
     topo = TOPOLOGIES[0]
-    check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=240))
+    check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=240, env=env(semantics)))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("semantics", BOTH)
 @pytest.mark.parametrize("topo", [TOPOLOGIES[1], TOPOLOGIES[2], Topology(2, 4)],
                          ids=["2x4_2nics_cluster_a_wiring", "4x2", "2x4"])
-def test_routed_equals_direct(topo):
-    check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=300))
+def test_routed_equals_direct(topo, semantics):
+    check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=300, env=env(semantics)))
 
 
 # --- relays progress without the proxies' compute (issue 4) -------------------------------------
@@ -184,17 +199,20 @@ def _proxy_blocked_body(rank, world, topo):
     return proxies, (got.numpy() if got is not None else None)
 
 
-def test_proxies_relay_while_computing():
+@pytest.mark.parametrize("semantics", TAGS_FIRST)
+def test_proxies_relay_while_computing(semantics):
     topo = Topology(2, 2)
     ops, dst, rows, proxies = _one_routed_message(topo)
     assert proxies and any(o.stage == "transfer" for o in ops)
-    res = run_distributed(_proxy_blocked_body, topo.world_size, topo, timeout=90)
+    res = run_distributed(_proxy_blocked_body, topo.world_size, topo, timeout=90, env=env(semantics))
     assert torch.equal(torch.from_numpy(res[dst][1]), message_data("blocked", rows, 2))
 
 
 def _concurrent_body(rank, world, topo, rounds):
     """Every (queue, step) exchange of the routed plan in flight at once (distinct tags), waited in
-    reverse order, and the same again from two threads at once (disjoint tag ranges); repeated."""
+    reverse order, and the same again from two threads at once (disjoint tag ranges); repeated.
+    Under NCCL's rules not from two threads: two threads posting on one communicator have no
+    posting order for NCCL to pair (the engine posts from one thread)."""
     import threading
     _, routed = plans(topo)
     width = routed.kv_bytes_per_token // 8
@@ -224,6 +242,8 @@ def _concurrent_body(rank, world, topo, rounds):
 
     for _ in range(rounds):
         results.append(exchanges(0))
+        if p2p_semantics() is P2PSemantics.NCCL:
+            continue
         th = [threading.Thread(target=worker, args=(t,)) for t in (100, 200)]
         for t in th:
             t.start()
@@ -237,7 +257,7 @@ def _concurrent_body(rank, world, topo, rounds):
     return {k: t.numpy() for k, t in first.items()}, counters.as_dict()["bytes_by_link"], len(results)
 
 
-def _check_concurrent(topo, res, rounds):
+def _check_concurrent(topo, res, rounds, threads=2):
     _, routed = plans(topo)
     width = routed.kv_bytes_per_token // 8
     want = defaultdict(int)
@@ -246,7 +266,7 @@ def _check_concurrent(topo, res, rounds):
             want[((o.queue, o.step), o.ring, o.block, o.msg_src, o.msg_dst)], o.stop)
     got = {}
     for rank, (g, _, n) in enumerate(res):
-        assert n == 3 * rounds
+        assert n == (1 + threads) * rounds
         for k, t in g.items():
             got[(k, rank)] = t
     assert len(got) == len(want)
@@ -256,15 +276,19 @@ def _check_concurrent(topo, res, rounds):
     # counters from several threads add up exactly: 3 * rounds runs of the whole schedule
     sent = sum(sum(bl.values()) for _, bl, _ in res)
     per_row = routed.kv_bytes_per_token
-    assert sent == 3 * rounds * sum((o.stop - o.start) * per_row for o in routed.schedule if o.src != o.dst)
+    assert sent == (1 + threads) * rounds * sum((o.stop - o.start) * per_row for o in routed.schedule if o.src != o.dst)
 
 
-def test_concurrent_routed_exchanges_world4():
+@pytest.mark.parametrize("semantics", TAGS_FIRST)
+def test_concurrent_routed_exchanges_world4(semantics):
     topo = Topology(2, 2)
-    _check_concurrent(topo, run_distributed(_concurrent_body, topo.world_size, topo, 3, timeout=180), 3)
+    res = run_distributed(_concurrent_body, topo.world_size, topo, 3, timeout=180, env=env(semantics))
+    _check_concurrent(topo, res, 3, threads=2 if semantics == "tags" else 0)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("semantics", BOTH)
 @pytest.mark.parametrize("topo", [Topology(2, 4), Topology(4, 2), Topology(2, 4, 2)], ids=["2x4", "4x2", "2x4_2nics"])
-def test_concurrent_routed_exchanges_world8(topo):
-    _check_concurrent(topo, run_distributed(_concurrent_body, topo.world_size, topo, 5, timeout=300), 5)
+def test_concurrent_routed_exchanges_world8(topo, semantics):
+    res = run_distributed(_concurrent_body, topo.world_size, topo, 5, timeout=300, env=env(semantics))
+    _check_concurrent(topo, res, 5, threads=2 if semantics == "tags" else 0)
