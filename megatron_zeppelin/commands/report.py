@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 
 from megatron_zeppelin.errors import ZeppelinError
 
@@ -14,6 +15,26 @@ GANTT_CASES = (dict(name="", cluster="a800", model="llama-7b", dataset="github",
                dict(name="_memory", cluster="a800", model="llama-7b", dataset="prolong64k", context=65536, nodes=2,
                     memory=True))
 
+
+
+def written_to(command, path: str):
+    """``command`` (a recorded ``zeppelin bench`` line) writing its JSON to ``path``, the file the report
+    read, and its CSV beside it: a run may have written to a scratch folder before its file was kept
+    under results/, and the page must show a command a reader can rerun as is.
+
+    >>> written_to("zeppelin bench --studies memory --json /tmp/m/memory.json --csv /tmp/m/memory.csv",
+    ...            "results/bench/memory-1-of-6.json")
+    'zeppelin bench --studies memory --json results/bench/memory-1-of-6.json --csv results/bench/memory-1-of-6.csv'
+    >>> written_to(None, "x.json") is None
+    True
+    """
+    if not command:
+        return command
+    words = shlex.split(command)
+    for flag, value in (("--json", path), ("--csv", os.path.splitext(path)[0] + ".csv")):
+        if flag in words[:-1]:
+            words[words.index(flag) + 1] = value
+    return shlex.join(words)
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
@@ -142,7 +163,8 @@ def run(args) -> int:
                 raise ZeppelinError(f"cannot read --results {path}: {e}") from None
             records += part["runs"]
             paper = paper and _is_project_matrix(part.get("matrix"))
-            commands.append(part.get("command") or f"zeppelin bench --matrix {part.get('matrix', args.matrix)} --json {path}")
+            commands.append(written_to(part.get("command"), path)
+                            or f"zeppelin bench --matrix {part.get('matrix', args.matrix)} --json {path}")
         doc = _doc(args.matrix or part.get("matrix"), records)
         commands.append(me)
     else:
@@ -172,7 +194,7 @@ def run(args) -> int:
         except (OSError, ValueError) as e:
             raise ZeppelinError(f"cannot read --validation {args.validation}: {e}") from None
         if validation.get("command"):
-            commands.insert(len(commands) - 1, validation["command"])
+            commands.insert(len(commands) - 1, written_to(validation["command"], args.validation))
     try:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
             json.dump(_rounded(doc), f, separators=(",", ":"), default=float)  # every run of every study
