@@ -12,7 +12,7 @@ planner.routing.explain_step, memory from flags/memory.py's MemorySetup (spec/me
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 from rich import box
@@ -262,19 +262,23 @@ def seed_spread(per_seed, names) -> Dict[str, dict]:
     return out
 
 
-def print_spread(out, spread: Dict[str, dict], first: int, count: int, steps: int = 1) -> None:
+def print_spread(out, spread: Dict[str, dict], first: int, count: int, steps: int = 1,
+                 time_key: str = "predicted_iteration_s", column: str = "iteration s mean",
+                 labels: Optional[Dict[str, str]] = None) -> None:
+    """The mean and spread over sampled batches (or iterations) of each strategy's time under
+    ``time_key`` (plan: predicted, simulate: simulated), ``labels`` naming the rows."""
     con = _console(out)
     what = (f"over {count} sampled batches (seeds {first}..{first + count - 1})" if steps == 1 else
             f"over {count} sampled iterations of {steps} steps (seeds {first}..{first + count * steps - 1})")
-    t = _table("strategy", "iteration s mean", "std", "min", "max", "x lower bound mean", "zeppelin speedup mean",
+    t = _table("strategy", column, "std", "min", "max", "x lower bound mean", "zeppelin speedup mean",
                "speedup min-max", title=what)
     for n, r in spread.items():
-        it, lb, sp = r["predicted_iteration_s"], r["ratio_to_lower_bound"], r["zeppelin_speedup"]
+        it, lb, sp = r[time_key], r["ratio_to_lower_bound"], r["zeppelin_speedup"]
+        name = (labels or {}).get(n, n) + (f" ({r['failed']} failed)" if r["failed"] else "")
         if it is None:
-            t.add_row(n, "-", "-", "-", "-", "-", "-", "-")
+            t.add_row(name, "-", "-", "-", "-", "-", "-", "-")
             continue
-        t.add_row(n + (f" ({r['failed']} failed)" if r["failed"] else ""), _s(it["mean"]), _s(it["std"]),
-                  _s(it["min"]), _s(it["max"]), f"{lb['mean']:.3f}",
+        t.add_row(name, _s(it["mean"]), _s(it["std"]), _s(it["min"]), _s(it["max"]), f"{lb['mean']:.3f}",
                   f"{sp['mean']:.3f}x" if sp else "-", f"{sp['min']:.2f}x-{sp['max']:.2f}x" if sp else "-")
     con.print(t)
 

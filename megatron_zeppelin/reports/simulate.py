@@ -9,6 +9,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
+from megatron_zeppelin.reports import plan as plan_report
 from megatron_zeppelin.reports.plan import _console, _s, _table
 
 
@@ -120,17 +121,5 @@ def seed_spread(per_seed: Sequence[Dict[str, object]], variants) -> Dict[str, di
 
 
 def print_spread(out, spread: Dict[str, dict], labels: Dict[str, str], first: int, count: int, steps: int = 1) -> None:
-    con = _console(out)
-    what = (f"over {count} sampled batches (seeds {first}..{first + count - 1})" if steps == 1 else
-            f"over {count} sampled iterations of {steps} steps (seeds {first}..{first + count * steps - 1})")
-    t = _table("strategy", "simulated s mean", "std", "min", "max", "x lower bound mean", "zeppelin speedup mean",
-               "speedup min-max", title=what)
-    for v, r in spread.items():
-        it, lb, sp = r["iteration_s"], r["ratio_to_lower_bound"], r["zeppelin_speedup"]
-        name = labels[v] + (f" ({r['failed']} failed)" if r["failed"] else "")
-        if it is None:
-            t.add_row(name, "-", "-", "-", "-", "-", "-", "-")
-            continue
-        t.add_row(name, _s(it["mean"]), _s(it["std"]), _s(it["min"]), _s(it["max"]), f"{lb['mean']:.3f}",
-                  f"{sp['mean']:.3f}x" if sp else "-", f"{sp['min']:.2f}x-{sp['max']:.2f}x" if sp else "-")
-    con.print(t)
+    plan_report.print_spread(out, spread, first, count, steps, time_key="iteration_s", column="simulated s mean",
+                             labels=labels)
