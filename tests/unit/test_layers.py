@@ -127,6 +127,15 @@ def _string_imports(tree, call: ast.Call) -> Set[str]:
     return {m for m in found if m is not None and m in MODULES}
 
 
+
+def _from_source(node: ast.ImportFrom, here: list, is_pkg: bool):
+    """The package module a ``from X import ...`` reads from (relative imports resolved against the
+    importing module ``here``), '' for the package itself, None when X is outside the package."""
+    if node.level:
+        base = here if is_pkg else here[:-1]
+        return ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+    return _local(node.module or "")
+
 def _imports(name: str) -> Dict[str, int]:
     """Package modules ``name`` imports (module level, functions, importlib) -> first line."""
     tree, is_pkg = TREES[name], MODULES[name].name == "__init__.py"
@@ -146,14 +155,9 @@ def _imports(name: str) -> Dict[str, int]:
                 if local is not None:
                     add(local, node.lineno)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here if is_pkg else here[:-1]
-                base = base[:len(base) - node.level + 1]
-                src = ".".join(base + ([node.module] if node.module else []))
-            else:
-                src = _local(node.module or "")
-                if src is None:
-                    continue
+            src = _from_source(node, here, is_pkg)
+            if src is None:
+                continue
             for a in node.names:
                 full = f"{src}.{a.name}" if src else a.name
                 add(full if full in MODULES else src, node.lineno)
@@ -301,13 +305,9 @@ def test_every_package_import_names_something_that_exists():
                     if local is not None and local not in MODULES:
                         bad.append(f"{_show(name)} line {node.lineno}: import {a.name}")
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = here if is_pkg else here[:-1]
-                    src = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
-                else:
-                    src = _local(node.module or "")
-                    if src is None:
-                        continue
+                src = _from_source(node, here, is_pkg)
+                if src is None:
+                    continue
                 for a in node.names:
                     full = f"{src}.{a.name}" if src else a.name
                     if full in MODULES or (src in MODULES and ({a.name, "*"} & names[src])):
