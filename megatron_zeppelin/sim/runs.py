@@ -54,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from megatron_zeppelin.spec.config import STRATEGIES, ZeppelinConfig
 from megatron_zeppelin.errors import ZeppelinError
@@ -64,7 +64,8 @@ from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.sim.iteration import SimOptions, accumulate, simulate
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
-from megatron_zeppelin.spec.words import Link
+from megatron_zeppelin.planner.baselines.static_cp import a2a_heads_problem
+from megatron_zeppelin.spec.words import Comm, Link
 
 ABLATIONS = ("static_cp+routing", "zeppelin-noremap")
 VARIANTS = STRATEGIES + ABLATIONS
@@ -134,7 +135,12 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
     if setting == AUTO:
         setting = None
     if setting is not None and variant in CP_VARIANTS:
-        config = config.with_(cp_size=int(setting))
+        # TE's cp_comm_type is fixed for a run like the CP size: "a2a:N" is a2a at size N, a bare N
+        # the variant's own kind (p2p for static_cp)
+        comm, _, size = str(setting).rpartition(":")
+        config = config.with_(cp_size=int(size))
+        if variant == "static_cp":
+            config = config.with_(cp_comm=Comm(comm or Comm.P2P))
     if variant == "dynamic_cp" and setting is not None:
         from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement
         ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
@@ -155,14 +161,17 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
     raise ZeppelinError(f"unknown variant '{variant}' (strategies in the matrix must be among {', '.join(VARIANTS)})")
 
 
-def run_settings(variant: str, world: int, capacity: int, context: int, cp_sizes: Sequence[int]) -> List:
+def run_settings(variant: str, world: int, capacity: int, context: int, cp_sizes: Sequence[int],
+                 a2a_ok: Callable[[int], bool] = lambda cp: False) -> List:
     """The run-level values a user could deploy for ``variant``: CP sizes dividing the domain for the
-    fixed-CP baselines (``cp_sizes``, or every power of two and the whole domain); dynamic_cp's
+    fixed-CP baselines (``cp_sizes``, or every power of two and the whole domain), and for static_cp
+    also "a2a:N" (TE's a2a at CP size N > 1, where ``a2a_ok(N)``: N divides the heads); dynamic_cp's
     max_seqlen_per_dp_cp_rank from the per-rank capacity down by halves while the largest
     power-of-two group still holds a context-long document; [AUTO] for variants without one."""
     from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes as all_cp
     if variant in CP_VARIANTS:
-        return [cp for cp in (cp_sizes or all_cp(world)) if cp >= 1 and world % cp == 0]
+        sizes = [cp for cp in (cp_sizes or all_cp(world)) if cp >= 1 and world % cp == 0]
+        return sizes + ([f"a2a:{cp}" for cp in sizes if cp > 1 and a2a_ok(cp)] if variant == "static_cp" else [])
     if variant == "dynamic_cp":
         top = 1 << (world.bit_length() - 1)
         out, m = [], capacity
@@ -365,7 +374,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
         for rc, cap in rungs:
             rc_config = config.with_(recompute=rc, capacity_tokens=cap) if spec.recompute_per_strategy else config
             capacity = cap or 2 * spec.tokens_per_gpu  # the planner's default: twice the mean per rank
-            settings = run_settings(v, topo.world_size, capacity, spec.context, cp_sizes)
+            settings = run_settings(v, topo.world_size, capacity, spec.context, cp_sizes,
+                                    lambda cp: not a2a_heads_problem(model, config.tp, cp))
             for s in settings:
                 if s in fitted:
                     continue

@@ -201,3 +201,19 @@ def test_each_strategy_deploys_the_fastest_recompute_its_own_plans_fit():
     assert list(p["tried"].values())[-1] == p["iteration_s"] and all(t is None for t in list(p["tried"].values())[:-1])
     assert p["recompute_s"] > 0 and z["recompute_s"] == 0
     assert z["iteration_s"] < p["iteration_s"]
+
+
+def test_static_cp_comm_type_is_fixed_for_the_run():
+    """TE's cp_comm_type is a run-level flag like the CP size: each setting plans one kind of ring
+    (a bare size p2p, "a2a:N" a2a), never the faster of the two per batch."""
+    from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
+    from megatron_zeppelin.spec.config import ZeppelinConfig
+    from megatron_zeppelin.spec.topology import Topology
+    ok = lambda cp: TOY_MODEL.kv_heads % cp == 0  # noqa: E731 -- 2 K/V heads
+    assert run_settings("static_cp", 4, 1000, 100, (), ok) == [1, 2, 4, "a2a:2"]
+    assert run_settings("allgather_cp", 4, 1000, 100, (), ok) == [1, 2, 4]
+    topo, lengths = Topology(1, 4), [900, 300, 200, 100, 60, 40]
+    cfg = ZeppelinConfig(gpus_per_node=4)
+    for setting, comm in ((2, "p2p"), ("a2a:2", "a2a")):
+        plan = make_plan("static_cp", lengths, topo, TOY_PROFILE, TOY_MODEL, cfg, setting)
+        assert plan.rings and {r.comm for r in plan.rings} == {comm} and {r.size for r in plan.rings} == {2}

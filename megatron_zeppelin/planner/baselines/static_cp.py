@@ -75,11 +75,18 @@ def heads_error(ctx: PlanContext, cp: int) -> None:
     ...
     megatron_zeppelin.planner.errors.PlanError: a2a CP size 4 does not divide the 2 K/V heads of a TP rank (TE needs num_heads % cp_size == 0 for Q and K/V: use p2p or a CP size dividing both)
     """
-    m, tp = ctx.cost.model, ctx.cost.tp
-    for what, n in (("Q", max(1, m.heads // tp)), ("K/V", max(1, m.kv_heads // tp))):
+    why = a2a_heads_problem(ctx.cost.model, ctx.cost.tp, cp)
+    if why:
+        raise PlanError(why)
+
+
+def a2a_heads_problem(model, tp: int, cp: int) -> str:
+    """Why TE's a2a cannot run at CP size ``cp`` with ``model`` at TP ``tp`` ('' when it can)."""
+    for what, n in (("Q", max(1, model.heads // tp)), ("K/V", max(1, model.kv_heads // tp))):
         if n % cp:
-            raise PlanError(f"a2a CP size {cp} does not divide the {n} {what} heads of a TP rank (TE needs "
-                            f"num_heads % cp_size == 0 for Q and K/V: use p2p or a CP size dividing both)")
+            return (f"a2a CP size {cp} does not divide the {n} {what} heads of a TP rank (TE needs "
+                    f"num_heads % cp_size == 0 for Q and K/V: use p2p or a CP size dividing both)")
+    return ""
 
 
 def cp_assignment(lengths: Sequence[int], groups: int) -> list:
