@@ -66,7 +66,7 @@ def reasons(best, cands, mem_bytes: float) -> List[str]:
     what = {"packed_dp": ("packed DP without CP: every document on one GPU and balancing gains little"
                           + (" (through the Zeppelin entry, which keeps documents whole beyond the share: "
                              "--zeppelin-strategy packed_dp)" if best.zeppelin_entry else "")),
-            "zeppelin": f"Zeppelin (--zeppelin-balance): documents {classes}",
+            "zeppelin": f"Zeppelin (--zeppelin-balance): documents by class in the micro-batch holding the longest: {classes}",
             "static_cp": f"Megatron CP {best.cp} (ring attention over CP groups)",
             "hybrid_dp": "hybrid DP through Zeppelin's engine"}.get(best.strategy, best.strategy)
     out.append(f"{what}; best that fits per strategy at TP {best.tp}: {ss}.")
