@@ -305,9 +305,14 @@ def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: st
     for p in plans:
         for c, n in p.class_counts().items():
             classes[c] = classes.get(c, 0) + n
+    bounds = [p.lower_bound_s for p in plans]
+    if spec.pipeline > 1:  # the steps in 1F1B (planner/iteration.py), as the simulator runs them
+        from megatron_zeppelin.planner.iteration import pipeline_s
+        predicted = pipeline_s([max(c.total_s for c in p.cost) for p in held], spec.pipeline)
+        bounds = [pipeline_s(bounds, spec.pipeline)]
     return dict(iteration_s=res.iteration_s, recompute_s=res.recompute_s,
                 predicted_s=predicted + res.allreduce_exposed_s,
-                lower_bound_s=sum(p.lower_bound_s for p in plans) + res.allreduce_exposed_s,
+                lower_bound_s=sum(bounds) + res.allreduce_exposed_s,
                 allreduce_s=res.allreduce_exposed_s,
                 forward_s=res.forward_s, backward_s=res.backward_s, head_s=res.head_s,
                 max_nic_util=res.max_nic_util, nic_bytes=res.link_bytes.get(Link.NIC, 0.0),
