@@ -14,7 +14,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from megatron_zeppelin.spec.config import ROUTING, STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.spec.config import ACCUMULATION, ROUTING, STRATEGIES, ZeppelinConfig
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.spec.hardware import load_profile
@@ -25,7 +25,9 @@ from megatron_zeppelin.flags.domain import Domain, build_domain, require_at_leas
 from megatron_zeppelin.flags.workload import add_tp_flag, add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
 from megatron_zeppelin.flags.memory import add_memory_flags, memory_setup
 from megatron_zeppelin.flags.output import check_output_paths
+from megatron_zeppelin.planner.accumulation import JOINT_STRATEGIES, joint_steps
 from megatron_zeppelin.planner.iteration import Iteration
+from megatron_zeppelin.spec.words import Accumulation
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -66,6 +68,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--balance-memory", "--zeppelin-balance-memory", action="store_true",
                    help="plan Zeppelin with every rank within 1.10x the mean tokens (balanced activation "
                         "memory, for some predicted time and planning time)")
+    g.add_argument("--accumulation", "--zeppelin-accumulation", default="data_order", choices=ACCUMULATION,
+                   help="with several steps: plan each step's documents as sampled (data_order), or assign the "
+                        "iteration's documents to its steps jointly first (joint; Zeppelin only, "
+                        "planner/accumulation.py)")
     add_memory_flags(g)
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the results as JSON")
@@ -104,18 +110,26 @@ def _batch_given(args) -> bool:
                                                              "micro_batch_size"))
 
 
-def plan_iteration(source, tokens: int, first_seed: int, steps: int, context_length: int, plan_lengths, names):
+def plan_iteration(source, tokens: int, first_seed: int, steps: int, context_length: int, plan_lengths, names,
+                   regroup=None):
     """One iteration's steps, each a global micro-batch sampled with the next seed (``first_seed`` ..
-    ``first_seed + steps - 1``): (the lengths of each step, {strategy: Iteration, or why not})."""
-    batches = []
-    for j in range(steps):
-        lengths = sample_batch(source, tokens, first_seed + j, max_len=context_length or None)
-        batches.append((lengths, plan_lengths(lengths.tolist())))
+    ``first_seed + steps - 1``): (the lengths of each step, {strategy: Iteration, or why not}).
+    ``regroup``: {strategy: (step lengths -> (the steps' lengths to plan, the plan_lengths to plan
+    them with))} for the strategies whose documents are assigned to the steps jointly."""
+    regroup = regroup or {}
+    sampled = [sample_batch(source, tokens, first_seed + j, max_len=context_length or None) for j in range(steps)]
+    groups = [(tuple(n for n in names if n not in regroup), [s.tolist() for s in sampled], plan_lengths)]
+    for n, f in regroup.items():
+        groups.append(((n,), *f([s.tolist() for s in sampled])))
     out = {}
-    for n in names:
-        ps = [plans[n] for _, plans in batches]
-        out[n] = next((p for p in ps if isinstance(p, str)), None) or Iteration(tuple(ps))
-    return [lengths for lengths, _ in batches], out
+    for group, step_lists, plan in groups:
+        if not group:
+            continue
+        per_step = [plan(ls, group) for ls in step_lists]
+        for n in group:
+            ps = [plans[n] for plans in per_step]
+            out[n] = next((p for p in ps if isinstance(p, str)), None) or Iteration(tuple(ps))
+    return sampled, {n: out[n] for n in names}
 
 
 def run(args) -> int:
@@ -133,14 +147,24 @@ def run(args) -> int:
                             nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic,
                             cluster=args.cluster, routing=args.routing, remap=args.remap,
                             capacity_tokens=mem.capacity, cp_size=args.cp_size, tp=args.tp,
-                            balance_memory=args.balance_memory, recompute=mem.recompute)
+                            balance_memory=args.balance_memory, recompute=mem.recompute,
+                            accumulation=args.accumulation)
     source = load_source(args.dataset, tokenizer=tokenizer)
     names = STRATEGIES if args.compare else (args.strategy,)
     steps = batch_flags.steps
 
+    def plan_with(cfg):
+        return lambda ls, ns: make_plans(ls, topo, profile, model, cfg, ns)
+
+    def joint(step_lists):  # the steps' documents assigned jointly, planned with the capacity it keeps
+        lists, cfg = joint_steps(step_lists, topo, profile, model, config)
+        return lists, plan_with(cfg)
+    regroup = ({n: joint for n in names if n in JOINT_STRATEGIES}
+               if config.accumulation == Accumulation.JOINT and steps > 1 else {})
+
     def one(first_seed):
-        return plan_iteration(source, mem.tokens, first_seed, steps, args.context_length,
-                              lambda ls: make_plans(ls, topo, profile, model, config, names), names)
+        return plan_iteration(source, mem.tokens, first_seed, steps, args.context_length, plan_with(config), names,
+                              regroup)
     step_lengths, iterations = one(args.seed)
     lengths = step_lengths[0]
     main = iterations[args.strategy]
@@ -160,6 +184,13 @@ def run(args) -> int:
         print(f"batch size: {batch_flags.note}", file=out)
     print(mem.note, file=out)
     report.print_plan(out, main, args.ranks, model, args.tp, mem, args.seed)
+    shown = next((n for n in regroup if isinstance(iterations[n], Iteration)), None)
+    if shown:
+        print(f"accumulation joint: {', '.join(regroup)}'s documents of the {steps} steps assigned to them jointly "
+              f"(planner/accumulation.py): tokens per step "
+              f"{', '.join(str(sum(p.lengths)) for p in iterations[shown].steps)} "
+              f"(sampled: {', '.join(str(int(sum(x))) for x in step_lengths)}); other strategies in data order",
+              file=out)
     if args.compare:
         report.print_compare(out, iterations, report.per_batch_note(args.cp_size), model, args.tp, mem)
     if spread:

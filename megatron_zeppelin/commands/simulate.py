@@ -3,14 +3,16 @@
 
 With ``--global-batch-size G --micro-batch-size M`` on R ranks an iteration is G / (M x R) steps, each a
 global micro-batch sampled with the next seed, planned and simulated, then the DP all-reduce once
-(sim/iteration.py ``accumulate``): the iteration Megatron logs; the mean step is printed beside it."""
+(sim/iteration.py ``accumulate``): the iteration Megatron logs; the mean step is printed beside it.
+``--zeppelin-accumulation joint`` (or ``--strategy zeppelin+joint``) assigns the iteration's documents to
+Zeppelin's steps jointly first (planner/accumulation.py); the baselines keep data order."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from megatron_zeppelin.spec.config import ROUTING, STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.spec.config import ACCUMULATION, ROUTING, STRATEGIES, ZeppelinConfig
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.token_counts import token_count
 from megatron_zeppelin.flags.domain import build_domain, require_at_least
@@ -21,7 +23,7 @@ from megatron_zeppelin.flags.output import check_output_paths
 # What the output calls each strategy and ablation step (the --strategy values are the flags' words).
 LABELS = {"zeppelin": "Zeppelin", "packed_dp": "packed DP", "static_cp": "static CP", "allgather_cp": "all-gather CP",
           "hybrid_dp": "hybrid DP/CP", "dynamic_cp": "dynamic CP", "static_cp+routing": "static CP + routing",
-          "zeppelin-noremap": "Zeppelin, no remap"}
+          "zeppelin-noremap": "Zeppelin, no remap", "zeppelin+joint": "Zeppelin, joint accumulation"}
 
 
 def _tokens_or_memory(x):
@@ -44,7 +46,11 @@ def add_parser(subparsers):
                    help="per-rank token capacity every strategy must fit: a count, or 'memory' (what one GPU "
                         "holds: ZeRO-1, no recompute, 90%% of the profile's memory_GB); 0 = the planner's default")
     p.add_argument("--strategy", default="zeppelin", choices=VARIANTS,
-                   help="a strategy, or an ablation step (static_cp+routing, zeppelin-noremap)")
+                   help="a strategy, or an ablation step (static_cp+routing, zeppelin-noremap), or zeppelin+joint "
+                        "(Zeppelin with --zeppelin-accumulation joint)")
+    p.add_argument("--accumulation", "--zeppelin-accumulation", default="data_order", choices=ACCUMULATION,
+                   help="with several steps: Zeppelin's documents as sampled per step (data_order), or assigned to "
+                        "the steps jointly (joint; planner/accumulation.py); baselines keep data order")
     p.add_argument("--compare", action="store_true", help="simulate every strategy on the same batch")
     p.add_argument("--cp-size", type=int, default=0, help="CP size for static_cp/allgather_cp (0 = best predicted)")
     p.add_argument("--routing", default="auto", choices=ROUTING, help="Zeppelin's routing layer")
@@ -97,10 +103,18 @@ def _run_batch(variants, step_lengths, topo, profile, model, config, args) -> di
     it cannot be planned (--compare only). ``step_lengths``: one batch per gradient-accumulation step."""
     from megatron_zeppelin.planner.iteration import Iteration
     from megatron_zeppelin.sim.iteration import accumulate
+    from megatron_zeppelin.planner.accumulation import JOINT_STRATEGIES, joint_steps
+    from megatron_zeppelin.sim.runs import JOINT
+    from megatron_zeppelin.spec.words import Accumulation
     out = {}
     for v in variants:
         try:
-            steps = [_simulate_one(v, lengths, topo, profile, model, config, args) for lengths in step_lengths]
+            v_lengths, v_config = step_lengths, config
+            if len(step_lengths) > 1 and (v == JOINT or (v in JOINT_STRATEGIES and
+                                                         config.accumulation == Accumulation.JOINT)):
+                v_lengths, v_config = joint_steps([[int(x) for x in ls] for ls in step_lengths], topo, profile,
+                                                  model, config)
+            steps = [_simulate_one(v, lengths, topo, profile, model, v_config, args) for lengths in v_lengths]
         except ZeppelinError as e:
             if v == args.strategy:
                 raise
@@ -141,7 +155,7 @@ def run(args) -> int:
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=args.cluster, routing=args.routing,
                             remap=args.remap, cp_size=args.cp_size, tp=args.tp, capacity_tokens=cap,
-                            recompute=recompute)
+                            recompute=recompute, accumulation=args.accumulation)
     variants = tuple(dict.fromkeys((args.strategy,) + (STRATEGIES if args.compare else ())))
     k = b.steps  # gradient-accumulation steps: iteration i samples seeds seed + i*k .. seed + i*k + k - 1
     batches = []

@@ -8,8 +8,8 @@ refuses settings Zeppelin does not support yet, naming the flag.
 >>> p = add_zeppelin_args(argparse.ArgumentParser())
 >>> a = p.parse_args(["--zeppelin-balance", "--zeppelin-gpus-per-node", "2", "--zeppelin-gpu-nic-map", "0,0"])
 >>> c = config_from_args(a)
->>> c.balance, c.gpus_per_node, c.gpu_nic_map, c.remap
-(True, 2, (0, 0), True)
+>>> c.balance, c.gpus_per_node, c.gpu_nic_map, c.remap, c.accumulation
+(True, 2, (0, 0), True, 'data_order')
 >>> a.context_parallel_size = 2
 >>> config_from_args(a)
 Traceback (most recent call last):
@@ -23,7 +23,7 @@ import argparse
 
 from megatron_zeppelin.attention.kernels.select import BACKENDS as ATTENTION_KERNELS
 from megatron_zeppelin.integration.plan_ahead import Worker
-from megatron_zeppelin.spec.config import ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
+from megatron_zeppelin.spec.config import ACCUMULATION, ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
 from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.token_counts import token_count
 
@@ -68,6 +68,10 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-cp-comm-type", choices=("auto", "p2p", "a2a"), default="auto",
                    help="Transformer Engine cp_comm_type the static_cp baseline (and Zeppelin's static_cp "
                         "shapes) may use: p2p (ring), a2a (Ulysses: CP sizes dividing the heads), auto = both.")
+    g.add_argument("--zeppelin-accumulation", choices=ACCUMULATION, default="data_order",
+                   help="Documents of a global batch to its micro-batches: data_order (as read), or joint (the "
+                        "planner spreads long documents over the micro-batches; planner/accumulation.py). joint is "
+                        "planned by `zeppelin plan` / `simulate` / `bench`; training runs data_order.")
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
     g.add_argument("--zeppelin-plan-ahead", dest="zeppelin_plan_ahead", action="store_true", default=True,
@@ -102,6 +106,11 @@ def check_megatron_args(args) -> None:
     if _get(args, "context_parallel_size", 1) != 1:
         raise ConfigError("--zeppelin-balance plans context parallelism itself: set --context-parallel-size 1 "
                           "(use --zeppelin-cp-size for the static_cp baseline)")
+    if _get(args, "zeppelin_accumulation", "data_order") != "data_order":
+        # the data path hands the trainer one global micro-batch at a time: joint assignment needs
+        # the whole global batch's lengths first
+        raise ConfigError("--zeppelin-accumulation joint is planned by zeppelin plan / simulate / bench only; "
+                          "training reads micro-batches in data order: set --zeppelin-accumulation data_order")
     if _get(args, "pipeline_model_parallel_size", 1) != 1:
         raise ConfigError("--zeppelin-balance does not support pipeline parallelism yet: set "
                           "--pipeline-model-parallel-size 1")
@@ -141,6 +150,7 @@ def config_from_args(args) -> ZeppelinConfig:
         min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
         plan_ahead=bool(_get(args, "zeppelin_plan_ahead", True)),
+        accumulation=_get(args, "zeppelin_accumulation", "data_order"),
         tp=tp,
         sequence_parallel=bool(_get(args, "sequence_parallel", False)),
         # Megatron's own recompute flags, so plans are priced with the forward the backward reruns

@@ -251,3 +251,33 @@ def accumulate(steps: Sequence[SimResult]) -> SimResult:
                      allreduce_s=last.allreduce_s, allreduce_exposed_s=last.allreduce_exposed_s, layers=last.layers,
                      mode=last.mode, rank_compute_s=[dict(d) for d in per_rank], nic=nics,
                      link_bytes=dict(link_bytes), timeline=list(steps[0].timeline))
+
+
+def pipeline(steps: Sequence[SimResult], stages: int) -> SimResult:
+    """One iteration of the micro-batches ``steps`` (each simulated over all layers on one stage's
+    domain) in Megatron's 1F1B pipeline over ``stages`` stages (planner/iteration.py
+    ``one_f_one_b``, the one schedule the planner's Iteration also reads): the layers split evenly,
+    so a stage's forward (backward) of micro-batch k is 1/stages of its simulated forward
+    (backward), the slowest domain rank of the stage included; the vocab head runs on the last stage
+    between its forward and backward; each stage then reduces its own 1/stages of the gradients
+    (the last micro-batch's exposure, over stages). Sums (compute, bytes) are ``accumulate``'s: the
+    whole model's, over every stage.
+
+    >>> one = SimResult(3.5, 1.0, 0.5, 2.0, 0.8, 0.8, 2, "scale", [{"attention": 1.0}],
+    ...                 [{"nic": 0, "bytes_out": 4.0, "bytes_in": 4.0, "util_out": 0.4, "util_in": 0.4}],
+    ...                 {"nic": 4.0})
+    >>> pipeline([one] * 4, 1).iteration_s == accumulate([one] * 4).iteration_s   # 4 x 3.5 - 3 x 0.8
+    True
+    >>> pipeline([one] * 4, 2).iteration_s   # (4 + 2 - 1) x (0.5 + 1.0) + the head 4 x 0.5 (last stage) + 0.8 / 2
+    9.9
+    """
+    from megatron_zeppelin.planner.iteration import one_f_one_b
+    acc = accumulate(list(steps))
+    if stages == 1:
+        return acc
+    fwd = [[s.forward_s / stages + (s.head_s if i == stages - 1 else 0.0) for s in steps] for i in range(stages)]
+    bwd = [[s.backward_s / stages for s in steps] for _ in range(stages)]
+    ar = steps[-1].allreduce_exposed_s / stages
+    iteration = one_f_one_b(fwd, bwd) + ar
+    return SimResult(**{**acc.__dict__, "iteration_s": iteration, "allreduce_s": acc.allreduce_s / stages,
+                        "allreduce_exposed_s": ar})

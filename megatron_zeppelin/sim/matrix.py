@@ -12,7 +12,9 @@ strategy climbs the ladder itself, a run-level setting like its CP size, sim/run
 ``global_batch_tokens`` (a token count or a list, which crosses like the others; default none: one
 micro-batch per iteration) makes each batch an iteration of Megatron's ``--global-batch-size``:
 ``micro_batches`` = global_batch_tokens / (tokens_per_gpu x ranks), rounded to the nearest whole
-count (at least one), gradient-accumulated (sim/runs.py).
+count (at least one), gradient-accumulated (sim/runs.py). ``pipeline`` (stages, or a list that crosses;
+default 1) splits ``nodes`` into that many pipeline stages: every micro-batch is planned on one stage's
+DP ranks and the iteration runs them in Megatron's 1F1B (sim/iteration.py ``pipeline``).
 
 >>> micro_batches(1 << 20, 4096, 16), micro_batches(4 << 20, 7000, 16), micro_batches(1000, 4096, 16)
 (16, 37, 1)
@@ -114,17 +116,26 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
             globals_ = st.get("global_batch_tokens", doc.get("global_batch_tokens", None))
             globals_ = [parse_tokens(g) if g is not None else 0
                         for g in (globals_ if isinstance(globals_, list) else [globals_])]
-            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs in itertools.product(
-                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus, globals_):
+            stages = st.get("pipeline", [1])
+            stages = [int(x) for x in (stages if isinstance(stages, list) else [stages])]
+            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs, pp in itertools.product(
+                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus, globals_, stages):
+                nodes = int(nodes)
+                if pp < 1 or nodes % pp:
+                    raise MatrixError(f"{path}: study {study} has pipeline {pp} over {nodes} nodes: the stages "
+                                      "split the nodes evenly (set pipeline to a divisor of nodes)")
                 ctx = parse_tokens(ctx)
                 per_gpu = ctx if per_gpu is None else per_gpu
                 fill = float(st.get("memory_fill", doc.get("memory_fill", MEMORY_FILL)))
                 regime = "memory" if str(per_gpu) == "memory" else "fixed"
-                per_tok, cap, rc = batch_and_recompute(str(cl), model, tp, int(nodes), per_gpu, rc_want, fill)
-                world = domain_topology(load_profile(str(cl)), int(nodes), tp).world_size
-                items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_tok, seed, cap,
+                # one stage's DP ranks are the domain; its memory is priced as without stages (each
+                # stage holds 1/pp of the model states: conservative), 1F1B keeping pp micro-batches
+                # of L/pp layers in flight on the first stage: one micro-batch's activations of L layers
+                per_tok, cap, rc = batch_and_recompute(str(cl), model, tp, nodes // pp, per_gpu, rc_want, fill)
+                world = domain_topology(load_profile(str(cl)), nodes // pp, tp).world_size
+                items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, nodes, per_tok, seed, cap,
                                       batches, rc, regime, balanced, gbs,
-                                      micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy),
+                                      micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy, pp),
                               variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None

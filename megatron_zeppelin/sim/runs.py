@@ -61,13 +61,15 @@ from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.topology import Topology
-from megatron_zeppelin.sim.iteration import SimOptions, accumulate, simulate
+from megatron_zeppelin.sim.iteration import SimOptions, accumulate, pipeline, simulate
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
+from megatron_zeppelin.planner.accumulation import joint_steps
 from megatron_zeppelin.planner.baselines.static_cp import a2a_heads_problem
-from megatron_zeppelin.spec.words import Comm, Link
+from megatron_zeppelin.spec.words import Comm, Link, StrategyName
 
-ABLATIONS = ("static_cp+routing", "zeppelin-noremap")
+JOINT = "zeppelin+joint"  # Zeppelin with --zeppelin-accumulation joint (planner/accumulation.py)
+ABLATIONS = ("static_cp+routing", "zeppelin-noremap", JOINT)  # Zeppelin's variants and the paper's steps: no baseline
 VARIANTS = STRATEGIES + ABLATIONS
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
 DEFAULT_BATCHES = 16
@@ -98,14 +100,16 @@ class RunSpec:
     global_batch_tokens: int = 0  # Megatron's --global-batch-size in tokens; 0: one micro-batch per iteration
     micro_batches: int = 1  # gradient-accumulation steps per iteration, each tokens_per_gpu x ranks tokens
     recompute_per_strategy: bool = False  # each strategy climbs the recompute ladder itself (module doc)
+    pipeline: int = 1  # pipeline stages over ``nodes`` (module doc); the domain is one stage's DP ranks
 
     def key(self) -> str:
         regime = "/memory" if self.regime == "memory" else ""
         balanced = "/balance-memory" if self.balance_memory else ""
         gbs = f"/gbs{_tokens_label(self.global_batch_tokens)}" if self.global_batch_tokens else ""
         rc = "/rc-per-strategy" if self.recompute_per_strategy else ""
+        pp = f"/pp{self.pipeline}" if self.pipeline > 1 else ""
         return (f"{self.study}/{self.cluster}/{self.model}-tp{self.tp}/{self.dataset}/ctx{self.context // 1024}K/"
-                f"{self.nodes}n{regime}{balanced}{gbs}{rc}/seed{self.seed}")
+                f"{self.nodes}n{pp}{regime}{balanced}{gbs}{rc}/seed{self.seed}")
 
     def label(self) -> str:
         """Short, distinguishable label for plots and tables."""
@@ -113,7 +117,13 @@ class RunSpec:
         regime = " mem" if self.regime == "memory" else f" {self.tokens_per_gpu // 1024}K/GPU"
         gbs = (f" gbs {_tokens_label(self.global_batch_tokens)} x{self.micro_batches}"
                if self.global_batch_tokens else "")
-        return f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{regime}{gbs}"
+        pp = f" pp{self.pipeline}" if self.pipeline > 1 else ""
+        return f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{pp}{regime}{gbs}"
+
+    @property
+    def domain_nodes(self) -> int:
+        """The nodes of one pipeline stage: its DP ranks are the domain every micro-batch is planned on."""
+        return self.nodes // self.pipeline
 
 
 def _tokens_label(n: int) -> str:
@@ -145,8 +155,9 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
         from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement
         ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
         return assemble(variant, list(lengths), ctx, dynamic_cp_placement(list(lengths), ctx, int(setting)))
-    if variant in STRATEGIES:
-        return plan_batch(lengths, topo, profile, model, config, strategy=variant)
+    if variant in STRATEGIES or variant == JOINT:  # JOINT: a Zeppelin plan of jointly assigned lengths
+        return plan_batch(lengths, topo, profile, model, config, strategy=StrategyName.ZEPPELIN
+                          if variant == JOINT else variant)
     if variant == "zeppelin-noremap":
         return plan_batch(lengths, topo, profile, model, config.with_(remap=False), strategy="zeppelin")
     if variant == "static_cp+routing":  # static_cp's candidates with routing on, picked as every strategy's
@@ -294,9 +305,14 @@ def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: st
     for p in plans:
         for c, n in p.class_counts().items():
             classes[c] = classes.get(c, 0) + n
+    bounds = [p.lower_bound_s for p in plans]
+    if spec.pipeline > 1:  # the steps in 1F1B (planner/iteration.py), as the simulator runs them
+        from megatron_zeppelin.planner.iteration import pipeline_s
+        predicted = pipeline_s([max(c.total_s for c in p.cost) for p in held], spec.pipeline)
+        bounds = [pipeline_s(bounds, spec.pipeline)]
     return dict(iteration_s=res.iteration_s, recompute_s=res.recompute_s,
                 predicted_s=predicted + res.allreduce_exposed_s,
-                lower_bound_s=sum(p.lower_bound_s for p in plans) + res.allreduce_exposed_s,
+                lower_bound_s=sum(bounds) + res.allreduce_exposed_s,
                 allreduce_s=res.allreduce_exposed_s,
                 forward_s=res.forward_s, backward_s=res.backward_s, head_s=res.head_s,
                 max_nic_util=res.max_nic_util, nic_bytes=res.link_bytes.get(Link.NIC, 0.0),
@@ -309,23 +325,46 @@ def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: st
                 classes=classes, setting=dict(plans[0].meta).get("cp_size", ""))
 
 
-def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, options):
+def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, options, stages: int = 1):
     """(the micro-batches' plans, the iteration's result): each micro-batch simulated, then
     accumulated as Megatron runs them (sim/iteration.py ``accumulate``: the gradient reduce once,
-    after the last). dynamic_cp's rounds of every micro-batch run one after another, the reduce
-    after the very last round."""
+    after the last; with ``stages`` > 1 ``pipeline``: 1F1B over the stages). dynamic_cp schedules
+    the whole global batch at once, as Megatron's scheduler does (``DefaultDynamicCPScheduler.run``
+    fetches every micro-batch of the iteration, megatron/core/datasets/data_schedule.py, and packs
+    their sequences into as many HDP rounds as it needs): its rounds run one after another, the
+    reduce after the very last round."""
     if v != "dynamic_cp":
-        return plans, accumulate([simulate(p, profile, model, tp=tp, options=options) for p in plans])
+        results = [simulate(p, profile, model, tp=tp, options=options) for p in plans]
+        return plans, (accumulate(results) if stages == 1 else pipeline(results, stages))
     opts = options or SimOptions()
-    merged, rounds = [], []
-    for k, lengths in enumerate(steps):
-        o = opts if k == len(steps) - 1 else dataclasses.replace(opts, allreduce=False)
-        plan, rr = simulate_rounds(lengths, topo, profile, model, config, int(s), tp, o)
-        merged.append(plan)
-        rounds.append(rr)
-    if len(rounds) == 1:
-        return merged, rounds[0]
-    return merged, _Rounds([p for r in rounds for p in r.plans], [x for r in rounds for x in r.results])
+    if len(steps) == 1:
+        plan, rr = simulate_rounds(steps[0], topo, profile, model, config, int(s), tp, opts)
+        plans = [plan]
+    else:
+        plans, rr = _global_batch_rounds(steps, topo, profile, model, config, int(s), tp, opts)
+    if stages > 1:
+        rr.iteration_s = pipeline(rr.results, stages).iteration_s
+        rr.allreduce_exposed_s /= stages
+    return plans, rr
+
+
+def _global_batch_rounds(steps, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions):
+    """(the rounds' plans, _Rounds) of dynamic_cp over the whole global batch (every micro-batch's
+    documents, scheduled together): each round planned and simulated on its own, the capacity that
+    of one data-order micro-batch (a rank holds one round at a time)."""
+    from megatron_zeppelin.planner import make_context
+    from megatron_zeppelin.planner.build.assemble import assemble
+    from megatron_zeppelin.planner.baselines.dynamic_cp import round_placements
+    pooled = [int(L) for lengths in steps for L in lengths]
+    ctx = make_context(topo, profile, model, config, total_tokens=max(sum(int(L) for L in x) for x in steps))
+    rounds = round_placements(pooled, ctx, mslpr)
+    plans, results = [], []
+    for k, (docs, pl) in enumerate(rounds):
+        plan = assemble("dynamic_cp", [pooled[i] for i in docs], ctx, pl)
+        o = options if k == len(rounds) - 1 else dataclasses.replace(options, allreduce=False)
+        plans.append(plan)
+        results.append(simulate(plan, profile, model, tp=tp, options=o))
+    return plans, _Rounds(plans, results)
 
 
 def recompute_rungs(spec: RunSpec) -> List[Tuple[str, int]]:
@@ -356,7 +395,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     With ``spec.recompute_per_strategy`` a setting is (value, recompute) and the record's
     ``recompute`` is the deployed one's."""
     profile, model = load_profile(spec.cluster), load_model(spec.model)
-    topo = domain_topology(profile, spec.nodes, spec.tp)
+    topo = domain_topology(profile, spec.domain_nodes, spec.tp)
     runs = run_steps(spec, topo.world_size)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp,
@@ -384,10 +423,14 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                 for b, steps in enumerate(runs):
                     try:
                         t0 = time.perf_counter()
-                        plans = [make_plan(v, lengths, topo, profile, model, rc_config, s) for lengths in steps]
+                        v_steps, v_config = steps, rc_config
+                        if v == JOINT and len(steps) > 1:  # the iteration's documents assigned jointly
+                            v_steps, v_config = joint_steps(steps, topo, profile, model, rc_config)
+                        plans = ([] if v == "dynamic_cp" else  # dynamic_cp: its rounds (_simulate_steps)
+                                 [make_plan(v, lengths, topo, profile, model, v_config, s) for lengths in v_steps])
                         t1 = time.perf_counter()
-                        plans, res = _simulate_steps(v, steps, plans, topo, profile, model, rc_config, s, spec.tp,
-                                                     options)
+                        plans, res = _simulate_steps(v, v_steps, plans, topo, profile, model, v_config, s, spec.tp,
+                                                     options, spec.pipeline)
                         t2 = time.perf_counter()
                     except ZeppelinError as e:
                         times[key].append(None)

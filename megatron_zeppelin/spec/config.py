@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.recompute import Recompute
-from megatron_zeppelin.spec.words import Comm, Routing, StrategyName
+from megatron_zeppelin.spec.words import Accumulation, Comm, Routing, StrategyName
 
 from dataclasses import dataclass, field, replace
 from typing import Optional, Tuple
 
 ROUTING = tuple(r.value for r in Routing)  # the plain words: --zeppelin-routing's choices
+ACCUMULATION = tuple(a.value for a in Accumulation)  # --zeppelin-accumulation's choices
 
 # What --zeppelin-strategy accepts, in the order of tables and --compare: the words of StrategyName
 # (spec/words.py). The planner's registry (planner/strategies.py) holds one strategy under each name.
@@ -57,6 +58,9 @@ class ZeppelinConfig:
     # Recompute or its text ("selective:core_attn", "full:block=4"), kept parsed.
     recompute: Recompute = Recompute()
     sequence_parallel: bool = False  # Megatron's --sequence-parallel: layouts split over TP along tokens
+    # --zeppelin-accumulation: documents to micro-batches in data order, or jointly over the global
+    # batch (planner/accumulation.py); it changes which lengths each Plan gets, never a Plan of them
+    accumulation: Accumulation = Accumulation.DATA_ORDER
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -85,6 +89,10 @@ class ZeppelinConfig:
             raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1 (or drop it)")
         object.__setattr__(self, "strategy", StrategyName(self.strategy))  # members, from the flags' words
         object.__setattr__(self, "routing", Routing(self.routing))
+        if self.accumulation not in ACCUMULATION:
+            raise ConfigError(f"unknown accumulation '{self.accumulation}' (set --zeppelin-accumulation to one of "
+                              f"{', '.join(ACCUMULATION)})")
+        object.__setattr__(self, "accumulation", Accumulation(self.accumulation))
         object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
         object.__setattr__(self, "recompute", Recompute.parse(self.recompute))
 

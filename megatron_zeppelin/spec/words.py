@@ -75,6 +75,12 @@ class Routing(_Word):
     OFF = "off"
 
 
+class Accumulation(_Word):
+    """--zeppelin-accumulation: which documents of a global batch go in which micro-batch."""
+    DATA_ORDER = "data_order"  # as the data loader reads them: each micro-batch planned on its own
+    JOINT = "joint"  # assigned jointly over the micro-batches (planner/accumulation.py)
+
+
 class KernelBackend(_Word):
     """``--zeppelin-attention-kernel``: the varlen attention kernel (attention/kernels/select.py)."""
     AUTO = "auto"

@@ -171,6 +171,8 @@ def test_gradient_accumulation_sums_the_micro_batches_then_reduces_once():
         ar = o["allreduce_s"]
         assert ar > 0 and a["allreduce_s"] == pytest.approx(ar)
         assert a["tokens"] == pytest.approx(2 * o["tokens"]) and a["documents"] == pytest.approx(2 * o["documents"])
+        if a["variant"] == "dynamic_cp":  # Megatron's scheduler packs the whole global batch (sim/runs.py)
+            continue
         if a["run_setting_name"]:  # per run-level setting: the mean over the run
             assert a["tried"].keys() == o["tried"].keys()
             for s, t in a["tried"].items():

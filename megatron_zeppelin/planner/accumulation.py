@@ -1,0 +1,116 @@
+"""Gradient accumulation that Zeppelin plans: which of a global batch's documents go in which of its
+k micro-batches (``--zeppelin-accumulation``).
+
+An iteration of Megatron's ``--global-batch-size`` is k micro-batches whose gradients add up before
+the one DP reduce, so which document lands in which micro-batch does not change the update: the
+assignment is free. ``data_order`` keeps the loader's (micro-batch j holds what it read j-th, each
+planned on its own, as before). ``joint`` pools the k micro-batches' documents and assigns them
+together, as WLB-LLM's workload-aware variable-length packing does across micro-batches (Wang et
+al., "WLB-LLM: Workload-Balanced 4D Parallelism for Large Language Model Training", OSDI'25, arXiv
+2503.17924, sec. 4): longest processing time first on the cost model's prediction of each document
+alone (its causal attention, forward and backward of every layer, plus its linear work), each to the
+micro-batch of least predicted work so far that has token room for it. Long documents, the ones a
+plan must split and whose attention dominates, so spread over the micro-batches first and short ones
+fill in; each micro-batch then gets a similar mix, which Zeppelin balances over the ranks as before,
+and with pipeline stages the micro-batches cost about the same (planner/iteration.py ``one_f_one_b``:
+what an uneven micro-batch costs there).
+
+Memory as the capacity says: a micro-batch's room is the largest data-order micro-batch's tokens
+plus ``TOKEN_SLACK`` (whole documents rarely pack exactly), never above what the domain holds
+(capacity x ranks), and every micro-batch is planned with the per-rank capacity the largest
+data-order micro-batch had (the set ``--zeppelin-capacity-tokens``, or the planner's default of
+twice its mean). A document that finds no room goes where the most room is left.
+
+Only Zeppelin is given it: a baseline keeps its real system's assignment (``JOINT_STRATEGIES``; the
+benchmark runs dynamic_cp over the whole global batch, as Megatron's scheduler does, sim/runs.py).
+
+>>> from megatron_zeppelin.planner.testing import toy_context
+>>> ctx = toy_context(gpus=4)
+>>> steps = [[6000, 6000, 500, 500], [1500] * 4 + [1000] * 2, [2000] * 3 + [1000]]   # in data order
+>>> def us(ss):
+...     return [round(1e6 * sum(document_s(ctx.cost, L) for L in s)) for s in ss]
+>>> us(steps)                                  # predicted microseconds: both long documents in the first
+[841, 198, 205]
+>>> joint = assign_micro_batches(steps, ctx.cost, room=13000)
+>>> joint, us(joint)                           # one long document each, the short ones fill in
+([[6000, 500, 1000], [6000, 500, 1000], [1500, 1500, 1500, 1500, 1000, 2000, 2000, 2000]], [442, 442, 362])
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.planner.iteration import Iteration
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.hardware import HardwareProfile
+from megatron_zeppelin.spec.model import ModelSpec
+from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.spec.words import Accumulation, StrategyName
+
+TOKEN_SLACK = 0.05  # a micro-batch may hold this much more than the largest data-order one (whole documents)
+JOINT_STRATEGIES = (StrategyName.ZEPPELIN,)  # the strategies --zeppelin-accumulation joint applies to
+
+
+def document_s(cost: CostModel, length: int) -> float:
+    """A document's predicted seconds alone on one rank: attention and linear work, forward and backward."""
+    return float(cost.doc_attention_s(length)) + float(cost.linear_s(length))
+
+
+def assign_micro_batches(steps: Sequence[Sequence[int]], cost: CostModel, room: int,
+                         hard_room: int = 0) -> List[List[int]]:
+    """The documents of ``steps`` (the data-order micro-batches) in as many micro-batches, assigned
+    jointly (module doc): longest predicted first (ties: longer, then earlier), each to the
+    micro-batch of least predicted seconds (ties: the first) with ``room`` tokens left for it, else
+    to the one with the most room left, if that stays within ``hard_room`` (0: no such limit; else
+    a ValueError). Each micro-batch keeps its documents in data order."""
+    docs = [int(L) for s in steps for L in s]
+    k = len(steps)
+    seconds = {L: document_s(cost, L) for L in set(docs)}
+    order = sorted(range(len(docs)), key=lambda i: (-seconds[docs[i]], -docs[i], i))
+    load, tokens = [0.0] * k, [0] * k
+    members: List[List[int]] = [[] for _ in range(k)]
+    for i in order:
+        L = docs[i]
+        fits = [j for j in range(k) if tokens[j] + L <= room]
+        if fits:
+            j = min(fits, key=lambda j: (load[j], j))
+        else:
+            j = min(range(k), key=lambda j: (tokens[j], j))
+            if hard_room and tokens[j] + L > hard_room:
+                raise ValueError(f"document of {L} tokens fits no micro-batch within {hard_room} tokens")
+        members[j].append(i)
+        load[j] += seconds[L]
+        tokens[j] += L
+    return [[docs[i] for i in sorted(m)] for m in members]
+
+
+def joint_steps(steps: Sequence[Sequence[int]], topology: Topology, profile: HardwareProfile, model: ModelSpec,
+                config: ZeppelinConfig) -> Tuple[List[List[int]], ZeppelinConfig]:
+    """(the micro-batches' lengths assigned jointly, the config to plan each with: the capacity the
+    largest data-order micro-batch had). Raises PlanError where a document fits no micro-batch."""
+    from megatron_zeppelin.planner import make_context
+    from megatron_zeppelin.planner.types import PlanError
+    largest = max(sum(int(L) for L in s) for s in steps)
+    ctx = make_context(topology, profile, model, config, total_tokens=largest)
+    hard = ctx.capacity * topology.world_size
+    room = min(hard, int(largest * (1.0 + TOKEN_SLACK)))
+    try:
+        out = assign_micro_batches(steps, ctx.cost, room, hard)
+    except ValueError as e:
+        raise PlanError(f"--zeppelin-accumulation joint: {e} (the domain holds {hard} tokens: raise "
+                        "--zeppelin-capacity-tokens or use --zeppelin-accumulation data_order)") from None
+    return out, config.with_(capacity_tokens=ctx.capacity)
+
+
+def plan_iteration(steps: Sequence[Sequence[int]], topology: Topology, profile: HardwareProfile,
+                   model: ModelSpec, config: ZeppelinConfig, strategy=None, stages: int = 1) -> Iteration:
+    """One iteration of the data-order micro-batches ``steps``: each planned with ``strategy``
+    (default the config's), after joint assignment where the config asks for it and the strategy
+    takes it (``JOINT_STRATEGIES``); ``stages``: pipeline stages (1F1B over the micro-batches)."""
+    from megatron_zeppelin.planner import plan_batch
+    name = StrategyName(strategy or config.strategy)
+    if config.accumulation == Accumulation.JOINT and name in JOINT_STRATEGIES and len(steps) > 1:
+        steps, config = joint_steps(steps, topology, profile, model, config)
+    return Iteration(tuple(plan_batch(list(s), topology, profile, model, config, strategy=name) for s in steps),
+                     stages=stages)
