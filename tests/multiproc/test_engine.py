@@ -264,9 +264,9 @@ def test_engine_a2a_p2p_rings_exact(world):
     if world == 2:  # two ranks cannot hold a ring of a2a groups: refused, naming the split
         with pytest.raises(ValueError, match="a2a\\+p2p ring 0 of 2 ranks needs groups"):
             hand_plan([9], Topology(2, 1), [(0, 1)], comm="a2a+p2p", a2a=2)
-        cfg = ZeppelinConfig(gpus_per_node=1, cp_comm="a2a+p2p")
-        plan = plan_batch(batch(1, 2), Topology(2, 1), TOY_PROFILE, TOY_MODEL, cfg, strategy="static_cp")
-        assert all(r.comm != "a2a+p2p" for r in plan.rings)  # static_cp found no split: packed DP
+        cfg = ZeppelinConfig(gpus_per_node=1, cp_comm="a2a+p2p")  # static_cp says why, naming the flags
+        with pytest.raises(PlanError, match="at least 4 ranks.*--zeppelin-cp-comm-type p2p or a2a"):
+            plan_batch(batch(1, 2), Topology(2, 1), TOY_PROFILE, TOY_MODEL, cfg, strategy="static_cp")
         return
     cases = hier_cases(world)
     assert all({r.comm for r in p.rings} == {"a2a+p2p"} for _, p, _, _ in cases)

@@ -188,8 +188,13 @@ def a2a_p2p_candidates(lengths: Sequence[int], ctx: PlanContext) -> Iterable[Can
     (``config.cp_size`` / ``config.cp_a2a_size`` fix either), labelled ``AxP``; one that cannot
     run carries why (choose skips it)."""
     sizes = [ctx.config.cp_size] if ctx.config.cp_size else cp_sizes(ctx.topology.world_size)
+    splits = [(cp, a) for cp in sizes for a in hier_splits(ctx, cp)]
+    if not splits:  # no CP size of 4 or more: TE would fall back to a2a or p2p; say so
+        return iter([Candidate(None, setting=("a2a_p2p", "none"), error=PlanError(
+            f"a2a+p2p needs a CP group of at least 4 ranks (a2a groups of >= 2, a ring of >= 2 groups); CP sizes "
+            f"here: {sizes} (set --zeppelin-cp-comm-type p2p or a2a, or --zeppelin-cp-size)"))])
     return setting_candidates([(f"{a}x{cp // a}", (lambda cp=cp, a=a: cp_placement(lengths, ctx, cp, Comm.A2A_P2P, a)))
-                               for cp in sizes for a in hier_splits(ctx, cp)], "a2a_p2p")
+                               for cp, a in splits], "a2a_p2p")
 
 
 def cp_comms(ctx: PlanContext) -> tuple:
