@@ -21,6 +21,9 @@ what each instruction does with the rank's tensors:
   member's group; their Waits build this member's whole documents for its heads (``qkv``,
   ``dout``) or place the rows of its own block (``out``, ``dqkv``); their Compute attends the whole
   documents for its heads, forward or backward, with what the forward kept (``heads``).
+- a2a+p2p rings, hier.py: ``hqkv`` / ``hout`` / ``hdout`` / ``hdqkv`` as a2a's inside each a2a
+  group (to and from the group's super block), ``hkv`` / ``hdkv`` the zigzag ring of the groups;
+  their Compute runs one ring step of the super blocks for this member's heads.
 No autograd runs through communication. Every rank runs every instruction (proxies of routed
 messages included): all ranks post the same exchanges in the same order.
 """
@@ -36,10 +39,11 @@ from megatron_zeppelin.planner.program import Compute, Post, Wait
 from megatron_zeppelin.attention.blocks import attend, attend_backward, pack_kv
 from megatron_zeppelin.attention.kernels import attend_pairs, attend_pairs_backward
 from megatron_zeppelin.attention.ulysses import KINDS, A2ARing, Heads
+from megatron_zeppelin.attention.hier import KINDS as HIER_KINDS, HierRing, hier_width
 from megatron_zeppelin.spec.words import Comm, DocClass
 
-TAGS = {"kv": 0, "dkv": 1, "gather": 2, "scatter": 3, "qkv": 4, "out": 5, "dout": 6, "dqkv": 7}  # exchanges
-# a rank may keep in flight together
+TAGS = {"kv": 0, "dkv": 1, "gather": 2, "scatter": 3, "qkv": 4, "out": 5, "dout": 6, "dqkv": 7,
+        **{k: 8 + n for n, k in enumerate(HIER_KINDS)}}  # exchanges a rank may keep in flight together
 
 
 class LayerRun:
@@ -61,7 +65,9 @@ class LayerRun:
         self.ex: Dict[str, tuple] = {}  # name -> (exchange, its Post)
         self.a2a = {rid: A2ARing(ctx.view, self.ring_of[rid], q.shape[1], k.shape[1], q.shape[2])
                     for rid in self.mine if self.ring_of[rid].comm == Comm.A2A}
-        self.heads: Dict[int, Heads] = dict(heads or {})
+        self.hier = {rid: HierRing(ctx.view, self.ring_of[rid], q.shape[1], k.shape[1], q.shape[2])
+                     for rid in self.mine if self.ring_of[rid].comm == Comm.A2A_P2P}
+        self.heads: Dict[int, Heads] = dict(heads or {})  # a2a and a2a+p2p rings: what the forward keeps
         self.dheads: Dict[int, torch.Tensor] = {}  # a2a backward: dO of this member's group
         self.dgrads: Dict[int, tuple] = {}  # a2a backward: dQ/dK/dV of this member's group
 
@@ -99,12 +105,19 @@ class LayerRun:
         a2a = [rid for rid in x.rings if rid in self.a2a]
         if a2a:
             self._compute_a2a(x, a2a)
-            if all(rid in self.a2a or rid not in self.mine for rid in x.rings):
+        hier = [rid for rid in x.rings if rid in self.hier]
+        if hier:
+            with self.ctx.counters.timer(x.queue):
+                for rid in hier:  # the ring of a2a groups, at its step (hier.py)
+                    self.hier[rid].compute(x.steps[0], self.heads[rid], self.ctx.scale, self.ctx.backend,
+                                           self.dheads[rid] if self.backward else None)
+        if a2a or hier:
+            if all(rid in self.a2a or rid in self.hier or rid not in self.mine for rid in x.rings):
                 return
         with self.ctx.counters.timer(x.queue):
             work = []  # (ring id, block, its K/V message): every block of this Compute, one kernel call
             for rid in x.rings:
-                if rid not in self.mine or rid in self.a2a:
+                if rid not in self.mine or rid in self.a2a or rid in self.hier:
                     continue
                 r, i = self.ring_of[rid], self.mine[rid]
                 for s in x.steps:
@@ -174,11 +187,48 @@ class LayerRun:
             else:
                 a.place_dqkv(got, self.dgrads.pop(rid), self.dq, self.dk, self.dv)
 
+    def _payload_hier(self, kind: str, step: int, rings) -> Dict[tuple, torch.Tensor]:
+        pay: Dict[tuple, torch.Tensor] = {}
+        for rid, h in self.hier.items():
+            if rid not in rings:
+                continue
+            if kind == "hqkv":
+                pay.update(h.send_qkv(self.q, self.k, self.v))
+            elif kind == "hout":
+                pay.update(h.send_out(self.heads[rid], self.k.dtype))
+            elif kind == "hdout":
+                pay.update(h.send_dout(self.dout))
+            elif kind == "hdqkv":
+                pay.update(h.send_dqkv(self.heads[rid], self.k.dtype))
+            else:
+                pay.update(h.send_ring(kind, step))
+        return pay
+
+    def _wait_hier(self, kind: str, step: int, rings, got) -> None:
+        for rid, h in self.hier.items():
+            if rid not in rings:
+                continue
+            if kind == "hqkv":
+                self.heads[rid] = h.gather_qkv(got, self.q, self.k, self.v, self.out.dtype)
+            elif kind == "hout":
+                h.place_out(got, self.heads[rid], self.out)
+            elif kind == "hdout":
+                self.dheads[rid] = h.gather_dout(got, self.dout, self.heads[rid], self.dq.dtype)
+            elif kind == "hdqkv":
+                h.place_dqkv(got, self.dq, self.dk, self.dv)
+            else:
+                h.take_ring(kind, step, got)
+
     def post(self, x: Post) -> None:
         kind = x.name.split()[0]
         rings = set(x.rings)
         if kind in KINDS:
             self._start(x, kind, rings, self._payload_a2a(kind, rings), self._a2a_width(kind))
+            return
+        if kind in HIER_KINDS:
+            hq, hk, d = self.q.shape[1], self.k.shape[1], self.q.shape[2]
+            self._start(x, kind, rings, self._payload_hier(kind, x.step, rings),
+                        lambda rid: hier_width(kind, self.ring_of[rid], hq, hk, d))
             return
         if kind == "kv":
             pay = {(rid, self._blk(rid, x.step)): self.held[rid] for rid in self.mine if rid in rings}
@@ -211,6 +261,9 @@ class LayerRun:
         kind, s = p.name.split()[0], p.step
         if kind in KINDS:
             self._wait_a2a(kind, set(p.rings), got)
+            return
+        if kind in HIER_KINDS:
+            self._wait_hier(kind, p.step, set(p.rings), got)
             return
         for rid in self.mine:
             if rid not in p.rings:

@@ -28,7 +28,7 @@ from megatron_zeppelin.spec.words import Comm, DocClass, Link, Stage
 
 
 def hand_plan(lengths: Sequence[int], topo: Topology, where: Sequence[Union[int, tuple]],
-              comm: str = Comm.P2P, routing: bool = False, strategy: str = "packed_dp") -> Plan:
+              comm: str = Comm.P2P, routing: bool = False, strategy: str = "packed_dp", a2a: int = 1) -> Plan:
     rings, docs, ring_of = [], [], {}
     for i, (L, w) in enumerate(zip(lengths, where)):
         if isinstance(w, int):
@@ -38,7 +38,7 @@ def hand_plan(lengths: Sequence[int], topo: Topology, where: Sequence[Union[int,
         if w not in ring_of:
             cls = DocClass.INTRA if len({topo.node_of(r) for r in w}) == 1 else DocClass.INTER
             ring_of[w] = len(rings)
-            rings.append(Ring(len(rings), w, cls, (), comm))
+            rings.append(Ring(len(rings), w, cls, (), comm, a2a if comm == Comm.A2A_P2P else 1))
         rid = ring_of[w]
         rings[rid] = replace(rings[rid], docs=rings[rid].docs + (i,))
         docs.append(DocPlan(i, int(L), rings[rid].cls, rid, -1, zigzag_bounds(int(L), len(w))))

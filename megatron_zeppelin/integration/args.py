@@ -65,9 +65,13 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "planning time per batch (docs/partitioner.md).")
     g.add_argument("--zeppelin-cp-size", type=int, default=0,
                    help="CP group size for the static_cp / allgather_cp baselines (0 = auto).")
-    g.add_argument("--zeppelin-cp-comm-type", choices=("auto", "p2p", "a2a"), default="auto",
+    g.add_argument("--zeppelin-cp-comm-type", choices=("auto", "p2p", "a2a", "a2a+p2p"), default="auto",
                    help="Transformer Engine cp_comm_type the static_cp baseline (and Zeppelin's static_cp "
-                        "shapes) may use: p2p (ring), a2a (Ulysses: CP sizes dividing the heads), auto = both.")
+                        "shapes) may use: p2p (ring), a2a (Ulysses: CP sizes dividing the heads), a2a+p2p "
+                        "(hierarchical: a2a inside groups of a node's ranks, a ring of the groups), auto = all.")
+    g.add_argument("--zeppelin-cp-a2a-size", type=int, default=0,
+                   help="a2a+p2p's a2a group size, the a of Megatron's --hierarchical-context-parallel-sizes a p "
+                        "(0 = every size dividing the GPUs of a node and the heads).")
     g.add_argument("--zeppelin-accumulation", choices=ACCUMULATION, default="data_order",
                    help="Documents of a global batch to its micro-batches: data_order (as read), or joint (the "
                         "planner spreads long documents over the micro-batches; planner/accumulation.py). joint is "
@@ -146,6 +150,7 @@ def config_from_args(args) -> ZeppelinConfig:
         routing=_get(args, "zeppelin_routing", "auto"), remap=bool(_get(args, "zeppelin_remap", True)),
         capacity_tokens=int(_get(args, "zeppelin_capacity_tokens", 0)), cp_size=int(_get(args, "zeppelin_cp_size", 0)),
         cp_comm=None if _get(args, "zeppelin_cp_comm_type", "auto") == "auto" else _get(args, "zeppelin_cp_comm_type"),
+        cp_a2a_size=int(_get(args, "zeppelin_cp_a2a_size", 0)),
         balance_memory=bool(_get(args, "zeppelin_balance_memory", False)),
         min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),

@@ -41,6 +41,10 @@ class PlanMeta:
     dp_size: Optional[int] = None
     cp_size_predicted_s: Tried = ()
     a2a_cp_size_predicted_s: Tried = ()  # static_cp: each a2a (Ulysses) CP size's prediction
+    # static_cp in TE's a2a+p2p: Megatron's --hierarchical-context-parallel-sizes ("a p"), and each
+    # tried split's prediction by its "AxP" label
+    hierarchical_cp_sizes: str = ""
+    a2a_p2p_predicted_s: Tuple[Tuple[str, float], ...] = ()
     # dynamic_cp: Megatron's max_seqlen_per_dp_cp_rank (and each tried value), its HDP rounds.
     max_seqlen_per_dp_cp_rank: Optional[int] = None
     max_seqlen_per_dp_cp_rank_predicted_s: Tried = ()
@@ -88,7 +92,9 @@ class PlanMeta:
 _INTS = ("token_cap", "cp_size", "dp_size", "max_seqlen_per_dp_cp_rank", "hdp_rounds", "hdp_round",
          "q_bytes_per_token")
 _FLOATS = {"budget_s": ".6g", "estimate_s": ".6g", "flops_share": ".6g", "target": "g"}  # as strategies write them
-_TRIED = ("cp_size_predicted_s", "a2a_cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s")
+_TRIED = ("cp_size_predicted_s", "a2a_cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s",
+          "a2a_p2p_predicted_s")
+_TEXT_LABELS = ("a2a_p2p_predicted_s",)  # tried values named by text ("AxP"), not numbers
 
 
 def _text(name: str, v) -> str:
@@ -105,7 +111,8 @@ def _parse(name: str, s: str):
     if name == "recompute":
         return Recompute.parse(s)
     if name in _TRIED:
-        return tuple((int(lb), float(t)) for lb, t in (x.strip().split(":") for x in s.split(",")))
+        label = str if name in _TEXT_LABELS else int
+        return tuple((label(lb), float(t)) for lb, t in (x.strip().split(":") for x in s.split(",")))
     if name in _FLOATS:
         return float(s)
     if name in _INTS:

@@ -7,6 +7,8 @@ member (i - s) mod G, causal: a kv chunk after the q chunk is skipped; all-gathe
 same blocks, step s = the block of member (i - s) mod G). An a2a (Ulysses) ring's member computes,
 at step 0, every document whole and causal for its 1/G of the heads: one block per document of
 ``share`` 1/G (the FLOPs of the block times share; the kernel runs at the whole document's rate).
+An a2a+p2p ring's member (P, j) (group P of ``Ring.a2a`` members, head group j) computes the
+zigzag blocks of member P of the ring of groups over the super chunks (``super_bounds``), share 1/a.
 
 Worked example: a 2-member ring over a document of 6 tokens cut (0, 1, 3, 4, 6): member 0 holds
 chunks 0 and 3 (1 + 2 tokens), member 1 chunks 1 and 2 (2 + 1 tokens).
@@ -50,6 +52,25 @@ def ring_step_blocks(ring: Ring, docs: Dict[int, DocPlan], member: int, step: in
     return out
 
 
+def hier_p2p_size(ring: Ring) -> int:
+    """The ring of groups of an a2a+p2p ring: size / a2a members (TE's p2p cp_group)."""
+    a = ring.a2a
+    if a < 2 or ring.size % a or ring.size // a < 2:
+        raise ValueError(f"a2a+p2p ring {ring.id} of {ring.size} ranks needs groups of 2 <= a2a < size "
+                         f"dividing it, got a2a={a}")
+    return ring.size // a
+
+
+def super_bounds(bounds: Sequence[int], a: int) -> Tuple[int, ...]:
+    """A document's zigzag bounds over 2*G chunks, cut at every ``a``-th: the 2*(G/a) super chunks
+    of the ring of a2a groups (TE's reorder after the a2a puts them in this order).
+
+    >>> super_bounds((0, 1, 2, 3, 4, 5, 6, 7, 8), 2)
+    (0, 2, 4, 6, 8)
+    """
+    return tuple(bounds[::a])
+
+
 @dataclass(frozen=True)
 class RingBlocks:
     """Every block of some rings, as parallel arrays (one entry per block)."""
@@ -62,7 +83,8 @@ class RingBlocks:
     rank: np.ndarray  # the member's rank
     seq: np.ndarray  # the block's query chunk (ring, document, chunk), an id: blocks of one query chunk in
     # one kernel call are one sequence of it (attention/kernels/pieces.py), which pays cost.seq_s once
-    share: np.ndarray  # the share of the heads it computes: 1, or 1/G on an a2a ring of G members
+    share: np.ndarray  # the share of the heads it computes: 1, 1/G on an a2a ring of G members, 1/a on an
+    # a2a+p2p ring of a2a groups of a
 
 
 @lru_cache(maxsize=None)
@@ -91,11 +113,13 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
     members over D documents has up to 4 G^2 D blocks: hundreds of thousands for a CP 32 ring)."""
     by_size: Dict[int, List[int]] = {}
     a2a: List[int] = []
+    hier: List[int] = []
     for ri, r in enumerate(rings):
         if r.docs and r.size:
-            (a2a if r.comm == Comm.A2A else by_size.setdefault(r.size, [])).append(ri)
+            (a2a if r.comm == Comm.A2A else hier if r.comm == Comm.A2A_P2P else by_size.setdefault(r.size, [])
+             ).append(ri)
     parts = []
-    top = max([rings[ri].size for ri in a2a] + list(by_size), default=0) + 1
+    top = max([rings[ri].size for ri in a2a + hier] + list(by_size), default=0) + 1
     pairs_before = 0  # (ring, document) pairs of the earlier sizes: seq ids stay distinct across sizes
     for g, ris in by_size.items():
         # One row per (ring, document) pair, rings in order, each ring's documents in order.
@@ -123,6 +147,20 @@ def ring_blocks(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> RingBlocks:
                       np.zeros(keep.sum(), dtype=np.int64), np.array(r.ranks, dtype=np.int64)[member[keep]],
                       (pair * (2 * top) + member)[keep], np.full(keep.sum(), 1.0 / g)))
         pairs_before += len(lengths)
+    for ri in hier:  # member (P, j): the zigzag ring of groups over super chunks, head group j's share
+        r = rings[ri]
+        a, p = r.a2a, hier_p2p_size(r)
+        chunk = np.diff(np.array([super_bounds(docs[d].bounds, a) for d in r.docs], dtype=np.int64), axis=1)
+        step, group, qa, kb, diag = _ring_grid(p)
+        q, k = chunk[:, qa], chunk[:, kb]
+        keep = (q > 0) & (k > 0)
+        doc, at = np.nonzero(keep)
+        ranks = np.array(r.ranks, dtype=np.int64)
+        for j in range(a):
+            member = group[at] * a + j
+            parts.append((q[keep], k[keep], diag[at], np.full(len(at), ri), member, step[at], ranks[member],
+                          (pairs_before + doc * a + j) * (2 * top) + qa[at], np.full(len(at), 1.0 / a)))
+        pairs_before += len(r.docs) * a
     f, n, b = np.float64, np.int64, bool
     if not parts:
         e = np.zeros(0)
@@ -261,8 +299,8 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
     it (attention/engine.py runs it with attention/runner.py); the prediction and the simulator
     interpret it too.
 
-    Queues inter, then intra; in a queue the a2a rings, the all-gather rings, then the zigzag (p2p)
-    rings, all rings of a queue stepping together. The *overlap point* is right after the first compute of
+    Queues inter, then intra; in a queue the a2a rings, the a2a+p2p rings (``hier_section``), the
+    all-gather rings, then the zigzag (p2p) rings, all rings of a queue stepping together. The *overlap point* is right after the first compute of
     each queue (ring kind): the first runs the local documents (inside the layer's first
     exchange); in the backward later ones wait for the previous queue's last dK/dV exchange.
     - zigzag forward: step s posts its K/V exchange (rings with s < G-1), computes, waits.
@@ -321,6 +359,9 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
             prog += [Wait(f"{first[0]} {queue}"), Compute(queue, a2a, (0,)),
                      post(f"{then[0]} {queue}", queue, then[1], a2a, reverse=backward)]
             pending[0] = f"{then[0]} {queue}"
+        for p in sorted({hier_p2p_size(r) for r in qr if r.comm == Comm.A2A_P2P}):
+            hier_section(prog, post, overlap_point, pending, queue, p,
+                         tuple(r.id for r in qr if r.comm == Comm.A2A_P2P and hier_p2p_size(r) == p), backward)
         ag = tuple(r.id for r in qr if r.comm == Comm.ALLGATHER)
         if ag:
             size = max(r.size for r in qr if r.comm == Comm.ALLGATHER)
@@ -361,6 +402,52 @@ def attention_program(rings: Sequence[Ring], has_local: bool, backward: bool,
             pending[0] = dkv
     overlap_point()
     return prog
+
+
+def hier_section(prog: List[object], post, overlap_point, pending: List[object], queue: str, p: int,
+                 rings: Tuple[int, ...], backward: bool) -> None:
+    """The a2a+p2p rings of ``queue`` whose rings of groups have ``p`` members (TE's
+    AttnFuncWithCPAndKVP2P with cp_group = [a2a, p2p]): forward, Q/K/V to the head groups inside
+    each a2a group (step p), the zigzag ring of the groups' super blocks (steps 0..p-1, as a p2p
+    ring of p), the output home (step p + 1, waited at the next overlap point); backward, dO in
+    (step p + 1 mirrored), the zigzag backward ring, its last dK/dV waited (the own super block's,
+    home before the all-to-all), then dQ/dK/dV home (step p mirrored). Post names carry ``p``.
+
+    >>> prog = []
+    >>> hier_section(prog, lambda n, q, s, rs, reverse=False, shares=(): Post(n, q, s, rs, reverse, shares),
+    ...              lambda: None, [None], "inter", 2, (0,), backward=False)
+    >>> for x in prog: print(x)
+    post hqkv inter 2: ops of (inter, step 2) of rings [0]
+    wait hqkv inter 2
+    post hkv inter 2 0: ops of (inter, step 0) of rings [0]
+    compute inter rings [0] steps [0]
+    wait hkv inter 2 0
+    compute inter rings [0] steps [1]
+    post hout inter 2: ops of (inter, step 3) of rings [0]
+    """
+    first, then = (("hdout", p + 1), ("hdqkv", p)) if backward else (("hqkv", p), ("hout", p + 1))
+    name = f"{first[0]} {queue} {p}"
+    prog.append(post(name, queue, first[1], rings, reverse=backward))
+    overlap_point()
+    prog.append(Wait(name))
+    dkv = None
+    for s in range(p):
+        kv = f"hkv {queue} {p} {s}" if s < p - 1 else None
+        if kv:
+            prog.append(post(kv, queue, s, rings, shares=(dkv,) if dkv else ()))
+        prog.append(Compute(queue, rings, (s,)))
+        if backward:
+            if dkv:
+                prog.append(Wait(dkv))
+            nxt = f"hkv {queue} {p} {s + 1}" if s + 1 < p - 1 else None
+            dkv = f"hdkv {queue} {p} {s}"
+            prog.append(post(dkv, queue, s, rings, shares=(nxt,) if nxt else ()))
+        if kv:
+            prog.append(Wait(kv))
+    if backward:
+        prog.append(Wait(dkv))
+    prog.append(post(f"{then[0]} {queue} {p}", queue, then[1], rings, reverse=backward))
+    pending[0] = f"{then[0]} {queue} {p}"
 
 
 _OWNER, _LENGTH = attrgetter("owner"), attrgetter("length")

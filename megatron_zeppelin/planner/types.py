@@ -82,6 +82,10 @@ class Ring:
     cls: DocClass
     docs: Tuple[int, ...]
     comm: Comm = Comm.P2P
+    # a2a+p2p rings: the ranks of one all-to-all group (consecutive members, TE's cp_group[0]); the
+    # ring of groups has size // a2a members. 1 for every other kind (left out of the JSON then,
+    # so plans without such rings keep their digests).
+    a2a: int = 1
 
     @property
     def size(self) -> int:
@@ -307,7 +311,8 @@ def _encode(x):
     if isinstance(x, Topology):
         return x.to_dict()
     if is_dataclass(x):
-        return {f.name: _encode(getattr(x, f.name)) for f in fields(x)}
+        return {f.name: _encode(getattr(x, f.name)) for f in fields(x)
+                if not (f.name == "a2a" and isinstance(x, Ring) and x.a2a == 1)}
     if isinstance(x, (tuple, list)):
         return [_encode(v) for v in x]
     if isinstance(x, StrEnum):  # the plain word, so a plan and its JSON round trip compare equal

@@ -65,7 +65,7 @@ from megatron_zeppelin.sim.iteration import SimOptions, accumulate, pipeline, si
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
 from megatron_zeppelin.planner.accumulation import joint_steps
-from megatron_zeppelin.planner.baselines.static_cp import a2a_heads_problem
+from megatron_zeppelin.planner.baselines.static_cp import a2a_heads_problem, a2a_p2p_problem
 from megatron_zeppelin.spec.words import Comm, Link, StrategyName
 
 JOINT = "zeppelin+joint"  # Zeppelin with --zeppelin-accumulation joint (planner/accumulation.py)
@@ -147,7 +147,11 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
     if setting is not None and variant in CP_VARIANTS:
         # TE's cp_comm_type is fixed for a run like the CP size: "a2a:N" is a2a at size N, a bare N
         # the variant's own kind (p2p for static_cp)
+        # "a2a+p2p:N:A" TE's hierarchical a2a+p2p at size N in a2a groups of A
         comm, _, size = str(setting).rpartition(":")
+        if comm.startswith(Comm.A2A_P2P + ":"):
+            comm, size, a = Comm.A2A_P2P, comm.split(":")[1], int(size)
+            config = config.with_(cp_a2a_size=a)
         config = config.with_(cp_size=int(size))
         if variant == "static_cp":
             config = config.with_(cp_comm=Comm(comm or Comm.P2P))
@@ -165,15 +169,16 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
 
         def routed(lengths, ctx, search):
             for c in plan_static_cp(lengths, ctx, search):
-                if c.placement is not None:
-                    c.placement.routing = topo.nodes > 1
+                if c.placement is not None and all(r.comm == Comm.P2P for r in c.placement.rings):
+                    c.placement.routing = topo.nodes > 1  # the a2a kinds run unrouted, as in Zeppelin's shapes
                 yield c
         return choose(variant, list(lengths), ctx, routed)[0]
     raise ZeppelinError(f"unknown variant '{variant}' (strategies in the matrix must be among {', '.join(VARIANTS)})")
 
 
 def run_settings(variant: str, world: int, capacity: int, context: int, cp_sizes: Sequence[int],
-                 a2a_ok: Callable[[int], bool] = lambda cp: False) -> List:
+                 a2a_ok: Callable[[int], bool] = lambda cp: False,
+                 hier_ok: Callable[[int, int], bool] = lambda cp, a: False) -> List:
     """The run-level values a user could deploy for ``variant``: CP sizes dividing the domain for the
     fixed-CP baselines (``cp_sizes``, or every power of two and the whole domain), and for static_cp
     also "a2a:N" (TE's a2a at CP size N > 1, where ``a2a_ok(N)``: N divides the heads); dynamic_cp's
@@ -182,7 +187,10 @@ def run_settings(variant: str, world: int, capacity: int, context: int, cp_sizes
     from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes as all_cp
     if variant in CP_VARIANTS:
         sizes = [cp for cp in (cp_sizes or all_cp(world)) if cp >= 1 and world % cp == 0]
-        return sizes + ([f"a2a:{cp}" for cp in sizes if cp > 1 and a2a_ok(cp)] if variant == "static_cp" else [])
+        if variant != "static_cp":
+            return sizes
+        return (sizes + [f"a2a:{cp}" for cp in sizes if cp > 1 and a2a_ok(cp)]  # and a2a+p2p:N:A where hier_ok(N, A)
+                + [f"{Comm.A2A_P2P}:{cp}:{a}" for cp in sizes for a in range(2, cp) if cp % a == 0 and hier_ok(cp, a)])
     if variant == "dynamic_cp":
         top = 1 << (world.bit_length() - 1)
         out, m = [], capacity
@@ -414,7 +422,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
             rc_config = config.with_(recompute=rc, capacity_tokens=cap) if spec.recompute_per_strategy else config
             capacity = cap or 2 * spec.tokens_per_gpu  # the planner's default: twice the mean per rank
             settings = run_settings(v, topo.world_size, capacity, spec.context, cp_sizes,
-                                    lambda cp: not a2a_heads_problem(model, config.tp, cp))
+                                    lambda cp: not a2a_heads_problem(model, config.tp, cp),
+                                    lambda cp, a: not a2a_p2p_problem(model, config.tp, topo.gpus_per_node, cp, a))
             for s in settings:
                 if s in fitted:
                     continue

@@ -49,6 +49,9 @@ class ZeppelinConfig:
     # --zeppelin-cp-comm-type: TE's cp_comm_type static_cp (and Zeppelin's static_cp shapes) may
     # use, p2p or a2a (Ulysses); None (auto) = the faster for the batch
     cp_comm: Optional[Comm] = None
+    # --zeppelin-cp-a2a-size: a2a+p2p's a2a group size (Megatron's --hierarchical-context-parallel-sizes
+    # a p: the a), 0 = every split that divides gpus_per_node and the heads
+    cp_a2a_size: int = 0
     min_route_bytes: int = 0  # --zeppelin-min-route-bytes: 0 = derived from the profile
     debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
     plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
@@ -77,8 +80,10 @@ class ZeppelinConfig:
             raise ConfigError(f"--zeppelin-capacity-tokens must be >= 0, got {self.capacity_tokens}")
         if self.cp_size < 0 or (self.cp_size & (self.cp_size - 1)):
             raise ConfigError(f"--zeppelin-cp-size must be 0 (auto) or a power of two, got {self.cp_size}")
-        if self.cp_comm is not None and self.cp_comm not in (Comm.P2P, Comm.A2A):
-            raise ConfigError(f"--zeppelin-cp-comm-type must be auto, p2p or a2a, got {self.cp_comm}")
+        if self.cp_comm is not None and self.cp_comm not in (Comm.P2P, Comm.A2A, Comm.A2A_P2P):
+            raise ConfigError(f"--zeppelin-cp-comm-type must be auto, p2p, a2a or a2a+p2p, got {self.cp_comm}")
+        if self.cp_a2a_size < 0 or self.cp_a2a_size == 1:
+            raise ConfigError(f"--zeppelin-cp-a2a-size must be 0 (auto) or >= 2, got {self.cp_a2a_size}")
         if self.cp_comm is not None:
             object.__setattr__(self, "cp_comm", Comm(self.cp_comm))
         if self.min_route_bytes < 0:

@@ -45,11 +45,14 @@ class Link(_Word):
 
 
 class Comm(_Word):
-    """How a ring moves K/V: zigzag point-to-point steps, one all-gather (Llama-3), or Ulysses
-    all-to-alls of Q/K/V and the output (Transformer Engine's ``a2a``: heads split over the ring)."""
+    """How a ring moves K/V: zigzag point-to-point steps, one all-gather (Llama-3), Ulysses
+    all-to-alls of Q/K/V and the output (Transformer Engine's ``a2a``: heads split over the ring),
+    or both nested (TE's hierarchical ``a2a+p2p``: all-to-all over heads inside groups of
+    ``Ring.a2a`` ranks, a zigzag ring of those groups' head-sharded pieces across them)."""
     P2P = "p2p"
     ALLGATHER = "allgather"
     A2A = "a2a"
+    A2A_P2P = "a2a+p2p"
 
 
 class Layout(_Word):

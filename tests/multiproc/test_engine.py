@@ -216,3 +216,65 @@ def test_engine_a2a_rings_exact(world):
             assert max(r["out"], r["dq"], r["dk"], r["dv"]) <= TOL[torch.float64], (name, rank, r)
             assert all(r[k + "_shape_ok"] for k in ("out", "dq", "dk", "dv"))
             assert r["counters"] == a2a_step_bytes(plan, rank, hq, hk), (name, rank)
+
+
+# --- a2a+p2p (TE's hierarchical CP) rings: all-to-all over heads inside a2a groups, a zigzag ring of
+# the groups' head-sharded super blocks across them -------------------------------------------------
+def hier_cases(world: int):
+    """(name, plan, heads, kv_heads): a2a+p2p rings with local documents, GQA (K/V heads < Q heads,
+    both split by the a2a group, as TE asserts) and MHA. World 4: groups of 2 over 2 nodes; world
+    8: groups of 2 (a ring of 4 groups) and of 4 (a ring of 2), two rings in one queue."""
+    if world == 4:  # 2 nodes x 2: groups (0, 1) and (2, 3), the ring of groups across the nodes
+        t = Topology(2, 2)
+        p = hand_plan([53, 5, 29, 11, 2, 19], t, [(0, 1, 2, 3), 1, (0, 1, 2, 3), 2, 3, (0, 1, 2, 3)],
+                      comm="a2a+p2p", a2a=2)
+        return [("hier_w4_gqa", p, 4, 2), ("hier_w4_mha", p, 4, 4)]
+    t = Topology(2, 4)  # 2 nodes x 4: groups of 2 (a ring of 4 groups) and of 4 (a ring of 2)
+    lengths, where = [93, 5, 29, 11, 2, 19, 40], [tuple(range(8)), 1, tuple(range(8)), 2, 3, (4, 5, 6, 7), 6]
+    return [("hier_w8_a2_gqa", hand_plan(lengths, t, where, comm="a2a+p2p", a2a=2), 4, 2),
+            ("hier_w8_a4_gqa", hand_plan(lengths[:5], t, where[:5], comm="a2a+p2p", a2a=4), 8, 4)]
+
+
+def hier_step_bytes(plan, rank: int, hq: int, hk: int, d: int = 8, elt: int = 8) -> dict:
+    """Bytes this rank sends per (phase, queue, step) by the Plan's a2a+p2p ops: the ring of groups'
+    steps s < p carry one head group's K/V forward (s < p - 1) and K/V plus dK/dV backward; step p
+    Q/K/V (forward, from the source) and dQ/dK/dV (backward, from the destination); step p + 1 the
+    output (forward, from the source) and dO (backward, from the destination)."""
+    ring = {r.id: r for r in plan.rings}
+    out: dict = {}
+    for o in plan.schedule:
+        r = ring[o.ring]
+        a, p = r.a2a, r.size // r.a2a
+        rows = o.stop - o.start
+        if o.step < p:
+            sends = [("fwd", o.src, 2 * hk)] if o.step < p - 1 else []
+            sends += [("bwd", o.src, 2 * hk)] * ((o.step < p - 1) + 1)
+        else:
+            w = (hq + 2 * hk) if o.step == p else hq
+            sends = [("fwd", o.src, w), ("bwd", o.dst, w)]
+        for phase, sender, w in sends:
+            if sender == rank:
+                key = (phase, o.queue, o.step)
+                out[key] = out.get(key, 0) + rows * w // a * d * elt
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_engine_a2a_p2p_rings_exact(world):
+    if world == 2:  # two ranks cannot hold a ring of a2a groups: refused, naming the split
+        with pytest.raises(ValueError, match="a2a\\+p2p ring 0 of 2 ranks needs groups"):
+            hand_plan([9], Topology(2, 1), [(0, 1)], comm="a2a+p2p", a2a=2)
+        cfg = ZeppelinConfig(gpus_per_node=1, cp_comm="a2a+p2p")  # static_cp says why, naming the flags
+        with pytest.raises(PlanError, match="at least 4 ranks.*--zeppelin-cp-comm-type p2p or a2a"):
+            plan_batch(batch(1, 2), Topology(2, 1), TOY_PROFILE, TOY_MODEL, cfg, strategy="static_cp")
+        return
+    cases = hier_cases(world)
+    assert all({r.comm for r in p.rings} == {"a2a+p2p"} for _, p, _, _ in cases)
+    results = run_distributed(_run_a2a, world, cases, timeout=300)
+    for ci, (name, plan, hq, hk) in enumerate(cases):
+        for rank, res in enumerate(results):
+            cname, r = res[ci]
+            assert cname == name and r["tokens"] == plan.tokens(rank)
+            assert max(r["out"], r["dq"], r["dk"], r["dv"]) <= TOL[torch.float64], (name, rank, r)
+            assert all(r[k + "_shape_ok"] for k in ("out", "dq", "dk", "dv"))
+            assert r["counters"] == hier_step_bytes(plan, rank, hq, hk), (name, rank)

@@ -93,3 +93,40 @@ def test_checker_holds_an_a2a_plan_to_its_bytes():
                 ops[:-1]):  # a message missing
         with pytest.raises(PlanError):
             check_schedule(replace(plan, schedule=tuple(bad)))
+
+
+# An a2a+p2p ring (TE's hierarchical CP) of ranks 0..3 in a2a groups of 2 (members 0, 1 and 2, 3),
+# so a ring of p = 2 groups, over a document of 15 tokens cut into 8 chunks of 1, 2, 3, 1, 2, 1, 3,
+# 2: member m holds chunks m and 7 - m, blocks of 3, 5, 4, 3 tokens; group 0's super block is blocks
+# 0 and 1 (8 tokens), group 1's blocks 2 and 3 (7). 10 bytes of K/V and 18 of Q per token. Steps 0
+# and 1 (= p - 1) are the zigzag ring of the groups, one per head group j: rank (P, j) passes super
+# block (P - s) mod 2 (block id super * 2 + j) to rank (P + 1, j), a row half the K/V (5 bytes).
+# Step 2 (= p) moves Q/K/V inside each group ((18 + 10) / 2 = 14 bytes a row), step 3 the output
+# home (9 bytes a row).
+A2A_P2P = [  # (step, src, dst, block, tokens, bytes)
+    (0, 0, 2, 0, 8, 40), (0, 1, 3, 1, 8, 40), (0, 2, 0, 2, 7, 35), (0, 3, 1, 3, 7, 35),
+    (1, 0, 2, 2, 7, 35), (1, 1, 3, 3, 7, 35), (1, 2, 0, 0, 8, 40), (1, 3, 1, 1, 8, 40),
+    (2, 0, 1, 0, 3, 42), (2, 1, 0, 1, 5, 70), (2, 2, 3, 2, 4, 56), (2, 3, 2, 3, 3, 42),
+    (3, 0, 1, 1, 5, 45), (3, 1, 0, 0, 3, 27), (3, 2, 3, 3, 3, 27), (3, 3, 2, 2, 4, 36),
+]
+
+
+def test_a2a_p2p_ring_messages_by_hand():
+    ring = Ring(0, (0, 1, 2, 3), "inter", (0,), comm="a2a+p2p", a2a=2)
+    doc = DocPlan(0, 15, "inter", 0, -1, (0, 1, 3, 6, 7, 9, 10, 13, 15))
+    ops = ring_ops([ring], {0: doc}, Topology(2, 2), KVB, q_bytes_per_token=18)
+    assert [(o.step, o.src, o.dst, o.block, o.stop, o.nbytes) for o in ops] == A2A_P2P
+    with pytest.raises(ValueError):  # groups of 4 in a ring of 4: plain a2a, not a ring of groups
+        ring_ops([replace(ring, a2a=4)], {0: doc}, Topology(2, 2), KVB, q_bytes_per_token=18)
+
+
+def test_checker_holds_an_a2a_p2p_plan_to_its_bytes():
+    plan = hand_plan([15, 9, 4], Topology(2, 2), [(0, 1, 2, 3), (0, 1, 2, 3), 1], comm="a2a+p2p", a2a=2)
+    assert plan.meta.q_bytes_per_token and {o.step for o in plan.schedule} == {0, 1, 2, 3}
+    assert plan.rings[0].a2a == 2 and plan.from_json(plan.to_json()) == plan  # the split survives JSON
+    check_schedule(plan)
+    ops = list(plan.schedule)
+    for bad in ([replace(ops[0], nbytes=ops[0].nbytes * 2)] + ops[1:],  # a whole K/V row, not a head group's
+                ops[1:]):  # a message missing
+        with pytest.raises(PlanError):
+            check_schedule(replace(plan, schedule=tuple(bad)))

@@ -14,9 +14,21 @@ and an all-to-all brings the output back; THD input with the same DualChunkSwap 
 ``num_heads % cp_size == 0`` for Q and for K/V (it does not replicate K/V heads), so a2a is offered
 only for CP sizes dividing the Q and the K/V heads of one TP rank; other sizes are skipped, with why.
 
+Hierarchical ``a2a+p2p`` (TE's AttnFuncWithCPAndKVP2P with ``cp_group = [a2a group, p2p group]``,
+THD since TE release_v2.19, PR #3290; Megatron-LM's ``--cp-comm-type a2a+p2p
+--hierarchical-context-parallel-sizes a p``, megatron/core/parallel_state.py
+create_hierarchical_groups): a CP group of cp = a x p ranks runs an all-to-all over heads inside
+each block of ``a`` consecutive ranks and a zigzag ring over the p blocks. The split is a run-level
+setting too: ``a`` must divide gpus_per_node (an a2a group inside one node, on NVLink, as Megatron
+lays the level-0 groups out of consecutive ranks) and the Q and K/V heads of one TP rank (TE splits
+them over the a2a group), with 2 <= a < cp (a = cp is a2a, a = 1 p2p, as TE falls back);
+``--zeppelin-cp-a2a-size`` (``config.cp_a2a_size``) fixes it. Those predictions are in
+``meta['a2a_p2p_predicted_s']`` by ``AxP`` (Megatron's two sizes), the winner's split in
+``meta['hierarchical_cp_sizes']``.
+
 ``--zeppelin-cp-size`` (``config.cp_size``) fixes the CP size; 0 tries every power of two dividing
 the domain (and the whole domain). ``--zeppelin-cp-comm-type`` (``config.cp_comm``) fixes the comm
-type; auto tries both. Every (CP size, comm type) is a candidate and the
+type; auto tries all three. Every (CP size, comm type) is a candidate and the
 predicted-fastest is kept (``meta['cp_size']``, the rings' ``comm``; the p2p candidates' predictions
 are in ``meta['cp_size_predicted_s']``, the a2a ones' in ``meta['a2a_cp_size_predicted_s']``).
 Routing and remap are off: stock Megatron has neither.
@@ -34,6 +46,7 @@ Example: 4 ranks, CP 2: groups (0, 1) and (2, 3); lengths 8, 6, 4 pack as {8} an
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 from megatron_zeppelin.planner.context import Placement, PlanContext
@@ -43,14 +56,19 @@ from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, cp_siz
 from megatron_zeppelin.spec.words import Comm, StrategyName
 
 
-def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -> Placement:
-    """Every document over its CP group of ``cp`` consecutive ranks; groups packed by tokens."""
+def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str, a2a: int = 1) -> Placement:
+    """Every document over its CP group of ``cp`` consecutive ranks; groups packed by tokens;
+    ``a2a``: the a2a group size of an a2a+p2p run."""
     world = ctx.topology.world_size
     if cp < 1 or world % cp:
         raise PlanError(f"CP size {cp} does not divide the domain of {world} ranks "
                         f"(set --zeppelin-cp-size to a power of two dividing {world}, or 0 for auto)")
     if comm == Comm.A2A and cp > 1:
         heads_error(ctx, cp)
+    if comm == Comm.A2A_P2P:
+        why = hier_problem(ctx, cp, a2a)
+        if why:
+            raise PlanError(why)
     blocks = aligned_blocks(cp, world)
     groups = {i: blocks[k] for i, k in enumerate(cp_assignment(lengths, len(blocks)))}
     tok = rank_tokens(lengths, groups, world)
@@ -58,10 +76,51 @@ def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str) -
     if tok[worst] > ctx.capacity:
         raise PlanError(f"CP size {cp}: rank {worst} would hold {tok[worst]} tokens > capacity {ctx.capacity} "
                         f"(raise --zeppelin-capacity-tokens or --zeppelin-cp-size)")
-    kind = {Comm.P2P: "TE p2p", Comm.A2A: "TE a2a (Ulysses)", Comm.ALLGATHER: "Llama-3 all-gather"}[Comm(comm)]
+    kind = {Comm.P2P: "TE p2p", Comm.A2A: "TE a2a (Ulysses)", Comm.ALLGATHER: "Llama-3 all-gather",
+            Comm.A2A_P2P: f"TE a2a+p2p ({a2a} x {cp // max(a2a, 1)})"}[Comm(comm)]
     why = (f"{kind} CP over fixed groups of {cp} consecutive "
            f"rank(s): every document split over its group" if cp > 1 else "CP size 1: packed DP, all local")
-    return placement_from_groups(lengths, groups, ctx, comm, why, {"cp_size": str(cp), "dp_size": str(world // cp)})
+    meta = {"cp_size": str(cp), "dp_size": str(world // cp)}
+    if comm == Comm.A2A_P2P:
+        meta["hierarchical_cp_sizes"] = f"{a2a} {cp // a2a}"
+    pl = placement_from_groups(lengths, groups, ctx, comm, why, meta)
+    if comm == Comm.A2A_P2P:
+        pl.rings = [replace(r, a2a=a2a) for r in pl.rings]
+    return pl
+
+
+def hier_problem(ctx: PlanContext, cp: int, a: int) -> str:
+    """Why TE's a2a+p2p cannot run a CP group of ``cp`` in a2a groups of ``a`` ('' when it can).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context   # 4 heads, 2 K/V heads, 4 GPUs a node
+    >>> hier_problem(toy_context(nodes=2, gpus=4), 8, 2), hier_problem(toy_context(nodes=2, gpus=4), 4, 2)
+    ('', '')
+    >>> hier_problem(toy_context(nodes=2, gpus=4), 8, 4)
+    'a2a+p2p a2a group of 4 does not divide the 2 K/V heads of a TP rank (TE splits Q and K/V heads over it: set --zeppelin-cp-a2a-size to one dividing both)'
+    """
+    return a2a_p2p_problem(ctx.cost.model, ctx.cost.tp, ctx.topology.gpus_per_node, cp, a)
+
+
+def a2a_p2p_problem(model, tp: int, gpus_per_node: int, cp: int, a: int) -> str:
+    """hier_problem for ``model`` at TP ``tp`` on nodes of ``gpus_per_node`` (sim/runs.py's settings)."""
+    if a < 2 or a >= cp or cp % a:
+        return (f"a2a+p2p needs an a2a group size 2 <= a < {cp} dividing the CP size {cp}, got {a} "
+                f"(set --zeppelin-cp-a2a-size, or --zeppelin-cp-comm-type p2p / a2a)")
+    if gpus_per_node % a:
+        return (f"a2a+p2p a2a group of {a} does not divide the {gpus_per_node} GPUs of a node (its all-to-all "
+                f"runs inside a node: set --zeppelin-cp-a2a-size to a divisor of {gpus_per_node})")
+    why = a2a_heads_problem(model, tp, a)
+    return why.replace(f"a2a CP size {a}", f"a2a+p2p a2a group of {a}").replace(
+        "(TE needs num_heads % cp_size == 0 for Q and K/V: use p2p or a CP size dividing both)",
+        "(TE splits Q and K/V heads over it: set --zeppelin-cp-a2a-size to one dividing both)") if why else ""
+
+
+def hier_splits(ctx: PlanContext, cp: int) -> list:
+    """The a2a group sizes an a2a+p2p CP group of ``cp`` may take: ``config.cp_a2a_size`` if set,
+    else every divisor a of cp with 2 <= a < cp (hier_problem then refuses those that cannot run)."""
+    if ctx.config.cp_a2a_size:
+        return [ctx.config.cp_a2a_size]
+    return [a for a in range(2, cp) if cp % a == 0]
 
 
 def heads_error(ctx: PlanContext, cp: int) -> None:
@@ -124,9 +183,23 @@ def a2a_candidates(lengths: Sequence[int], ctx: PlanContext) -> Iterable[Candida
                                for cp in sizes if cp >= low], "a2a_cp_size")
 
 
+def a2a_p2p_candidates(lengths: Sequence[int], ctx: PlanContext) -> Iterable[Candidate]:
+    """The a2a+p2p settings: every (CP size, a2a group size) with a ring of at least two groups
+    (``config.cp_size`` / ``config.cp_a2a_size`` fix either), labelled ``AxP``; one that cannot
+    run carries why (choose skips it)."""
+    sizes = [ctx.config.cp_size] if ctx.config.cp_size else cp_sizes(ctx.topology.world_size)
+    splits = [(cp, a) for cp in sizes for a in hier_splits(ctx, cp)]
+    if not splits:  # no CP size of 4 or more: TE would fall back to a2a or p2p; say so
+        return iter([Candidate(None, setting=("a2a_p2p", "none"), error=PlanError(
+            f"a2a+p2p needs a CP group of at least 4 ranks (a2a groups of >= 2, a ring of >= 2 groups); CP sizes "
+            f"here: {sizes} (set --zeppelin-cp-comm-type p2p or a2a, or --zeppelin-cp-size)"))])
+    return setting_candidates([(f"{a}x{cp // a}", (lambda cp=cp, a=a: cp_placement(lengths, ctx, cp, Comm.A2A_P2P, a)))
+                               for cp, a in splits], "a2a_p2p")
+
+
 def cp_comms(ctx: PlanContext) -> tuple:
-    """The comm types static_cp may run: ``--zeppelin-cp-comm-type`` (``config.cp_comm``), or both."""
-    return (Comm.P2P, Comm.A2A) if ctx.config.cp_comm is None else (ctx.config.cp_comm,)
+    """The comm types static_cp may run: ``--zeppelin-cp-comm-type`` (``config.cp_comm``), or all."""
+    return (Comm.P2P, Comm.A2A, Comm.A2A_P2P) if ctx.config.cp_comm is None else (ctx.config.cp_comm,)
 
 
 @strategy(StrategyName.STATIC_CP, order=2, searches=True)
@@ -136,3 +209,5 @@ def plan_static_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Ite
         yield from cp_candidates(lengths, ctx, Comm.P2P)
     if Comm.A2A in comms:
         yield from a2a_candidates(lengths, ctx)
+    if Comm.A2A_P2P in comms:
+        yield from a2a_p2p_candidates(lengths, ctx)

@@ -152,7 +152,7 @@ def plan_meta(meta: dict, cost, rings=()) -> tuple:
     """The strategy's notes, the recompute the plan is priced with (the simulator reads it) and,
     with a2a rings, the Q bytes per token that size their messages (the checker reads it)."""
     extra = {} if cost.recompute.none else {"recompute": cost.recompute.describe()}
-    if any(r.comm == Comm.A2A for r in rings):
+    if any(r.comm in (Comm.A2A, Comm.A2A_P2P) for r in rings):
         extra["q_bytes_per_token"] = str(cost.model.q_bytes_per_token(cost.tp))
     return tuple(sorted((str(k), str(v)) for k, v in {**meta, **extra}.items()))
 

@@ -11,6 +11,16 @@ member j the heads of group j of its own block (sequence-sharded -> head-sharded
 output back, member j sending each member i the output rows of i's block for j's heads. Message
 rows are tokens of the block; a row carries 1/G of the heads (``a2a_row_bytes``). The backward
 mirrors both: dO as step 1 reversed, dQ/dK/dV as step 0 reversed.
+Hierarchical ring (``a2a+p2p``, TE's AttnFuncWithCPAndKVP2P with cp_group = [a2a group, p2p
+group], Megatron's ``--hierarchical-context-parallel-sizes a p``): members m = P*a + j (``a =
+Ring.a2a`` consecutive members per all-to-all group P, j the head group). Step p (= size / a)
+moves Q/K/V inside each group as an a2a ring of ``a`` members does; member (P, j) then holds, for
+head group j, the *super block* P: chunks [P*a, (P+1)*a) and their mirrors, i.e. the zigzag
+block P of a ring of p over the document cut at every a-th bound (``super_bounds``). Steps
+0..p-1 are that zigzag ring of the p groups, one per head group j (member (P, j) passes super
+block (P - s) mod p, message block ((P - s) mod p)*a + j, to member (P + 1, j)); step p + 1
+brings the output home inside each group. The backward mirrors the a2a steps and runs the ring's
+dK/dV steps as a zigzag ring does.
 
 Worked example: one intra ring of ranks (0, 1) holding a document of 6 tokens (member 0 holds 3
 tokens, member 1 holds 3), 4 bytes of K/V per token:
@@ -29,6 +39,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.planner.program import hier_p2p_size
 from megatron_zeppelin.planner.types import CommOp, DocPlan, Ring
 from megatron_zeppelin.spec.words import RING_QUEUES, Comm, Link, Stage
 
@@ -56,9 +67,22 @@ def a2a_row_bytes(g: int, step: int, kv_bytes_per_token: int, q_bytes_per_token:
 
 def row_bytes(ring: Ring, step: int, kv_bytes_per_token: int, q_bytes_per_token: int = 0) -> int:
     """Bytes of one token row of ``ring``'s messages at ``step``: K/V of every head for p2p and
-    all-gather rings; a head group's share of Q/K/V or of the output for a2a rings."""
+    all-gather rings; a head group's share of Q/K/V or of the output for a2a rings; for a2a+p2p
+    rings the a2a steps' rows (steps p, p + 1) and the ring steps' K/V of one head group.
+
+    >>> r = Ring(0, tuple(range(4)), "inter", (0,), Comm.A2A_P2P, a2a=2)   # p = 2
+    >>> [row_bytes(r, s, kv_bytes_per_token=16, q_bytes_per_token=32) for s in (0, 1, 2, 3)]
+    [8, 8, 24, 16]
+    """
     if ring.comm == Comm.A2A:
         return a2a_row_bytes(ring.size, step, kv_bytes_per_token, q_bytes_per_token)
+    if ring.comm == Comm.A2A_P2P:
+        p = hier_p2p_size(ring)
+        if step >= p:
+            return a2a_row_bytes(ring.a2a, step - p, kv_bytes_per_token, q_bytes_per_token)
+        if kv_bytes_per_token % ring.a2a:
+            raise ValueError(f"an a2a+p2p ring's groups of {ring.a2a} cannot split {kv_bytes_per_token} K/V bytes")
+        return kv_bytes_per_token // ring.a2a
     return kv_bytes_per_token
 
 
@@ -87,6 +111,16 @@ def ring_messages(rings: Sequence[Ring], docs: Dict[int, DocPlan]) -> List[Tuple
         elif ring.comm == Comm.A2A:  # Q/K/V of block i to every head group j, then j's output of block i home
             sends = ([(0, i, i, (i + k) % g) for i in range(g) for k in range(1, g)]
                      + [(1, i, (i + k) % g, i) for i in range(g) for k in range(1, g)])
+        elif ring.comm == Comm.A2A_P2P:  # a2a inside groups of a (steps p, p+1), a zigzag ring of groups
+            a, p = ring.a2a, hier_p2p_size(ring)
+            inside = [(P * a + j, P * a + (j + k) % a) for P in range(p) for j in range(a) for k in range(1, a)]
+            sends = ([(p, i, i, j) for i, j in inside] + [(p + 1, i, j, i) for i, j in inside]
+                     + [(s, ((P - s) % p) * a + j, P * a + j, ((P + 1) % p) * a + j)
+                        for s in range(p) for P in range(p) for j in range(a)])
+            sup = [sum(sizes[B * a:(B + 1) * a]) for B in range(p)]
+            out += [(ring.cls, s, ring.id, b, ring.ranks[i], ring.ranks[j], sizes[b] if s >= p else sup[b // a])
+                    for s, b, i, j in sends if (sizes[b] if s >= p else sup[b // a])]
+            continue
         else:  # zigzag: at step s member i passes block (i - s) mod G on to member i + 1
             sends = [(s, (i - s) % g, i, (i + 1) % g) for s in range(g) for i in range(g)]
         out += [(ring.cls, s, ring.id, b, ring.ranks[i], ring.ranks[j], sizes[b]) for s, b, i, j in sends if sizes[b]]

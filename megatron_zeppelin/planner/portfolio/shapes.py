@@ -11,12 +11,13 @@ Every candidate is built by the baseline's own placement function, so "Zeppelin 
 baseline (predicted)" holds by construction on every batch, for every run-level setting the
 baseline could deploy: each CP size of the domain, and each ``max_seqlen_per_dp_cp_rank`` of
 dynamic_cp's ladder. p2p rings and static_cp's a2a (Ulysses) rings, at each CP size that divides
-the heads (``a2a<cp>``), are candidates as ``--zeppelin-cp-comm-type`` allows (the all-gather CP
+the heads (``a2a<cp>``), and its a2a+p2p rings at each split that can run (``a2a+p2p<a>x<p>``,
+static_cp.hier_problem), are candidates as ``--zeppelin-cp-comm-type`` allows (the all-gather CP
 variant keeps its own kernel).
 
 >>> from megatron_zeppelin.planner.testing import toy_context   # 4 Q heads, 2 K/V heads: a2a over 2
 >>> [label for label, _, _ in fixed_shape_candidates([8, 6, 4, 2], toy_context(gpus=4, capacity=16))]
-['cp1', 'cp2', 'cp4', 'a2a2', 'hybrid_dp', 'dynamic_cp/16', 'dynamic_cp/8', 'dynamic_cp/4', 'dynamic_cp/2']
+['cp1', 'cp2', 'cp4', 'a2a2', 'a2a+p2p2x2', 'hybrid_dp', 'dynamic_cp/16', 'dynamic_cp/8', 'dynamic_cp/4', 'dynamic_cp/2']
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import numpy as np
 from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes
 from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
 from megatron_zeppelin.planner.baselines.hybrid_dp import plan_hybrid_dp
-from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_comms, cp_placement, heads_error
+from megatron_zeppelin.planner.baselines.static_cp import (cp_assignment, cp_comms, cp_placement, heads_error,
+                                                          hier_problem, hier_splits)
 from megatron_zeppelin.planner.build.assemble import activation_weights, memory_caps
 from megatron_zeppelin.planner.build.levels import linear_level
 from megatron_zeppelin.planner.build.schedule import block_tokens
@@ -59,32 +61,35 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
     L = np.asarray(lengths, dtype=np.int64)
     out = []
     comms = cp_comms(ctx)  # --zeppelin-cp-comm-type: the comm types the static_cp shapes may use
-    settings = [(cp, Comm.P2P, f"cp{cp}") for cp in cp_sizes(world) if Comm.P2P in comms or cp == 1]  # cp1: no ring
+    settings = [(cp, Comm.P2P, f"cp{cp}", 1) for cp in cp_sizes(world) if Comm.P2P in comms or cp == 1]  # cp1: no ring
     for cp in cp_sizes(world):
         try:
             if cp > 1 and Comm.A2A in comms:
                 heads_error(ctx, cp)
-                settings.append((cp, Comm.A2A, f"a2a{cp}"))
+                settings.append((cp, Comm.A2A, f"a2a{cp}", 1))
         except PlanError:
             continue  # the heads do not split over this CP size: TE refuses a2a there
-    for cp, comm, label in settings:
+    if Comm.A2A_P2P in comms:  # TE's hierarchical a2a+p2p, every split that can run
+        settings += [(cp, Comm.A2A_P2P, f"a2a+p2p{a}x{cp // a}", a) for cp in cp_sizes(world)
+                     for a in hier_splits(ctx, cp) if not hier_problem(ctx, cp, a)]
+    for cp, comm, label, a2a in settings:
         # Every member of a CP group computes the same attention of each of its documents (zigzag:
         # ring_member_attention, a2a: its heads' share of each whole document, as compute_bound
         # prices the built placement), and the group's projections and recompute split evenly at
         # best; the MLP then runs wherever it runs best in its node (the remap moves it inside
         # nodes). Bounds the plan before it is built.
-        member = member_attention(cost, L, np.full(len(L), cp), comm)
-        build = (lambda cp=cp, comm=comm: cp_placement(lengths, ctx, cp, comm))
+        member = member_attention(cost, L, np.full(len(L), cp), comm, a2a=a2a)
+        build = (lambda cp=cp, comm=comm, a2a=a2a: cp_placement(lengths, ctx, cp, comm, a2a))
         # The busiest node's level is at least the mean over ranks: every member's documents, all
         # projections, recompute and MLP (0.999: the water level rounds node tokens)
-        mean = 0.999 * BOUND_SLACK * _mean_work(L, member, cp, ctx, comm)
+        mean = 0.999 * BOUND_SLACK * _mean_work(L, member, cp, ctx, comm, a2a)
         if mean >= reach:
             out.append((label, mean, build))
             continue
         groups = cp_assignment(lengths, world // cp)
         tokens = np.bincount(groups, weights=L, minlength=world // cp) / cp
         own = np.bincount(groups, weights=member, minlength=world // cp) + cost.proj_s_np(tokens)
-        again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx, comm)
+        again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx, comm, a2a)
         rows = node_rows(np.repeat(own + again, cp), np.repeat(tokens, cp), ctx, rate_again)
         out.append((label, BOUND_SLACK * (1 - 1e-9) * water_level(*rows), build))  # (1 - 1e-9: sums in another order)
     small = len(lengths) <= SMALL_BATCH * world
@@ -99,11 +104,13 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
     return out
 
 
-def member_attention(cost, lengths, rings, comm=Comm.P2P, passes=(False, True)) -> np.ndarray:
+def member_attention(cost, lengths, rings, comm=Comm.P2P, passes=(False, True), a2a=1) -> np.ndarray:
     """Attention seconds (all layers) of one member of a ring of ``rings`` members for each document
     of ``lengths``: zigzag p2p (and all-gather) rings ``ring_member_attention_np``; a2a (Ulysses)
     rings each whole document causal at 1/G of its FLOPs plus one sequence per pass (program.py's
-    a2a blocks; the kernel call a Compute pays once per rank is left out: a lower bound).
+    a2a blocks; the kernel call a Compute pays once per rank is left out: a lower bound); a2a+p2p
+    rings (a2a groups of ``a2a``, per ring or one for all) a member of the ring of rings / a2a
+    groups at 1/a2a of the heads (its per-sequence costs divided too: still a lower bound).
 
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> c = toy_context().cost
@@ -111,6 +118,9 @@ def member_attention(cost, lengths, rings, comm=Comm.P2P, passes=(False, True)) 
     >>> bool(abs(a - (c.block_flops_s(8000, 8000, True) / 2 + c.seq_s()) * c.model.layers) < 1e-15)
     True
     """
+    if comm == Comm.A2A_P2P:
+        a = np.maximum(np.broadcast_to(np.asarray(a2a, dtype=np.int64), np.shape(rings)), 1)
+        return cost.ring_member_attention_np(lengths, np.asarray(rings, dtype=np.int64) // a, passes) / a
     if comm != Comm.A2A:
         return cost.ring_member_attention_np(lengths, rings, passes)
     L, G = np.asarray(lengths, dtype=np.float64), np.maximum(np.asarray(rings, dtype=np.float64), 1)
@@ -139,7 +149,7 @@ def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float
         pl.meta["shape"] = label
         b = compute_bound(pl, ctx)
         yield max(b, ring_chain_bound(pl, ctx)), label, pl
-        if routing and spans_nodes(pl, ctx) and all(r.comm != Comm.A2A for r in pl.rings):  # a2a: not routed
+        if routing and spans_nodes(pl, ctx) and all(r.comm == Comm.P2P for r in pl.rings):  # a2a kinds: not routed
             routed = replace(pl, routing=True, meta=dict(pl.meta))
             yield max(b, ring_chain_bound(routed, ctx)), label + "+routing", routed
 
@@ -188,7 +198,8 @@ def _attention(placement: Placement, ctx: PlanContext, passes=(False, True)):
     for comm in {r.comm for r in placement.rings}:
         pairs = [(length[i], r) for r in placement.rings if r.comm == comm for i in r.docs]  # each ring document
         if pairs:
-            member = member_attention(cost, [L for L, _ in pairs], [r.size for _, r in pairs], comm, passes)
+            member = member_attention(cost, [L for L, _ in pairs], [r.size for _, r in pairs], comm, passes,
+                                      [r.a2a for _, r in pairs])
             for (_, r), t in zip(pairs, member.tolist()):
                 att[list(r.ranks)] += t
     return att
@@ -209,7 +220,7 @@ def recomputed_s(placement: Placement, ctx: PlanContext, tokens):
     return per_rank, rate
 
 
-def _mean_work(L, member, cp: int, ctx: PlanContext, comm=Comm.P2P) -> float:
+def _mean_work(L, member, cp: int, ctx: PlanContext, comm=Comm.P2P, a2a: int = 1) -> float:
     """Per rank on average, what a CP placement of size ``cp`` (rings of ``comm``) computes: each
     document's ``member`` attention on its cp members, the projections, recompute and MLP of every token."""
     cost, world = ctx.cost, ctx.topology.world_size
@@ -217,7 +228,7 @@ def _mean_work(L, member, cp: int, ctx: PlanContext, comm=Comm.P2P) -> float:
     w_att, w_proj, rate_again = _recompute_terms(ctx)
     again = 0.0
     if w_att:
-        again += w_att * cp * float(member_attention(cost, L, [cp] * len(L), comm, passes=(False,)).sum()) / world
+        again += w_att * cp * float(member_attention(cost, L, [cp] * len(L), comm, (False,), a2a).sum()) / world
     if w_proj:
         again += w_proj * float(cost.gemm_s(total / world, "qkv") + cost.gemm_s(total / world, "out"))
     return (cp * float(member.sum()) / world + float(cost.proj_s_np([total / world])[0]) + again
@@ -241,7 +252,7 @@ def _recompute_terms(ctx: PlanContext):
     return w_att, w_proj, rate
 
 
-def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext, comm=Comm.P2P):
+def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext, comm=Comm.P2P, a2a: int = 1):
     """``recomputed_s`` of a CP group's member before its placement is built: its documents' forward
     member attention again (core_attn), its share ``tokens`` of projections (full); and per movable
     token the forward MLP (mlp). (per-group seconds, seconds per movable token)."""
@@ -249,7 +260,7 @@ def _recomputed_share(L, groups, cp: int, tokens, ctx: PlanContext, comm=Comm.P2
     w_att, w_proj, rate = _recompute_terms(ctx)
     per_group = np.zeros(len(tokens))
     if w_att:
-        fwd = member_attention(cost, L, np.full(len(L), cp), comm, passes=(False,))
+        fwd = member_attention(cost, L, np.full(len(L), cp), comm, (False,), a2a)
         per_group += w_att * np.bincount(groups, weights=fwd, minlength=len(tokens))
     if w_proj:
         per_group += w_proj * (cost.gemm_s(tokens, "qkv") + cost.gemm_s(tokens, "out"))
@@ -364,7 +375,7 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
 
 
 def placement_key(placement: Placement) -> tuple:
-    """Equal keys: the same documents on the same ranks (rings as rank tuples and their comm), the
-    same routing."""
-    ranks = {r.id: (r.ranks, r.comm) for r in placement.rings}
+    """Equal keys: the same documents on the same ranks (rings as rank tuples, their comm and a2a
+    group size), the same routing."""
+    ranks = {r.id: (r.ranks, r.comm, r.a2a) for r in placement.rings}
     return (placement.routing,) + tuple((d.owner, ranks.get(d.ring, ())) for d in sorted(placement.docs, key=lambda d: d.doc))
