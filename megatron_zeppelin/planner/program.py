@@ -216,13 +216,13 @@ def chunk_cuts(start: int, stop: int, per_row: int, chunk_bytes: int) -> List[Tu
     bytes a row; at least one row a chunk), as even as rows allow (the first ones a row longer), so
     every stage of the piece cuts it the same way; ``chunk_bytes`` 0: one chunk (unpipelined).
 
-    >>> chunk_cuts(0, 10, 8, 24), chunk_cuts(5, 7, 8, 0), chunk_cuts(0, 3, 8, 1)
-    ([(0, 3), (3, 6), (6, 8), (8, 10)], [(5, 7)], [(0, 1), (1, 2), (2, 3)])
+    >>> chunk_cuts(0, 10, 8, 24), chunk_cuts(5, 7, 8, 0), chunk_cuts(0, 3, 8, 1), chunk_cuts(0, 37, 128, 1000)
+    ([(0, 3), (3, 6), (6, 8), (8, 10)], [(5, 7)], [(0, 1), (1, 2), (2, 3)], [(0, 7), (7, 13), (13, 19), (19, 25), (25, 31), (31, 37)])
     """
     rows = stop - start
     if chunk_bytes <= 0 or rows * per_row <= chunk_bytes or rows <= 1:
         return [(start, stop)]
-    n = min(rows, -(-rows * per_row // chunk_bytes))
+    n = -(-rows // max(1, chunk_bytes // max(1, per_row)))  # chunks of at most that many whole rows
     base, extra = divmod(rows, n)
     out, a = [], start
     for i in range(n):
