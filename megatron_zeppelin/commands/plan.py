@@ -15,6 +15,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from megatron_zeppelin.spec.config import ACCUMULATION, ROUTING, STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.flags.routing import add_relay_chunk_flag
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.spec.hardware import load_profile
@@ -61,6 +62,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="CP group size for static_cp / allgather_cp (0 = best for the batch)")
     g.add_argument("--routing", "--zeppelin-routing", default="auto", choices=ROUTING,
                    help="route inter-node ring messages over all NICs (auto: when the domain spans nodes)")
+    add_relay_chunk_flag(g)
     g.add_argument("--no-remap", "--no-zeppelin-remap", dest="remap", action="store_false",
                    help="keep the attention layout for the linear modules (no remapping layer)")
     g.add_argument("--capacity-tokens", "--zeppelin-capacity-tokens", type=token_count, default=0,
@@ -148,7 +150,8 @@ def run(args) -> int:
                             cluster=args.cluster, routing=args.routing, remap=args.remap,
                             capacity_tokens=mem.capacity, cp_size=args.cp_size, tp=args.tp,
                             balance_memory=args.balance_memory, recompute=mem.recompute,
-                            accumulation=args.accumulation)
+                            accumulation=args.accumulation,
+                            relay_chunk_bytes=args.relay_chunk_bytes)
     source = load_source(args.dataset, tokenizer=tokenizer)
     names = STRATEGIES if args.compare else (args.strategy,)
     steps = batch_flags.steps

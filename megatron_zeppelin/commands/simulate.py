@@ -13,6 +13,7 @@ import json
 import sys
 
 from megatron_zeppelin.spec.config import ACCUMULATION, ROUTING, STRATEGIES, ZeppelinConfig
+from megatron_zeppelin.flags.routing import add_relay_chunk_flag
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.token_counts import token_count
 from megatron_zeppelin.flags.domain import build_domain, require_at_least
@@ -54,6 +55,7 @@ def add_parser(subparsers):
     p.add_argument("--compare", action="store_true", help="simulate every strategy on the same batch")
     p.add_argument("--cp-size", type=int, default=0, help="CP size for static_cp/allgather_cp (0 = best predicted)")
     p.add_argument("--routing", default="auto", choices=ROUTING, help="Zeppelin's routing layer")
+    add_relay_chunk_flag(p)
     p.add_argument("--no-remap", dest="remap", action="store_false", help="Zeppelin without the remapping layer")
     add_memory_flags(p)
     p.add_argument("--sim-layers", default="scale", choices=("scale", "all"),
@@ -155,7 +157,8 @@ def run(args) -> int:
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                             gpu_nic_map=topo.gpu_to_nic, cluster=args.cluster, routing=args.routing,
                             remap=args.remap, cp_size=args.cp_size, tp=args.tp, capacity_tokens=cap,
-                            recompute=recompute, accumulation=args.accumulation)
+                            recompute=recompute, accumulation=args.accumulation,
+                            relay_chunk_bytes=args.relay_chunk_bytes)
     variants = tuple(dict.fromkeys((args.strategy,) + (STRATEGIES if args.compare else ())))
     k = b.steps  # gradient-accumulation steps: iteration i samples seeds seed + i*k .. seed + i*k + k - 1
     batches = []

@@ -10,9 +10,10 @@ order): the transpose of the forward map, used for gradients going home.
 Progress (each piece as soon as its data is there, independent of the caller's compute, as NCCL's
 communication stream does on GPUs; planner/cost/predict.py times exactly this): start() posts, on the
 caller's thread, every receive of this rank and every send of the messages it originates. A relay
-thread (one per exchange that has any) then forwards each piece the moment it has arrived, in
-phase order (planner/program.py ``exchange_phases``: dispatch, transfer, combine; reversed for
-``reverse``). wait() returns once this rank's own messages are done (its sends left, the messages
+thread (one per exchange that has any) then forwards each piece the moment it has arrived, in the
+program's order (planner/program.py ``step_order``: phases dispatch, transfer, combine, reversed
+for ``reverse``; a routed piece cut into chunks runs as a pipeline, so a proxy forwards chunk i
+while chunk i+1 is still being dispatched to it). wait() returns once this rank's own messages are done (its sends left, the messages
 ending here assembled): a pure proxy does not wait for the pieces it relays. On CUDA the relay
 runs on a side stream; wait() joins it only when a relayed piece ends on this rank, and then
 orders the caller's stream after the relay's copies.
@@ -20,12 +21,12 @@ orders the caller's stream after the relay's copies.
 Posting order (NCCL pairs a peer pair's sends and receives in posting order and ignores tags;
 distributed/nccl_matching.py checks it on gloo): each rank posts its sends on the group in the
 program's order, whatever the relay threads' timing. Per exchange: the sends of the messages it
-originates (phase order, then schedule order), then its relayed pieces (phase order, then schedule
-order); exchange after exchange as the caller starts them. So while an earlier exchange of the
+originates, then its relayed pieces, each in ``step_order``'s order (chunk waves, phases, then
+schedule order); exchange after exchange as the caller starts them. So while an earlier exchange of the
 calling thread is still relaying (ExchangeTags ``tail``), a new exchange posts its sends from its
 own thread once that one has posted all of its own; its receives are posted at once. A receiver
-posts its receives from one peer in the same order: the peer's first hops, then its relays (phase,
-then schedule order). A proxy's next exchange may therefore leave after its previous relays (the
+posts its receives from one peer in the same order: the peer's first hops, then its relays (each in
+``step_order``'s order). A proxy's next exchange may therefore leave after its previous relays (the
 prediction times relays within an exchange in this order, not this wait across exchanges).
 
 Tags (distributed/tags.py): an exchange takes its tag slot from the ``ExchangeTags`` of its group,
@@ -56,7 +57,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from megatron_zeppelin.planner.program import exchange_phases
+from megatron_zeppelin.planner.program import step_order
 from megatron_zeppelin.planner.types import CommOp
 from megatron_zeppelin.distributed.counters import CommCounters
 from megatron_zeppelin.distributed.p2p import CommError, P2PExchange, group_timeout_s
@@ -97,10 +98,13 @@ class StepExchange:
         self.tags = tags
         self._slot = (tag, tags.take(tag))
         self._tag = (tag * SLOTS + self._slot[1]) << OP_BITS
-        order = {st: j for j, st in enumerate(exchange_phases(reverse=reverse))}
+        # the program's order of the whole exchange (planner/program.py step_order: phases; a routed
+        # piece's chunks as a pipeline), the same on every rank
+        order, _ = step_order([(o.stage, o.src, o.dst, (o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop,
+                                o.src != o.msg_src) for o in ops], reverse=reverse)
+        pos = {i: p for p, i in enumerate(order)}
         # this rank's ops as (index, op) (the index is the op's tag: the same on both sides)
-        mine = sorted(((i, o) for i, o in enumerate(ops) if rank in (o.src, o.dst)),
-                      key=lambda x: (order[x[1].stage], x[0]))
+        mine = sorted(((i, o) for i, o in enumerate(ops) if rank in (o.src, o.dst)), key=lambda x: pos[x[0]])
         # receives from one peer in the order it posts its sends: its first hops, then its relays
         self._recvs = sorted(((i, o) for i, o in mine if o.dst == rank and o.src != rank),
                              key=lambda x: x[1].src != x[1].msg_src)

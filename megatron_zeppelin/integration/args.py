@@ -78,6 +78,9 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "planned by `zeppelin plan` / `simulate` / `bench`; training runs data_order.")
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
+    g.add_argument("--zeppelin-relay-chunk-bytes", type=int, default=None,
+                   help="Largest chunk (bytes) of a routed piece: relays forward chunk by chunk, overlapping "
+                        "dispatch, transfer and combine (0 = unpipelined; default: the profile's, 2 MiB on GPUs).")
     g.add_argument("--zeppelin-plan-ahead", dest="zeppelin_plan_ahead", action="store_true", default=True,
                    help="Megatron-LM entry: plan each global micro-batch on a worker (--zeppelin-plan-ahead-worker) "
                         "while the one before it trains (default; the same plans, off the step's critical path). "
@@ -153,6 +156,7 @@ def config_from_args(args) -> ZeppelinConfig:
         cp_a2a_size=int(_get(args, "zeppelin_cp_a2a_size", 0)),
         balance_memory=bool(_get(args, "zeppelin_balance_memory", False)),
         min_route_bytes=int(_get(args, "zeppelin_min_route_bytes", 0)),
+        relay_chunk_bytes=_get(args, "zeppelin_relay_chunk_bytes", None),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
         plan_ahead=bool(_get(args, "zeppelin_plan_ahead", True)),
         accumulation=_get(args, "zeppelin_accumulation", "data_order"),

@@ -248,6 +248,72 @@ def exchange_phases(stages: Sequence[str] = STAGES, reverse: bool = False) -> Tu
     return tuple(s for s in order if s in stages)
 
 
+# --- the routed step: pieces cut into chunks, relayed as a pipeline ------------------------------
+def chunk_cuts(start: int, stop: int, per_row: int, chunk_bytes: int) -> List[Tuple[int, int]]:
+    """Rows [start, stop) of a routed piece cut into chunks of at most ``chunk_bytes`` (``per_row``
+    bytes a row; at least one row a chunk), as even as rows allow (the first ones a row longer), so
+    every stage of the piece cuts it the same way; ``chunk_bytes`` 0: one chunk (unpipelined).
+
+    >>> chunk_cuts(0, 10, 8, 24), chunk_cuts(5, 7, 8, 0), chunk_cuts(0, 3, 8, 1), chunk_cuts(0, 37, 128, 1000)
+    ([(0, 3), (3, 6), (6, 8), (8, 10)], [(5, 7)], [(0, 1), (1, 2), (2, 3)], [(0, 7), (7, 13), (13, 19), (19, 25), (25, 31), (31, 37)])
+    """
+    rows = stop - start
+    if chunk_bytes <= 0 or rows * per_row <= chunk_bytes or rows <= 1:
+        return [(start, stop)]
+    n = -(-rows // max(1, chunk_bytes // max(1, per_row)))  # chunks of at most that many whole rows
+    base, extra = divmod(rows, n)
+    out, a = [], start
+    for i in range(n):
+        b = a + base + (i < extra)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def step_order(hops: Sequence[Tuple], reverse: bool = False) -> Tuple[List[int], List[int]]:
+    """The order in which one exchange's hops run, and each hop's chunk index: the one order the
+    executor posts them in (distributed/executor.py), the prediction times them in
+    (planner/cost/predict.py ``_exchange``) and the simulator adds their flows in (sim/executor.py).
+
+    ``hops``: (stage, src, dst, message, start, stop, relayed) each; ``message`` tells messages apart
+    (it includes the message's source and destination), ``relayed``: ``src`` is not the message's
+    source (a proxy forwards rows that arrived). The chunks of one piece on one hop (same message,
+    stage, src, dst) are numbered by rows. A hop's *wave*: a first hop's is its chunk + its phase's
+    index (exchange_phases); a relayed hop's is that too, but at least one more than the hop that
+    brought its rows. Hops run by wave, then phase, then as given: chunk i+1's dispatch goes with
+    chunk i's transfer and chunk i-1's combine (a pipeline), and every relay forwards only what an
+    earlier wave brought, so relays never wait on one another in a cycle. Unchunked (every chunk 0)
+    this is phase order, then as given. Returns (indices in that order, chunk index per hop).
+
+    Worked example: one piece of 2 chunks, dispatched 0 -> 1, sent 1 -> 3.
+
+    >>> hops = [("dispatch", 0, 1, "m", 0, 5, False), ("dispatch", 0, 1, "m", 5, 9, False),
+    ...         ("transfer", 1, 3, "m", 0, 5, True), ("transfer", 1, 3, "m", 5, 9, True)]
+    >>> step_order(hops)   # waves: dispatch c0 | dispatch c1, transfer c0 | transfer c1
+    ([0, 1, 2, 3], [0, 1, 0, 1])
+    """
+    phase = {st: j for j, st in enumerate(exchange_phases(reverse=reverse))}
+    chunk = [0] * len(hops)
+    groups: Dict[Tuple, List[int]] = {}
+    for i, h in enumerate(hops):
+        groups.setdefault((h[3], h[0], h[1], h[2]), []).append(i)
+    for idx in groups.values():
+        if len(idx) > 1:
+            for c, i in enumerate(sorted(idx, key=lambda i: (hops[i][4], i))):
+                chunk[i] = c
+    wave = [0] * len(hops)
+    held: Dict[Tuple, List[Tuple[int, int, int]]] = {}  # (message, rank) -> (start, stop, wave) arrived there
+    for i in sorted(range(len(hops)), key=lambda i: (phase[hops[i][0]], i)):
+        st, src, dst, msg, a, b, relayed = hops[i]
+        w = chunk[i] + phase[st]
+        if relayed:
+            w = max([w] + [x + 1 for a0, b0, x in held.get((msg, src), ()) if a0 <= a and b <= b0])
+        wave[i] = w
+        held.setdefault((msg, dst), []).append((a, b, w))
+    order = sorted(range(len(hops)), key=lambda i: (wave[i], phase[hops[i][0]], i))
+    return order, chunk
+
+
 
 @dataclass(frozen=True)
 class Compute:

@@ -4,11 +4,14 @@ As distributed/executor.py (and planner/cost/predict.py ``_exchange``): every ra
 (whatever must be done first: the previous step, the compute that frees the receive buffer, the
 kernel that produced the data), its receives and the sends of the messages it originates, all stages
 at once. A proxy's relay forwards each routed piece as soon as it has arrived, one after the other
-in stage order, independent of the proxy's compute. So:
+in the program's order (planner/program.py ``step_order``: stage order; the chunks of a routed piece
+as a pipeline, chunk i+1's dispatch with chunk i's transfer), independent of the proxy's compute. So:
 1. a flow leaving its message's source waits for the sender's and the receiver's post;
 2. a relayed flow waits for the flow(s) that brought its rows to the proxy, the proxy's previous
    relayed forward (the relay posts them in order) and the receiver's post;
-3. a rank's part of the step (its wait()) is its gate plus only the flows it sends as message
+3. the chunks of one piece on one hop flow one after the other (each its own flow; the links'
+   fair sharing overlaps the chunks of different stages);
+4. a rank's part of the step (its wait()) is its gate plus only the flows it sends as message
    source or receives as message destination: a pure proxy waits for nothing.
 
 ``Hop`` is one op as the simulator moves it (bytes already scaled: x2 in a ring backward, where K/V
@@ -50,7 +53,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from megatron_zeppelin.planner.program import exchange_phases
+from megatron_zeppelin.planner.program import step_order
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.sim.events import TaskGraph
 from megatron_zeppelin.sim.network import LinkTable
@@ -101,29 +104,36 @@ def run_step(g: TaskGraph, links: LinkTable, topo: Topology, hops: Sequence[Hop]
     arrived: Dict[Tuple, List[Tuple[int, int, int]]] = defaultdict(list)  # (message, rank) -> (start, stop, flow)
     relay: Dict[int, int] = {}  # proxy -> its relay's last forward (posted in order)
     copies = links.copy_Bps is not None  # a shared CPU host's transport copies every message (sim/host.py)
-    for stage in exchange_phases():  # a relayed piece arrives in an earlier phase than it leaves
-        for h in hops:
-            if h.stage != stage:
-                continue
-            deps = [post[h.src], post[h.dst]]
-            if h.src != h.origin:  # relayed: when its rows are here, after the previous forward
-                came = [t for a, b, t in arrived[(h.key, h.src)] if a <= h.start and h.stop <= b]
-                if not came:  # the runtime fails the same way (distributed/executor.py _rows_of)
-                    raise ValueError(f"{h.stage} {h.src}->{h.dst} forwards rows [{h.start}, {h.stop}) of "
-                                     f"message {h.origin}->{h.target} {h.msg} that never reached rank {h.src}")
-                relay[h.src] = g.join([relay.get(h.src, post[h.src]), *came])
-                deps = [relay[h.src], post[h.dst]]
-            t = g.flow(h.nbytes, links.of(h.link, h.src, h.dst, h.nic), latency[h.link],
-                       deps=deps, tag=(h.src, h.cat, f"{h.stage} {h.src}->{h.dst}"))
-            if copies and h.nbytes > 0:  # both ends copy the bytes, competing with compute
-                cpu = links.copy_s(h.nbytes)
-                ends = [g.work(cpu, links.io(r), deps=deps, tag=(r, "copy", f"copy {h.src}->{h.dst}"))
-                        for r in (h.src, h.dst)]
-                t = g.join([t, *ends])
-            if h.dst != h.target:
-                arrived[(h.key, h.dst)].append((h.start, h.stop, t))
-            if h.src == h.origin:
-                own[h.src].append(t)
-            if h.dst == h.target:
-                own[h.dst].append(t)
+    # a one-hop message (msg_src -1: a remap's, a collective's) is its own: never a chunk of another
+    order, chunk = step_order([(h.stage, h.src, h.dst, h.key if h.msg_src >= 0 else ("hop", i), h.start, h.stop,
+                                h.src != h.origin) for i, h in enumerate(hops)])
+    chained = {(h.key, h.stage, h.src, h.dst) for h, c in zip(hops, chunk) if c > 0}
+    last: Dict[Tuple, int] = {}  # a chunked piece's hop: the flow of its previous chunk
+    for i in order:  # the program's order: phases, chunks of a routed piece as a pipeline
+        h = hops[i]
+        deps = [post[h.src], post[h.dst]]
+        if h.src != h.origin:  # relayed: when its rows are here, after the previous forward
+            came = [t for a, b, t in arrived[(h.key, h.src)] if a <= h.start and h.stop <= b]
+            if not came:  # the runtime fails the same way (distributed/executor.py _rows_of)
+                raise ValueError(f"{h.stage} {h.src}->{h.dst} forwards rows [{h.start}, {h.stop}) of "
+                                 f"message {h.origin}->{h.target} {h.msg} that never reached rank {h.src}")
+            relay[h.src] = g.join([relay.get(h.src, post[h.src]), *came])
+            deps = [relay[h.src], post[h.dst]]
+        chain = (h.key, h.stage, h.src, h.dst)
+        if chain in chained and chain in last:  # a piece's chunks pass one hop one after the other
+            deps.append(last[chain])
+        t = g.flow(h.nbytes, links.of(h.link, h.src, h.dst, h.nic), latency[h.link],
+                   deps=deps, tag=(h.src, h.cat, f"{h.stage} {h.src}->{h.dst}"))
+        if copies and h.nbytes > 0:  # both ends copy the bytes, competing with compute
+            cpu = links.copy_s(h.nbytes)
+            ends = [g.work(cpu, links.io(r), deps=deps, tag=(r, "copy", f"copy {h.src}->{h.dst}"))
+                    for r in (h.src, h.dst)]
+            t = g.join([t, *ends])
+        last[chain] = t
+        if h.dst != h.target:
+            arrived[(h.key, h.dst)].append((h.start, h.stop, t))
+        if h.src == h.origin:
+            own[h.src].append(t)
+        if h.dst == h.target:
+            own[h.dst].append(t)
     return {r: g.join(own[r]) for r in ranks}

@@ -53,6 +53,8 @@ class ZeppelinConfig:
     # a p: the a), 0 = every split that divides gpus_per_node and the heads
     cp_a2a_size: int = 0
     min_route_bytes: int = 0  # --zeppelin-min-route-bytes: 0 = derived from the profile
+    # --zeppelin-relay-chunk-bytes: largest chunk of a routed piece; None = the profile's, 0 = unpipelined
+    relay_chunk_bytes: Optional[int] = None
     debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
     plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
     tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
@@ -88,6 +90,9 @@ class ZeppelinConfig:
             object.__setattr__(self, "cp_comm", Comm(self.cp_comm))
         if self.min_route_bytes < 0:
             raise ConfigError(f"--zeppelin-min-route-bytes must be >= 0, got {self.min_route_bytes}")
+        if self.relay_chunk_bytes is not None and self.relay_chunk_bytes < 0:
+            raise ConfigError(f"--zeppelin-relay-chunk-bytes must be >= 0 (0: unpipelined relays), "
+                              f"got {self.relay_chunk_bytes}")
         if self.tp < 1:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
         if self.sequence_parallel and self.tp == 1:

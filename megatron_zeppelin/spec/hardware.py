@@ -50,6 +50,7 @@ class NetworkLevel:
 # What only ranks sharing one host CPU have (spec/host.py HostModel, the CPU validation's): a
 # profile YAML keeps them in its own host: section, never here.
 HOST_KEYS = ("host_cores", "host_copy_GBps", "host_post_us", "host_wait_us", "host_land_GBps", "host_pack_GBps")
+RELAY_CHUNK_BYTES = 2 << 20  # the GPU presets' relay chunk (HardwareProfile.relay_chunk_bytes)
 SPLIT_KEYS = ("split_fwd_us", "split_bwd_us", "split_row_fwd_us", "split_row_bwd_us")  # were YAML attention.*
 
 
@@ -91,6 +92,12 @@ class HardwareProfile:
     # level (innermost first) joins groups of its ``nodes``, a multiple of the level below's.
     nic_nodes: int = 0
     levels: Tuple[NetworkLevel, ...] = ()
+    # Largest chunk of a routed piece (YAML ``relay_chunk_bytes``; 0: unpipelined): the relays forward
+    # chunk by chunk, so chunk i+1's dispatch overlaps chunk i's transfer and chunk i-1's combine
+    # (planner/program.py ``step_order``). Each chunk pays its links' latency, so smaller is not
+    # better: 2 MiB gives the least predicted routed time of a 64K-document ring message on a800 and
+    # h200 among 256 KiB..8 MiB (docs/routing.md, results/relay/).
+    relay_chunk_bytes: int = RELAY_CHUNK_BYTES
 
     def __post_init__(self):
         for f in ("attn_seqlen", "attn_fwd_tflops", "attn_bwd_tflops", "gpu_to_nic", "assumed",
@@ -115,6 +122,8 @@ class HardwareProfile:
                                    "throughput per attention.seqlen")
         if self.nvlink_latency_us < 0 or self.nic_latency_us < 0:
             raise ProfileError(f"profile {self.name}: latencies must be >= 0")
+        if self.relay_chunk_bytes < 0:
+            raise ProfileError(f"profile {self.name}: relay_chunk_bytes must be >= 0 (0: unpipelined relays)")
 
     def _check_levels(self) -> None:
         names, below = {Link.NVLINK, Link.NIC}, self.nic_nodes
@@ -171,6 +180,8 @@ class HardwareProfile:
             out["nic"]["nodes"] = self.nic_nodes
         if self.levels:
             out["levels"] = [asdict(lv) for lv in self.levels]
+        if self.relay_chunk_bytes != RELAY_CHUNK_BYTES:
+            out["relay_chunk_bytes"] = self.relay_chunk_bytes
         out["assumed"] = list(self.assumed)
         if self.attn_call_fwd_us or self.attn_call_bwd_us:
             out["attention"].update(call_fwd_us=self.attn_call_fwd_us, call_bwd_us=self.attn_call_bwd_us)
@@ -211,6 +222,7 @@ class HardwareProfile:
                 attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
                 attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())),
                 nic_nodes=int(nic.get("nodes", 0)),
+                relay_chunk_bytes=int(d.get("relay_chunk_bytes", RELAY_CHUNK_BYTES)),
                 levels=tuple(NetworkLevel(str(lv["name"]), float(lv["GBps"]), float(lv["latency_us"]),
                                           int(lv.get("nodes", 0))) for lv in d.get("levels", ())))
         except ProfileError:

@@ -164,6 +164,32 @@ def test_engine_pipelined_backward_mixed_rings_routed(semantics):
     _check_results(run_distributed(_run_cases, 6, cases, timeout=240, env={ENV: semantics}), cases)
 
 
+def chunked(plan, rows: int):
+    """``plan`` with every routed piece cut into chunks of at most ``rows`` rows (program.py
+    ``chunk_cuts``, as route_schedule cuts them with --zeppelin-relay-chunk-bytes)."""
+    from dataclasses import replace
+    from megatron_zeppelin.planner.program import chunk_cuts
+    ops = []
+    for o in plan.schedule:
+        per = o.nbytes // max(1, o.stop - o.start)
+        cuts = [(o.start, o.stop)] if o.stage == "direct" else chunk_cuts(o.start, o.stop, per, rows * per)
+        ops += [replace(o, start=a, stop=b, nbytes=(b - a) * per) for a, b in cuts]
+    return replace(plan, schedule=tuple(ops))
+
+
+@pytest.mark.parametrize("semantics", ["nccl", pytest.param("tags", marks=pytest.mark.slow)])
+def test_engine_routed_chunked_relays(semantics):
+    """The pipelined-backward placement with every routed piece cut into uneven chunks of <= 3 rows
+    (relays forward chunk by chunk, step_order's waves): outputs and gradients equal per-document
+    attention, under NCCL's matching rules and gloo's tags."""
+    cases = pipelined_cases()[:1] + pipelined_cases()[2:]
+    cases = [(name + "_chunked", chunked(p, 3), dt, kv) for name, p, dt, kv in cases]
+    for _, p, _, _ in cases:
+        sizes = [o.stop - o.start for o in p.schedule if o.stage == "transfer"]
+        assert max(sizes) == 3 and min(sizes) < 3  # several chunks a piece, uneven
+    _check_results(run_distributed(_run_cases, 6, cases, timeout=240, env={ENV: semantics}), cases)
+
+
 # --- a2a (Ulysses) rings: head groups over the ring, whole documents per group --------------------
 def a2a_cases(world: int):
     """(name, plan, heads, kv_heads): a2a rings with local documents; MHA and GQA (the K/V heads

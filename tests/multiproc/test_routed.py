@@ -30,21 +30,33 @@ from megatron_zeppelin.planner.types import CommOp
 from megatron_zeppelin.spec.topology import Topology
 
 
-def plans(topo: Topology):
+CHUNK = 1000  # bytes: 7.8 rows of the toy model's 128-byte K/V, so pieces cut into several uneven chunks
+
+
+def plans(topo: Topology, chunk=None):
     """(direct, routed) plans of one batch with inter rings over all ranks and over ranks of
-    different nodes, an intra ring and local documents; every NIC message of >= 2 rows is routed."""
+    different nodes, an intra ring and local documents; every NIC message of >= 2 rows is routed,
+    its pieces cut into chunks of <= ``chunk`` bytes (None: the toy profile's 2 MiB, no cut)."""
     g, w = topo.gpus_per_node, topo.world_size
     cross = (g - 1, g, w - 1) if topo.nodes > 2 else (g - 1, g)  # ring hops that all leave a node
     where = [tuple(range(w)), cross, (0, 1) if g > 1 else 0, 1 % w, w - 1, tuple(range(0, w, g))]
     lengths = [301, 97, 40, 5, 17, 64]
     direct = hand_plan(lengths, topo, where)
-    cfg = ZeppelinConfig(gpus_per_node=g, min_route_bytes=1)
+    cfg = ZeppelinConfig(gpus_per_node=g, min_route_bytes=1, relay_chunk_bytes=chunk)
     ctx = toy_context(topo.nodes, g, topo.nics_per_node, config=cfg)
     routed = assemble(direct.strategy, lengths, ctx, Placement(
         docs=list(direct.docs), rings=list(direct.rings), thresholds=direct.thresholds, routing=True))
     check_plan(direct)
     check_plan(routed)
     assert any(o.stage == "transfer" for o in routed.schedule)
+    if chunk:  # pieces in several uneven chunks (one NIC carries several transfers of one message)
+        per = defaultdict(list)
+        for o in routed.schedule:
+            if o.stage == "transfer":
+                per[(o.queue, o.step, o.ring, o.block, o.msg_src, o.nic)].append(o.stop - o.start)
+        assert max(map(len, per.values())) >= 2
+        assert any(len(set(v)) > 1 for v in per.values())
+        assert all(o.nbytes <= chunk for o in routed.schedule if o.stage != "direct")
     return direct, routed
 
 
@@ -82,8 +94,8 @@ def engine_run(plan, rank, group, tags=None):
     return [out.detach(), lq.grad, lk.grad, lv.grad], dict(c.bytes_by_nic)
 
 
-def _body(rank, world, topo):
-    direct, routed = plans(topo)
+def _body(rank, world, topo, chunk=None):
+    direct, routed = plans(topo, chunk)
     width = direct.kv_bytes_per_token // 8  # float64 rows of exactly kv_bytes_per_token bytes
     group, tags = dist.group.WORLD, ExchangeTags()  # one tag sequence for every exchange on the group
     res = {}
@@ -96,8 +108,8 @@ def _body(rank, world, topo):
     return res  # numpy, not tensors: torch's queue would share tensor memory with a rank that exits
 
 
-def check_topology(topo: Topology, results):
-    direct, routed = plans(topo)
+def check_topology(topo: Topology, results, chunk=None):
+    direct, routed = plans(topo, chunk)
     width = direct.kv_bytes_per_token // 8
     for name, plan in (("direct", direct), ("routed", routed)):
         got = {}
@@ -156,12 +168,23 @@ def test_routed_equals_direct_2x2(semantics):
     check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=240, env=env(semantics)))
 
 
+@pytest.mark.parametrize("semantics", NCCL_FIRST)
+def test_chunked_relays_equal_direct_2x2(semantics):
+    """Pipelined relays (pieces cut into uneven chunks of <= CHUNK bytes): the same data, bytes and
+    engine results as direct, under NCCL's matching rules (default) and gloo's tags (slow)."""
+    topo = TOPOLOGIES[0]
+    check_topology(topo, run_distributed(_body, topo.world_size, topo, CHUNK, timeout=240, env=env(semantics)),
+                   CHUNK)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("chunk", [None, CHUNK], ids=["whole", "chunked"])
 @pytest.mark.parametrize("semantics", BOTH)
 @pytest.mark.parametrize("topo", [TOPOLOGIES[1], TOPOLOGIES[2], Topology(2, 4)],
                          ids=["2x4_2nics_cluster_a_wiring", "4x2", "2x4"])
-def test_routed_equals_direct(topo, semantics):
-    check_topology(topo, run_distributed(_body, topo.world_size, topo, timeout=300, env=env(semantics)))
+def test_routed_equals_direct(topo, semantics, chunk):
+    check_topology(topo, run_distributed(_body, topo.world_size, topo, chunk, timeout=300, env=env(semantics)),
+                   chunk)
 
 
 # --- relays progress without the proxies' compute (issue 4) -------------------------------------
@@ -208,13 +231,13 @@ def test_proxies_relay_while_computing(semantics):
     assert torch.equal(torch.from_numpy(res[dst][1]), message_data("blocked", rows, 2))
 
 
-def _concurrent_body(rank, world, topo, rounds):
+def _concurrent_body(rank, world, topo, rounds, chunk=None):
     """Every (queue, step) exchange of the routed plan in flight at once (distinct tags), waited in
     reverse order, and the same again from two threads at once (disjoint tag ranges); repeated.
     Under NCCL's rules not from two threads: two threads posting on one communicator have no
     posting order for NCCL to pair (the engine posts from one thread)."""
     import threading
-    _, routed = plans(topo)
+    _, routed = plans(topo, chunk)
     width = routed.kv_bytes_per_token // 8
     steps = sorted({(o.queue, o.step) for o in routed.schedule})
     counters, tags = CommCounters(), ExchangeTags()  # shared by the threads: it is thread-safe
@@ -257,8 +280,8 @@ def _concurrent_body(rank, world, topo, rounds):
     return {k: t.numpy() for k, t in first.items()}, counters.as_dict()["bytes_by_link"], len(results)
 
 
-def _check_concurrent(topo, res, rounds, threads=2):
-    _, routed = plans(topo)
+def _check_concurrent(topo, res, rounds, threads=2, chunk=None):
+    _, routed = plans(topo, chunk)
     width = routed.kv_bytes_per_token // 8
     want = defaultdict(int)
     for o in routed.schedule:
@@ -284,6 +307,15 @@ def test_concurrent_routed_exchanges_world4(semantics):
     topo = Topology(2, 2)
     res = run_distributed(_concurrent_body, topo.world_size, topo, 3, timeout=180, env=env(semantics))
     _check_concurrent(topo, res, 3, threads=2 if semantics == "tags" else 0)
+
+
+@pytest.mark.parametrize("semantics", NCCL_FIRST)
+def test_concurrent_chunked_exchanges_world4(semantics):
+    """Every exchange of the chunked routed plan in flight at once (a proxy's relays of one exchange
+    still running when the next posts): each chunk meets its receive under NCCL's rules."""
+    topo = Topology(2, 2)
+    res = run_distributed(_concurrent_body, topo.world_size, topo, 2, CHUNK, timeout=180, env=env(semantics))
+    _check_concurrent(topo, res, 2, threads=2 if semantics == "tags" else 0, chunk=CHUNK)
 
 
 @pytest.mark.slow

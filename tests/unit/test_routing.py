@@ -210,3 +210,43 @@ def test_ring_ops_then_route_on_cluster_a_two_gpus_per_nic():
     # 2 messages cross nodes per step (7 -> 8 and 15 -> 0), each over all 4 NICs of its node
     assert sorted(o.nic for o in step0) == [0, 1, 2, 3, 4, 5, 6, 7]
     assert {o.dst for o in step0 if o.msg_dst == 8 and o.nic == 0} == {8}  # rank 8 is on NIC 0: no combine
+
+
+def test_chunked_program_order_and_sizes():
+    """Pieces cut into chunks (uneven): every stage of a piece tiles its rows with the same cuts, the
+    bytes sum to the message's, no chunk exceeds the chunk size, and step_order runs each relayed
+    chunk after the chunk that brought its rows, chunk i+1's dispatch no later than chunk i's transfer."""
+    from megatron_zeppelin.planner.program import step_order
+    ctx = toy_context(nodes=2, gpus=4, nics=4)
+    c, topo = ctx.cost, ctx.topology
+    op = direct(topo, 3, 4, 400_000)  # 3.2 MB: pieces of 100000 rows, in chunks of 33334, 33333, 33333
+    chunk = 34_000 * KVB
+    ops = route_schedule([op], topo, c, ZeppelinConfig(min_route_bytes=16, relay_chunk_bytes=chunk))
+    assert sum(o.nbytes for o in ops if o.stage == "transfer") == op.nbytes
+    assert all(o.nbytes <= chunk for o in ops)
+    by_nic = defaultdict(list)
+    for o in ops:
+        if o.stage == "transfer":
+            by_nic[o.nic].append((o.start, o.stop))
+    assert min(map(len, by_nic.values())) >= 2 and len({b - a for v in by_nic.values() for a, b in v}) > 1
+    for st in ("dispatch", "combine"):  # the same cuts as the transfers of the piece
+        for o in ops:
+            if o.stage == st:
+                assert any((o.start, o.stop) in v for v in by_nic.values())
+    items = [(o.stage, o.src, o.dst, (o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop, o.src != o.msg_src)
+             for o in ops]
+    order, chunks = step_order(items)
+    pos = {i: p for p, i in enumerate(order)}
+    for i, o in enumerate(ops):
+        if o.src != o.msg_src:  # relayed: after the hop that brought its rows
+            src = [j for j, x in enumerate(ops) if x.dst == o.src and x.start == o.start and x.stage != o.stage]
+            assert src and all(pos[j] < pos[i] for j in src)
+    disp = sorted((o.start, pos[i]) for i, o in enumerate(ops) if o.stage == "dispatch" and o.dst == 0)
+    tran = sorted((o.start, pos[i]) for i, o in enumerate(ops) if o.stage == "transfer" and o.src == 0)
+    assert all(d[1] < t[1] for d, t in zip(disp[1:], tran[1:])) and disp[1][1] < tran[1][1]
+    # predicted: pipelined below the stages' sum, above the slowest stage alone
+    whole = route_schedule([op], topo, c, ZeppelinConfig(min_route_bytes=16, relay_chunk_bytes=0))
+    t_whole = step_message_times(whole, c)[(0, 0, 3, 4)]
+    t_pipe = step_message_times(ops, c)[(0, 0, 3, 4)]
+    slowest = max(c.transfer_s(o.nbytes, o.link) for o in whole)
+    assert slowest < t_pipe < t_whole

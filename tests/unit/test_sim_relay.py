@@ -47,10 +47,12 @@ def test_relay_not_held_by_the_proxys_own_sends():
 
 def test_relay_waits_for_its_rows_and_posts_in_order():
     """Each relayed transfer leaves when its own rows are at the proxy, and the relay posts its
-    forwards in order: piece B (rows 5-9, arrives first) leaves after piece A (rows 0-4). A piece
-    sent by the source on its own NIC does not wait for any dispatch."""
+    forwards in order: piece B (rows 5-9 of another message between the same ends, arrives first)
+    leaves after piece A (rows 0-4). A piece sent by the source on its own NIC does not wait for any
+    dispatch. (Two ops of one message on one hop would be one piece's chunks, which pass the hop one
+    after the other: test_chunks_pipeline_the_stages.)"""
     g, links = TaskGraph(), LinkTable(TOPO, NV, NIC)
-    a, b = (0, 3, 0, 5, (0, 0)), (0, 3, 5, 10, (0, 0))
+    a, b = (0, 3, 0, 5, (0, 0)), (0, 3, 5, 10, (0, 1))
     hops = [Hop("dispatch", 0, 1, 4 * N, "nvlink", -1, "x", *a),
             Hop("dispatch", 0, 1, N / 10, "nvlink", -1, "x", *b),
             Hop("transfer", 1, 3, N, "nic", TOPO.nic_of(1), "x", *a),
@@ -67,6 +69,27 @@ def test_relay_waits_for_its_rows_and_posts_in_order():
     own = flows["transfer 0->2"][0]
     assert res.start[own] == pytest.approx(0.0)
     assert res.start[flows["combine 2->3"][0]] == pytest.approx(N / NIC)
+
+
+def test_chunks_pipeline_the_stages():
+    """A piece cut into 4 chunks (rows 0-10: 3, 3, 2, 2): each chunk passes a hop after the one before
+    it, and the proxy forwards chunk i while chunk i+1 is dispatched, so the message arrives after
+    one chunk's dispatch plus the whole transfer (the NIC is the slower stage), not after both whole."""
+    g, links = TaskGraph(), LinkTable(TOPO, NV, NIC)
+    cuts = [(0, 3), (3, 6), (6, 8), (8, 10)]
+    hops = [Hop(st, s, d, N * (b - a) / 10, link, nic, "ring_inter", 0, 3, a, b, (0, 0))
+            for st, s, d, link, nic in (("dispatch", 0, 1, "nvlink", -1), ("transfer", 1, 3, "nic", TOPO.nic_of(1)))
+            for a, b in cuts]
+    end = run_step(g, links, TOPO, hops, {}, LAT)
+    res = g.run(links.capacity)
+    flows = sorted((g.tag[i][2], res.start[i], res.end[i]) for i in range(len(g)) if g.tag[i])
+    dispatch = [(s, e) for name, s, e in flows if name.startswith("dispatch")]
+    transfer = [(s, e) for name, s, e in flows if name.startswith("transfer")]
+    for (_, e0), (s1, _) in zip(dispatch, dispatch[1:]):
+        assert s1 == pytest.approx(e0)  # one after the other on the hop
+    assert transfer[0][0] == pytest.approx(dispatch[0][1])  # chunk 0 leaves as chunk 1 is dispatched
+    assert res.end[end[3]] == pytest.approx(0.3 * N / NV + N / NIC)
+    assert res.end[end[3]] < N / NV + N / NIC  # the unpipelined time
 
 
 def test_direct_step_unchanged_and_reverse_keeps_the_message():

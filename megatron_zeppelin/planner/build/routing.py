@@ -45,6 +45,7 @@ from typing import Dict, List, Sequence, Tuple
 from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.planner.cost.predict import step_message_times
+from megatron_zeppelin.planner.program import chunk_cuts
 from megatron_zeppelin.planner.types import CommOp
 from megatron_zeppelin.spec.words import RING_QUEUES, STAGES, DocClass, Link, Routing, Stage
 
@@ -171,8 +172,23 @@ class _StepRouter:
         return min(gpus, key=lambda r: (self.nv_out[r], r))
 
 
+def relay_chunk_bytes(cost, config=None) -> int:
+    """Largest chunk of a routed piece (bytes; 0: pieces are not cut): ``config.relay_chunk_bytes``
+    when set (``--zeppelin-relay-chunk-bytes``), else the profile's ``relay_chunk_bytes``; 0 without either.
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> relay_chunk_bytes(toy_context().cost), relay_chunk_bytes(None, ZeppelinConfig(relay_chunk_bytes=0))
+    (2097152, 0)
+    """
+    if config is not None and getattr(config, "relay_chunk_bytes", None) is not None:
+        return int(config.relay_chunk_bytes)
+    return int(cost.profile.relay_chunk_bytes) if cost is not None else 0
+
+
 def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[CommOp]:
-    """Replace direct inter-node ('nic') ops by dispatch/transfer/combine chains (see module doc).
+    """Replace direct inter-node ('nic') ops by dispatch/transfer/combine chains (see module doc),
+    each piece cut into chunks of at most ``relay_chunk_bytes`` (program.py ``chunk_cuts``: every
+    stage of a piece the same rows, so chunk i+1's dispatch can run with chunk i's transfer).
 
     The result does not depend on the input order: steps come in queue order (inter, intra), then
     step; within a step ops are sorted by STAGES, then message (ring, block, msg_src, msg_dst), then rows. ``config.routing == 'off'`` returns ``ops`` unchanged.
@@ -180,6 +196,7 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
     if config is not None and getattr(config, "routing", "auto") == "off":
         return list(ops)
     threshold = route_threshold_bytes(cost, config)
+    chunk = relay_chunk_bytes(cost, config)
     groups: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
     for o in ops:
         groups[(o.queue, o.step)].append(o)
@@ -199,7 +216,13 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
                 router.add_direct(o)
                 routed.append(o)
         for o in sorted(big, key=lambda o: (-o.nbytes, o.ring, o.block, o.msg_src, o.msg_dst)):
-            routed.extend(router.route(o))
+            for x in router.route(o):  # each piece's hops cut the same way into chunks (a pipeline)
+                if x.stage == direct:
+                    routed.append(x)
+                    continue
+                per_row = x.nbytes // max(1, x.stop - x.start)
+                routed.extend(replace(x, start=a, stop=b, nbytes=(b - a) * per_row)
+                              for a, b in chunk_cuts(x.start, x.stop, per_row, chunk))
         routed.sort(key=lambda o: (STAGES.index(o.stage), o.ring, o.block, o.msg_src, o.msg_dst, o.start))
         out.extend(routed)
     return out
@@ -221,17 +244,20 @@ def nic_bytes(ops: Sequence[CommOp], topo: Topology, direction: str = "out") -> 
 
 
 def explain_step(cost, topo: Topology, nbytes: int, config=None) -> dict:
-    """Direct vs routed predicted time of one inter-node ring message of ``nbytes`` (one layer, forward).
+    """Direct vs routed predicted time of one inter-node ring message of ``nbytes`` (one layer, forward),
+    routed before pipelining (each piece whole: dispatch, then transfer, then combine) and after
+    (each piece cut into chunks of ``relay_chunk_bytes``, the stages overlapped).
 
     The message is the ring hop that leaves a node: last GPU of node 0 -> first GPU of node 1 (with
-    one node, a second like it is assumed), on otherwise idle NICs; times follow predict.py's stage
-    model (per stage: latency + busiest link's bytes / bandwidth; stages add up).
+    one node, a second like it is assumed), on otherwise idle NICs; times follow predict.py's model
+    (``step_message_times``: per chunk and stage, latency + busiest link's bytes / bandwidth; a relay
+    forwards what has arrived). ``stages_s``: each stage of the unpipelined route alone.
 
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> ctx = toy_context(nodes=2, gpus=4, nics=2)
-    >>> e = explain_step(ctx.cost, ctx.topology, 8 << 20)
-    >>> e["pieces"], e["nics_used"], e["routed_s"] < e["direct_s"]
-    (2, 2, True)
+    >>> e = explain_step(ctx.cost, ctx.topology, 32 << 20)   # two pieces of 16 MiB, chunks of 2 MiB
+    >>> e["pieces"], e["nics_used"], e["chunks"], e["routed_s"] < e["unpipelined_s"] < e["direct_s"]
+    (2, 2, 8, True)
     """
     if config is None:
         config = ZeppelinConfig()
@@ -242,24 +268,36 @@ def explain_step(cost, topo: Topology, nbytes: int, config=None) -> dict:
     rows = max(1, -(-int(nbytes) // kvb))
     src, dst = t2.gpus_per_node - 1, t2.gpus_per_node
     op = CommOp(DocClass.INTER, 0, 0, 0, src, dst, src, dst, 0, rows, rows * kvb, Link.NIC, t2.nic_of(src), Stage.DIRECT)
-    routed = route_schedule([op], t2, cost2, config)
+    chunk = relay_chunk_bytes(cost2, config)
+    whole = route_schedule([op], t2, cost2, replace(config, relay_chunk_bytes=0))
+    routed = route_schedule([op], t2, cost2, replace(config, relay_chunk_bytes=chunk))
     key = (0, 0, src, dst)
     direct_s = step_message_times([op], cost2)[key]
+    unpipelined_s = step_message_times(whole, cost2)[key]
     routed_s = step_message_times(routed, cost2)[key]
-    stages = {st: step_message_times([o for o in routed if o.stage == st], cost2).get(key, 0.0)
-              for st in STAGES if any(o.stage == st for o in routed)}
-    transfers = [o for o in routed if o.link == Link.NIC]
+    stages = {}
+    for st in STAGES:  # each stage alone: its hops as one-hop messages, the slowest
+        hops = [replace(o, msg_src=o.src, msg_dst=o.dst) for o in whole if o.stage == st]
+        if hops:
+            stages[st] = max(step_message_times(hops, cost2).values())
+    transfers = [o for o in whole if o.link == Link.NIC]
     pieces = [{"nic": o.nic, "proxy": o.src, "landing": o.dst, "rows": o.stop - o.start, "bytes": o.nbytes}
               for o in transfers]
+    per_piece = max(sum(1 for o in routed if o.link == Link.NIC and o.nic == t.nic) for t in transfers)
     threshold = route_threshold_bytes(cost2, config)
     p = cost.profile
     text = (f"{p.name}: {t2.gpus_per_node} GPUs and {t2.nics_per_node} NICs per node; one ring message of "
             f"{rows * kvb / 1e6:.2f} MB ({rows} tokens x {kvb} B) from rank {src} to rank {dst}: "
             f"direct on NIC {op.nic} {direct_s * 1e3:.3f} ms; routed over {len(transfers)} NIC(s) "
-            f"{sorted({o.nic for o in transfers})} {routed_s * 1e3:.3f} ms ("
+            f"{sorted({o.nic for o in transfers})} {unpipelined_s * 1e3:.3f} ms unpipelined ("
             + ", ".join(f"{st} {t * 1e3:.3f} ms" for st, t in stages.items())
-            + f"), x{direct_s / routed_s:.2f}; messages under {threshold} B stay direct")
+            + f", one after the other), x{direct_s / unpipelined_s:.2f}; messages under {threshold} B stay direct"
+            + (f"\n  pipelined relays: pieces cut into {per_piece} chunk(s) of <= {chunk} B "
+               f"(--zeppelin-relay-chunk-bytes): routed {routed_s * 1e3:.3f} ms, x{direct_s / routed_s:.2f} "
+               f"vs direct, x{unpipelined_s / routed_s:.2f} vs unpipelined" if chunk else
+               "\n  pipelined relays off (--zeppelin-relay-chunk-bytes 0)"))
     return {"cluster": p.name, "nbytes": rows * kvb, "rows": rows, "src": src, "dst": dst,
-            "direct_s": direct_s, "routed_s": routed_s, "speedup": direct_s / routed_s,
+            "direct_s": direct_s, "routed_s": routed_s, "unpipelined_s": unpipelined_s,
+            "speedup": direct_s / routed_s, "chunk_bytes": chunk, "chunks": per_piece,
             "stages_s": stages, "pieces": len(transfers), "nics_used": len({o.nic for o in transfers}),
             "piece_detail": pieces, "threshold_bytes": threshold, "text": text}

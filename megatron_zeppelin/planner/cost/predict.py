@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron_zeppelin.spec.topology import link_ports
 from megatron_zeppelin.planner.cost.cost_model import LINEAR_PASSES, CostModel
 from megatron_zeppelin.planner.cost.moe_cost import moe_pass_s
-from megatron_zeppelin.planner.program import AttentionWork, Compute, Post, attention_program, exchange_phases, local_arrays
+from megatron_zeppelin.planner.program import AttentionWork, Compute, Post, attention_program, local_arrays, step_order
 from megatron_zeppelin.planner.build.remap import linear_tokens
 from megatron_zeppelin.planner.types import CommOp, DocPlan, Move, RankCost, Ring, Segment, ring_documents
 from megatron_zeppelin.spec.words import MIRROR, Link, Stage
@@ -38,19 +38,12 @@ def _link_keys(op: CommOp, cost: CostModel):
 
 
 def step_message_times(ops: Sequence[CommOp], cost: CostModel, scale: float = 1.0) -> Dict[Tuple, float]:
-    """Arrival time of every message of one step: {(ring, block, msg_src, msg_dst): seconds}."""
-    load: Dict[Tuple, float] = defaultdict(float)
-    for o in ops:
-        for k in _link_keys(o, cost):
-            load[(o.stage,) + k] += o.nbytes * scale
-    per_msg_stage: Dict[Tuple, Dict[str, float]] = defaultdict(dict)
-    for o in ops:
-        busiest = max(load[(o.stage,) + k] for k in _link_keys(o, cost))
-        t = cost.latency(o.link) + busiest / cost.bandwidth(o.link)
-        key = (o.ring, o.block, o.msg_src, o.msg_dst)
-        per_msg_stage[key][o.stage] = max(per_msg_stage[key].get(o.stage, 0.0), t)
-    order = exchange_phases()
-    return {k: sum(v.get(s, 0.0) for s in order) for k, v in per_msg_stage.items()}
+    """Arrival time of every message of one step, all ranks posting at 0, as ``_exchange`` times it
+    (routed pieces relayed chunk by chunk): {(ring, block, msg_src, msg_dst): seconds}."""
+    hops = [h[:3] + (h[3] * scale,) + h[4:] for h in _op_hops(ops, cost)]
+    arrive: Dict[Tuple, float] = {}
+    _exchange(hops, defaultdict(float), cost, arrive=arrive)
+    return arrive
 
 
 def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None):
@@ -70,18 +63,21 @@ def _op_hops(ops, cost, reverse=False):
             for o in ops]
 
 
-def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepared=None) -> Dict[int, float]:
+def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepared=None,
+              arrive=None) -> Dict[int, float]:
     """When each involved rank's wait() on one exchange returns, as distributed/executor.py runs it:
     every rank posts its receives and the sends of the messages it originates at its ``clock``; a
     proxy's relay forwards each piece as soon as it has arrived (in stage order, one after the
-    other), independent of the proxy's compute. An op starts when its sender has the rows and its
-    receiver has posted, and takes latency + the busiest link (NVLink port or NIC) of its stage /
-    bandwidth. A rank's wait() returns when its own ops are done (sends of messages it originates,
+    other, in program.py ``step_order``), independent of the proxy's compute. An op starts when its
+    sender has the rows, its receiver has posted and the previous chunk of its piece on the same
+    hop is through, and takes latency + the busiest link (NVLink port or NIC) of its stage and chunk
+    / bandwidth: chunk i+1's dispatch overlaps chunk i's transfer (a pipelined relay). A rank's wait() returns when its own ops are done (sends of messages it originates,
     pieces of messages ending at it): a proxy does not wait for the pieces it relays (they end by
     ``relay_end``, per rank, updated in place when given).
     ``busy_until``: per rank, when an earlier exchange on the same links ends.
     ``also``: hops of another exchange in flight meanwhile: they load the links, are not timed.
     ``prepared``: ``_prepared_exchange(hops, cost, also)`` when the caller runs the exchange again.
+    ``arrive``: filled with each message's arrival at its destination (by the hops' message keys).
 
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> cost = toy_context(nodes=2, gpus=2, nics=2).cost
@@ -100,7 +96,8 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
         own.setdefault(h[2], c[h[2]])
     arrived: Dict[Tuple, List[Tuple[int, int, float]]] = defaultdict(list)  # (message, rank) -> pieces
     relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
-    for src, dst, lat, sec, src_own, dst_own, piece in prep:
+    last: Dict[Tuple, float] = {}  # per chunked piece and hop: when its previous chunk got through
+    for src, dst, lat, sec, src_own, dst_own, piece, chain in prep:
         ready = c[src]
         if not src_own:  # a relayed piece: when it arrived here, after the relay's previous forward
             key, a, b = piece
@@ -110,9 +107,15 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
         t0 = max(ready, c[dst])
         if busy_until is not None:
             t0 = max(t0, busy_until.get(src, 0.0), busy_until.get(dst, 0.0))
+        if chain is not None:  # a piece's chunks go through one hop one after the other
+            t0 = max(t0, last.get(chain, t0))
         t = t0 if sec is None else t0 + lat + sec
+        if chain is not None:
+            last[chain] = t
         if piece is not None:
             arrived[(piece[0], dst)].append((piece[1], piece[2], t))
+            if arrive is not None and dst_own and t > arrive.get(piece[0], -1.0):
+                arrive[piece[0]] = t
         if src_own and t > own[src]:
             own[src] = t
         if dst_own and t > own[dst]:
@@ -123,28 +126,44 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
     return own
 
 
+def _step_items(hops) -> list:
+    """``hops`` as program.py ``step_order`` reads them; a hop without a message (a remap's) is its own."""
+    return [(h[0], h[1], h[2], h[7][0], h[7][1], h[7][2], not h[6][0]) if h[7] is not None
+            else (h[0], h[1], h[2], ("hop", i), 0, 0, False) for i, h in enumerate(hops)]
+
+
 def _prepared_exchange(hops, cost, also=()) -> list:
     """What of an exchange does not depend on the clocks, computed once per hop list (a layer runs
-    the same exchanges every time): the hops in stage order as (src, dst, latency, seconds of the
-    busiest link's bytes or None for a copy to itself, src owns, dst owns, piece)."""
+    the same exchanges every time): the hops in the program's order (program.py ``step_order``:
+    phase order, chunks of routed pieces as a pipeline) as (src, dst, latency, seconds of the
+    busiest link's bytes or None for a copy to itself, src owns, dst owns, piece, chain: the
+    (message, stage, src, dst) a chunked piece's chunks pass one after the other, else None). A
+    link's load is per stage and chunk index: the hops that run together."""
     load: Dict[Tuple, float] = defaultdict(float)
+    order = chunk = None
     for group in (hops, also):
-        for h in group:
+        if not group:
+            continue
+        o, ch = step_order(_step_items(group))
+        if group is hops:
+            order, chunk = o, ch
+        for h, c in zip(group, ch):
             for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
-                load[h[0], k] += h[3]
-    by_stage: Dict[str, list] = defaultdict(list)
-    for h in hops:
-        by_stage[h[0]].append(h)
+                load[h[0], c, k] += h[3]
+    if order is None:
+        return []
+    chained = {(h[7][0], h[0], h[1], h[2]) for h, c in zip(hops, chunk) if c > 0 and h[7] is not None}
     rate = {}  # per link class: (latency, bandwidth)
     out = []
-    for stage in exchange_phases():  # the executor's and the simulator's one phase order
-        for h in by_stage.get(stage, ()):
-            _, src, dst, _, keys, link, (src_own, dst_own), piece = h
-            if link not in rate:
-                rate[link] = (cost.latency(link), cost.bandwidth(link))
-            lat, bw = rate[link]
-            sec = None if src == dst else max([load[stage, k] for k in keys]) / bw
-            out.append((src, dst, lat, sec, src_own, dst_own, piece))
+    for i in order:  # the executor's and the simulator's one order
+        h = hops[i]
+        stage, src, dst, _, keys, link, (src_own, dst_own), piece = h
+        if link not in rate:
+            rate[link] = (cost.latency(link), cost.bandwidth(link))
+        lat, bw = rate[link]
+        sec = None if src == dst else max([load[stage, chunk[i], k] for k in keys]) / bw
+        chain = (piece[0], stage, src, dst) if piece is not None else None
+        out.append((src, dst, lat, sec, src_own, dst_own, piece, chain if chain in chained else None))
     return out
 
 
