@@ -102,9 +102,6 @@ def check_megatron_args(args) -> None:
     if _get(args, "context_parallel_size", 1) != 1:
         raise ConfigError("--zeppelin-balance plans context parallelism itself: set --context-parallel-size 1 "
                           "(use --zeppelin-cp-size for the static_cp baseline)")
-    if _get(args, "pipeline_model_parallel_size", 1) != 1:
-        raise ConfigError("--zeppelin-balance does not support pipeline parallelism yet: set "
-                          "--pipeline-model-parallel-size 1")
     if _get(args, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         raise ConfigError("--zeppelin-balance does not support virtual pipeline stages: drop "
                           "--num-layers-per-virtual-pipeline-stage")
