@@ -43,8 +43,9 @@ def slow_gemm(tmp_path_factory):
 
 
 def pp_train(data, tmp_path, name, ranks, extra, micro_batches=4):
-    """``micro_batches`` micro-batches per iteration (global batch = that x DP x micro-batch size 1)."""
-    dp = ranks // 2
+    """``micro_batches`` micro-batches per iteration (global batch = that x DP x micro-batch size 1);
+    DP 2 (with --tensor-model-parallel-size 2 on 8 ranks)."""
+    dp = 2
     return train(data, tmp_path, name, ranks, PP2 + extra, iters=ITERS,
                  global_batch=micro_batches * dp)
 
@@ -68,6 +69,19 @@ def test_pp2_dp2_1f1b_matches_stock_spec(data, slow_gemm, tmp_path):
 def digest(plan_line):
     return plan_line.split("digest=")[1].split()[0]
 
+
+@pytest.mark.slow
+def test_pp2_tp2_dp2_matches_stock_spec(data, slow_gemm, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron's validate_args demands it with TP
+    # 8 ranks: each stage's domain is the 2 DP ranks of one TP rank. (No --sequence-parallel: the
+    # stock local spec's torch norms refuse it, so there would be no reference.)
+    tp = ["--tensor-model-parallel-size", "2"]
+    ref, ref_log = pp_train(data, tmp_path, "stock", 8, tp + ["--zeppelin-stock-spec"] + EVAL)
+    run, log = pp_train(data, tmp_path, "zeppelin", 8, tp + ZEPPELIN + EVAL + ["--zeppelin-cluster", slow_gemm])
+    assert_same(run, ref, range(1, ITERS + 1))
+    val, ref_val = validation_losses(log), validation_losses(ref_log)
+    assert val and len(val) == len(ref_val), (val, ref_val)
+    assert all(abs(a - b) <= TOL * abs(b) for a, b in zip(val, ref_val)), (val, ref_val)
 
 def _stages(rank, world, lengths_by_rank):
     """Two 'stages' of one pipeline submit their plans of one micro-batch, then the phase ends."""
