@@ -20,6 +20,9 @@ Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patche
   tensors, run the model; the loss function returns Megatron's per-token triple (sum, tokens,
   report) after Megatron's NaN / Inf / spiky-loss checks, so ``--calculate-per-token-loss``
   divides by the domain's token count.
+- ``--pipeline-model-parallel-size`` > 1 (1F1B): every stage reads the same documents and plans each
+  micro-batch itself; ``validate`` turns on Megatron's ``variable_seq_lengths`` shape exchange, and
+  plan digests are compared across the stages without blocking the schedule (plan_check.py).
 - ``--zeppelin-stock-spec`` (no ``--zeppelin-balance``): Megatron's stock layer spec trained on the
   same document batches, each document its own causal sample (stock_batch.py): the reference the
   Zeppelin runs are checked against.
