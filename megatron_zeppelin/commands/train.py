@@ -43,7 +43,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="MoE models: experts spread over this many DP ranks (0 = the largest size dividing both "
                         "the DP size and the expert count)")
     g.add_argument("--context-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="must be 1 with --zeppelin-balance")
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1,
+                   help="must be 1: this trainer runs one micro-batch per step, not Megatron's pipeline "
+                        "schedules; pipeline parallelism runs through the Megatron-LM entry "
+                        "(python -m megatron_zeppelin.integration.pretrain_gpt, docs/megatron.md)")
     g.add_argument("--recompute-granularity", choices=("selective", "full"), default=None,
                    help="Megatron's activation recompute (full: every layer, --recompute-method uniform, 1 layer)")
     g.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
@@ -176,7 +179,11 @@ def run(args) -> int:
 
     from megatron_zeppelin.integration.trainer import run_local, train_worker
 
-    if args.context_parallel_size != 1 or args.pipeline_model_parallel_size != 1:
+    if args.pipeline_model_parallel_size != 1:
+        raise ZeppelinError("zeppelin train runs no pipeline schedule: set --pipeline-model-parallel-size 1, "
+                            "or train with pipeline parallelism through the Megatron-LM entry "
+                            "(python -m megatron_zeppelin.integration.pretrain_gpt)")
+    if args.context_parallel_size != 1:
         if not args.zeppelin_balance:  # with it, config_from_args names the flag
             raise ZeppelinError("zeppelin train runs TP x DP only: set --context-parallel-size 1 and "
                                 "--pipeline-model-parallel-size 1 (use --zeppelin-strategy static_cp for CP)")

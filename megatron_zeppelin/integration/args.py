@@ -118,9 +118,6 @@ def check_megatron_args(args) -> None:
         # the whole global batch's lengths first
         raise ConfigError("--zeppelin-accumulation joint is planned by zeppelin plan / simulate / bench only; "
                           "training reads micro-batches in data order: set --zeppelin-accumulation data_order")
-    if _get(args, "pipeline_model_parallel_size", 1) != 1:
-        raise ConfigError("--zeppelin-balance does not support pipeline parallelism yet: set "
-                          "--pipeline-model-parallel-size 1")
     if _get(args, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         raise ConfigError("--zeppelin-balance does not support virtual pipeline stages: drop "
                           "--num-layers-per-virtual-pipeline-stage")

@@ -8,7 +8,8 @@ assumes CUDA in a few places; on CPU (gloo ranks, the tests) this module answers
 - megatron-core's part (``cpu.install``): ``torch.cuda.current_device`` -> the CPU device, the CPU RNG
   state tracker, no-op ``synchronize`` / ``empty_cache``;
 - ``torch.cuda.is_available()`` True and ``device_count()`` 1 (``initialize.py`` asserts CUDA and
-  skips model-parallel set-up without a device), no-op ``set_device``, memory statistics 0, and
+  skips model-parallel set-up without a device), no-op ``set_device``, memory statistics 0, device
+  properties (compute capability 9.0: ``validate_args`` reads it with TP > 1), and
   Event / Stream stand-ins (timers and the logging path use them);
 - a TorchFunctionMode that maps ``device='cuda'`` to the CPU and makes ``Tensor.cuda()`` /
   ``pin_memory()`` return the tensor (loss reductions and checkpoint loading create CUDA tensors);
@@ -73,6 +74,11 @@ class _Event:
 
     def elapsed_time(self, end) -> float:
         return (end.t - self.t) * 1000.0
+
+
+class _Properties:
+    """torch.cuda.get_device_properties stand-in."""
+    name, major, minor, total_memory, multi_processor_count = "cpu", 9, 0, 0, 1
 
 
 class _Stream:
@@ -141,6 +147,9 @@ def install() -> bool:
     c.reset_peak_memory_stats = lambda *a, **k: None
     c.memory_stats = lambda *a, **k: {}
     c.mem_get_info = lambda *a, **k: (0, 0)
+    # validate_args reads the device's compute capability with TP or CP > 1 (a Hopper-like answer:
+    # below 10, which only selects a warning)
+    c.get_device_properties = lambda *a, **k: _Properties()
     c.Event = _Event
     c.Stream = _Stream
     c.current_stream = lambda *a, **k: _Stream()

@@ -55,5 +55,9 @@ class ZeppelinTransformerLayer(TransformerLayer):
         out = super()._forward_mlp(x, *args, **kwargs)
         if self.layer_number == self.config.num_layers:
             return out  # last layer: stay in the linear layout for norm, head and loss
-        # [t_lin, 1, h] -> [t_att, 1, h]
-        return zp.to_attention(out)
+        # [t_lin, 1, h] -> [t_att, 1, h]. Viewless, as megatron makes its own layer outputs: the
+        # remap may hand back a view of its input, and under pipeline parallelism the last layer of
+        # a stage gives the schedule its output, whose storage Megatron frees after the send only if
+        # it is no view (deallocate_output_tensor asserts so).
+        from megatron.core.utils import make_viewless_tensor
+        return make_viewless_tensor(inp=zp.to_attention(out), requires_grad=out.requires_grad, keep_graph=True)

@@ -20,6 +20,9 @@ Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patche
   tensors, run the model; the loss function returns Megatron's per-token triple (sum, tokens,
   report) after Megatron's NaN / Inf / spiky-loss checks, so ``--calculate-per-token-loss``
   divides by the domain's token count.
+- ``--pipeline-model-parallel-size`` > 1 (1F1B): every stage reads the same documents and plans each
+  micro-batch itself; ``validate`` turns on Megatron's ``variable_seq_lengths`` shape exchange, and
+  plan digests are compared across the stages without blocking the schedule (plan_check.py).
 - ``--zeppelin-stock-spec`` (no ``--zeppelin-balance``): Megatron's stock layer spec trained on the
   same document batches, each document its own causal sample (stock_batch.py): the reference the
   Zeppelin runs are checked against.
@@ -83,11 +86,15 @@ def shutdown() -> None:
 
     try:
         from megatron.training import get_args
-        ahead = getattr(get_args(), "_zeppelin_plan_ahead", None)
+        args = get_args()
     except (ImportError, AssertionError):  # megatron-core alone, or Megatron's args never parsed
-        ahead = None
+        args = None
+    ahead = getattr(args, "_zeppelin_plan_ahead", None)
     if ahead is not None:
         ahead.close()
+    stages = getattr(args, "_zeppelin_stage_check", None)
+    if stages is not None:  # the last phase's comparisons: every stage has run all of its forwards
+        stages.wait()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():
@@ -129,6 +136,17 @@ def validate(args) -> None:
             raise ZeppelinError(f"--zeppelin-balance uses its own layer spec: drop --spec {' '.join(args.spec)}")
         args.spec = list(SPEC)
     _check_splits(args)  # refuses missing documents now, not at the first evaluation
+    if int(getattr(args, "pipeline_model_parallel_size", 1) or 1) > 1:
+        # A rank's activations change shape with each micro-batch (its layout size under Zeppelin,
+        # its document count under the stock spec): Megatron's p2p then sends each tensor's shape
+        # first. Megatron's validate_args resets the flag, so it is set here, before the model
+        # config is built from args.
+        args.variable_seq_lengths = True
+        if getattr(args, "moe_token_dispatcher_type", None) == "allgather":  # its default, refused with it
+            if getattr(args, "num_experts", None):
+                raise ZeppelinError("pipeline parallelism sends variable activation shapes, which Megatron's "
+                                    "allgather MoE dispatcher refuses: set --moe-token-dispatcher-type alltoall")
+            args.moe_token_dispatcher_type = "alltoall"  # a dense model has no dispatcher to run
 
 
 def _check_splits(args) -> None:
@@ -201,6 +219,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
         vstart = int(getattr(args, "consumed_valid_samples", 0) or 0) // samples_per_step
         valid = DocumentBatches(streams[1], tokens, max_doc_tokens(args), vstart)
     if getattr(args, "zeppelin_balance", False):
+        _stage_check(args)
         cfg, topo, spec = _domain(args)
         if cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)
             from megatron_zeppelin.integration.plan_ahead import PlanAhead, PlannedBatches
@@ -209,6 +228,21 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
             train = PlannedBatches(train, ahead, _doc_lengths)
             valid = valid if valid is None else PlannedBatches(valid, ahead, _doc_lengths)
     return train, valid, None
+
+
+def _stage_check(args):
+    """With pipeline parallelism, the comparison of plans across this rank's pipeline stages
+    (plan_check.StagePlanCheck), made here, where every rank arrives together, and kept on args."""
+    from datetime import timedelta
+
+    from megatron.core import parallel_state as ps
+
+    from megatron_zeppelin.integration.plan_check import StagePlanCheck
+
+    if ps.get_pipeline_model_parallel_world_size() == 1 or getattr(args, "_zeppelin_stage_check", None):
+        return
+    ranks = torch.distributed.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+    args._zeppelin_stage_check = StagePlanCheck(ranks, timedelta(minutes=args.distributed_timeout_minutes))
 
 
 def _doc_lengths(docs) -> list:
@@ -314,12 +348,18 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     else:
         plan, how = planner.plan(_doc_lengths(docs)), ""
     if cfg.debug_plan or not getattr(forward_step, "_checked", False):
-        check_plan_agreement(plan, group)
+        check_plan_agreement(plan, group)  # over the stage's domain, now
+        stages = getattr(args, "_zeppelin_stage_check", None)
+        if stages is not None:  # across the pipeline's stages, when the phase ends
+            phase = (getattr(args, "curr_iteration", 0), model.training)
+            stages.submit(plan, phase, f"a {'training' if model.training else 'evaluation'} micro-batch of "
+                                       f"iteration {phase[0] + 1}")
         forward_step._checked = True
     if cfg.debug_plan and ps.get_data_parallel_rank() == 0:
         remap = any(tuple(a) != tuple(b) for a, b in zip(plan.attention_layout, plan.linear_layout))
         counts = " ".join(f"{c}={n}" for c, n in plan.class_counts().items())
-        print(f"zeppelin plan: {counts} remap={remap}{how}", flush=True)
+        stage = f" stage={ps.get_pipeline_model_parallel_rank()}" if ps.get_pipeline_model_parallel_world_size() > 1 else ""
+        print(f"zeppelin plan: {counts} remap={remap}{how}{stage} digest={plan.digest()}", flush=True)
     kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
                              softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),

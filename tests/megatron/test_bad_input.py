@@ -23,7 +23,7 @@ def _args(*argv, **megatron):
 
 @pytest.mark.parametrize("megatron,flag", [
     ({"context_parallel_size": 2}, "--context-parallel-size"),
-    ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size"),
+    ({"virtual_pipeline_model_parallel_size": 2}, "--num-layers-per-virtual-pipeline-stage"),
     ({"sequence_parallel": True}, "--sequence-parallel"),
     ({"num_experts": 8, "moe_token_dispatcher_type": "flex"}, "--moe-token-dispatcher-type"),
     ({"apply_rope_fusion": True}, "--no-rope-fusion"),

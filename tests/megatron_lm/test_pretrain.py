@@ -34,10 +34,11 @@ def data(tmp_path_factory):
     return m.build_dataset(str(tmp_path_factory.mktemp("mlm_data") / "docs"))
 
 
-def train(data, tmp_path, name, ranks, extra, iters=ITERS):
+def train(data, tmp_path, name, ranks, extra, iters=ITERS, global_batch=None):
     work = tmp_path / name
     work.mkdir(parents=True, exist_ok=True)
-    flags = m.model_flags(data) + ["--train-iters", str(iters), "--global-batch-size", str(2 * ranks),
+    gbs = 2 * ranks if global_batch is None else global_batch
+    flags = m.model_flags(data) + ["--train-iters", str(iters), "--global-batch-size", str(gbs),
                                    "--tensorboard-dir", str(work / "tb")] + extra
     log = m.run(PY, ranks, flags, TIMEOUT, str(work))
     return m.scalars(str(work / "tb")), log

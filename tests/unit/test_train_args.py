@@ -89,3 +89,12 @@ def test_megatron_lm_args_set_the_recompute():
     assert config_from_args(block).recompute.describe() == "full:block=3"  # only the first 3 layers rerun their forward
     uniform = Namespace(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     assert config_from_args(uniform).recompute == Recompute("full")
+
+
+@pytest.mark.parametrize("balance", [[], ["--zeppelin-balance"]])
+def test_pipeline_parallelism_points_at_the_megatron_lm_entry(tmp_path, capsys, balance):
+    rc, err = _run(tmp_path, capsys, "--pipeline-model-parallel-size", "2", *balance)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "--pipeline-model-parallel-size 1" in err and "megatron_zeppelin.integration.pretrain_gpt" in err, err
+    sub = build_parser()._subparsers._group_actions[0].choices["train"]
+    assert "Megatron-LM entry" in " ".join(sub.format_help().split())
