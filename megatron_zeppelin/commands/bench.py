@@ -156,7 +156,7 @@ def run(args) -> int:
     print(f"{len(items)} configuration(s), runs of {', '.join(sorted({str(it[0].batches) for it in items}))} "
           f"batch(es), simulated in {time.perf_counter() - t0:.0f} s")
     by_study = summarize_by_study(records)
-    overall = summarize([r for r in records if not r["study"].startswith("ablation")])
+    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")])
     print_summary(sys.stdout, {"all (ablations excluded)": overall, **by_study})
     if args.json:
         cmd = command_line(args)

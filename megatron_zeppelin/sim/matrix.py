@@ -114,8 +114,12 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
             globals_ = st.get("global_batch_tokens", doc.get("global_batch_tokens", None))
             globals_ = [parse_tokens(g) if g is not None else 0
                         for g in (globals_ if isinstance(globals_, list) else [globals_])]
-            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs in itertools.product(
-                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus, globals_):
+            # The robustness study: plan with the profile off by up to +-profile_error per term, one run per
+            # seed of profile_seeds (sim/perturb.py); seed 0 of a list means the true profile (the reference).
+            err = float(st.get("profile_error", 0.0))
+            perturb = [int(x) for x in st.get("profile_seeds", [0])] if err else [0]
+            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs, pseed in itertools.product(
+                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus, globals_, perturb):
                 ctx = parse_tokens(ctx)
                 per_gpu = ctx if per_gpu is None else per_gpu
                 fill = float(st.get("memory_fill", doc.get("memory_fill", MEMORY_FILL)))
@@ -124,7 +128,8 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
                 world = domain_topology(load_profile(str(cl)), int(nodes), tp).world_size
                 items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_tok, seed, cap,
                                       batches, rc, regime, balanced, gbs,
-                                      micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy),
+                                      micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy,
+                                      err if pseed else 0.0, pseed),
                               variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None
@@ -243,8 +248,22 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
             balance[v] = {"time_imbalance": sum(r["time_imbalance"] for r in ok) / len(ok),
                           "memory_imbalance": sum(r["memory_imbalance"] for r in ok) / len(ok),
                           "memory_imbalance_max": max(r["memory_imbalance"] for r in ok), "configs": len(ok)}
-    return {"summary": summary, "balance": balance,
+    return {"summary": summary, "balance": balance, "attribution": attribution(records, reference),
             "errors": [f"{r['key']} {r['variant']}: {r['error']}" for r in records if r.get("error")]}
+
+
+def attribution(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
+    """``won``: over ``reference``'s runs, how many plans each kind of candidate won (sim/attribution.py;
+    a plan per batch, per micro-batch with accumulation); ``plans``: how many were counted."""
+    won: Dict[str, int] = defaultdict(int)
+    for r in records:
+        if r["variant"] == reference and not r.get("error"):
+            for k, n in r.get("won", {}).items():
+                won[k] += n
+    from megatron_zeppelin.sim.attribution import KINDS
+    order = {k: i for i, k in enumerate(KINDS)}
+    return {"won": dict(sorted(won.items(), key=lambda kv: (order.get(kv[0], len(KINDS)), kv[0]))),
+            "plans": sum(won.values())}
 
 
 def _best_baseline(dep: Dict[str, List[Tuple[str, float]]], orc: Dict[str, List[Tuple[str, float]]],
@@ -276,8 +295,10 @@ def _best_baseline(dep: Dict[str, List[Tuple[str, float]]], orc: Dict[str, List[
 
 
 def baselines(summary: Dict) -> Dict[str, Dict]:
-    """The per-baseline entries of a summary (without ``zeppelin_lower_bound``)."""
-    return {k: v for k, v in summary.items() if k != "zeppelin_lower_bound"}
+    """The per-baseline entries of a summary (without ``zeppelin_lower_bound``, nor the partitioner
+    alone: a Zeppelin ablation the attribution table shows, not a baseline)."""
+    from megatron_zeppelin.sim.runs import PARTITIONER
+    return {k: v for k, v in summary.items() if k not in ("zeppelin_lower_bound", PARTITIONER)}
 
 
 def summarize_by_study(records: Sequence[Dict]) -> Dict[str, Dict]:
