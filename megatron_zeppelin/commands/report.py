@@ -197,6 +197,8 @@ def run(args) -> int:
             raise ZeppelinError(f"cannot read --validation {args.validation}: {e}") from None
         if validation.get("command"):
             commands.insert(len(commands) - 1, written_to(validation["command"], args.validation))
+    if getattr(args, "made_with", None):  # `zeppelin bench --out-dir --report`: the one command that ran all below
+        commands.insert(0, f"{args.made_with}   # runs all of the following:")
     try:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
             json.dump(_rounded(doc), f, separators=(",", ":"), default=float)  # every run of every study

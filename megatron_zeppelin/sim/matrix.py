@@ -159,28 +159,80 @@ class Progress(Enum):
         return cls.NONE if quiet else (cls.BAR if stream.isatty() else cls.LINES)
 
 
-def run_matrix(items, options: SimOptions = None, progress: Progress = Progress.BAR, stream=None) -> List[Dict]:
-    """Simulate every configuration of ``items`` (expand's output); ``progress`` goes to ``stream``
+def run_matrix(items, options: SimOptions = None, progress: Progress = Progress.BAR, stream=None,
+               jobs: int = 1) -> List[Dict]:
+    """Simulate every configuration of ``items`` (expand's output), ``jobs`` at a time in worker
+    processes (each configuration is planned and simulated on its own, deterministically: the
+    records are the same, in the same order, whatever ``jobs``); ``progress`` goes to ``stream``
     (default stderr)."""
-    records: List[Dict] = []
-    if progress is not Progress.BAR:
-        out, t0 = (sys.stderr if stream is None else stream), time.perf_counter()
-        for k, (spec, variants, cp_sizes) in enumerate(items, 1):
-            t = time.perf_counter()
-            records += run_config(spec, variants, options, cp_sizes)
+    out = sys.stderr if stream is None else stream
+    done: List[Optional[List[Dict]]] = [None] * len(items)
+    t0 = time.perf_counter()
+    if progress is Progress.BAR:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
+        with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                 TimeRemainingColumn()) as bar:
+            task = bar.add_task("simulating", total=len(items))
+            for k, recs, _ in _configurations(items, options, jobs):
+                done[k] = recs
+                bar.update(task, description=f"{items[k][0].key()[:60]:<60}", advance=1)
+    else:
+        for n, (k, recs, took) in enumerate(_configurations(items, options, jobs), 1):
+            done[k] = recs
             if progress is Progress.LINES:
-                print(f"[{k}/{len(items)}] {spec.key()} done in {time.perf_counter() - t:.1f} s "
-                      f"({time.perf_counter() - t0:.0f} s so far)", file=out, flush=True)
-        return records
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bar
-    with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("simulating", total=len(items))
-        for spec, variants, cp_sizes in items:
-            bar.update(task, description=f"{spec.key()[:60]:<60}")
-            records += run_config(spec, variants, options, cp_sizes)
-            bar.advance(task)
-    return records
+                print(progress_line(n, len(items), items[k][0].key(), took, time.perf_counter() - t0),
+                      file=out, flush=True)
+    return [r for recs in done for r in recs]
+
+
+def progress_line(done: int, total: int, key: str, took: float, elapsed: float) -> str:
+    """One finished configuration, the time so far and the estimated time left (at the mean pace so far).
+
+    >>> progress_line(3, 12, "main/a800/x", 4.04, 90.0)
+    '[3/12] main/a800/x done in 4.0 s; elapsed 1:30, eta 4:30'
+    """
+    eta = elapsed / done * (total - done) if done else 0.0
+    return f"[{done}/{total}] {key} done in {took:.1f} s; elapsed {clock_text(elapsed)}, eta {clock_text(eta)}"
+
+
+def clock_text(seconds: float) -> str:
+    """m:ss, or h:mm:ss from an hour.
+
+    >>> clock_text(59.6), clock_text(3725)
+    ('1:00', '1:02:05')
+    """
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+def _one(k: int, spec: RunSpec, variants, options, cp_sizes):
+    """A worker's configuration: (its index, its records, seconds)."""
+    t = time.perf_counter()
+    return k, run_config(spec, variants, options, cp_sizes), time.perf_counter() - t
+
+
+def _configurations(items, options, jobs: int):
+    """(index, records, seconds) of each configuration as it finishes: in order with one job, else
+    from a pool of ``jobs`` worker processes, the configurations of most work submitted first (so the
+    longest does not start last)."""
+    if jobs <= 1 or len(items) <= 1:
+        for k, (spec, variants, cp_sizes) in enumerate(items):
+            yield _one(k, spec, variants, options, cp_sizes)
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    order = sorted(range(len(items)), key=lambda k: -_work(items[k]))
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_one, k, items[k][0], items[k][1], options, items[k][2]) for k in order]
+        for f in as_completed(futures):
+            yield f.result()
+
+
+def _work(item) -> float:
+    """A rough size of a configuration, for the pool's order: tokens planned x strategies."""
+    spec, variants, _ = item
+    return spec.tokens_per_gpu * spec.nodes * spec.batches * spec.micro_batches * len(variants)
 
 
 def _stats(pairs: Sequence[Tuple[str, float]]) -> Dict:
