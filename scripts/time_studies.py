@@ -2,10 +2,13 @@
 
     .venv/bin/python scripts/time_studies.py run smoke sample moe       # runs each, one at a time
     .venv/bin/python scripts/time_studies.py estimate results/bench/*.json
+    .venv/bin/python scripts/time_studies.py profile main a800 llama-7b prolong64k 2   # cProfile one run
 
 ``run`` runs `zeppelin bench --studies S --json results/attrib/timing/S.json` for each study S (with
 `nice -n 10`) and records its wall-clock and CPU seconds (the child's user + system time: on a
-shared machine the wall clock measures the others' load as much as ours). ``estimate`` reads
+shared machine the wall clock measures the others' load as much as ours). ``profile STUDY CLUSTER MODEL DATASET BATCHES`` runs the first
+matching configuration of the matrix with that many batches under cProfile and writes the stats (.prof)
+and their top functions (.txt) to results/attrib/profile/. ``estimate`` reads
 `zeppelin bench --json` files and sums, per study, each run's recorded per-batch planning and
 simulation seconds x its batches x the run-level settings it tried (a strategy simulates every
 setting on every batch): the CPU time the study took when those files were made, without running
@@ -79,5 +82,30 @@ def estimate(paths):
         print(f"{s}: ~{cpu[s]:.0f} s CPU over {len(runs[s])} configurations")
 
 
+def profile(argv):
+    import cProfile
+    import dataclasses
+    import pstats
+
+    from megatron_zeppelin.sim.matrix import load_matrix
+    from megatron_zeppelin.sim.runs import run_config
+    study, cluster, model, dataset, batches = argv
+    items, _ = load_matrix(None)
+    spec, variants, cps = next(it for it in items if (it[0].study, it[0].cluster, it[0].model, it[0].dataset) ==
+                               (study, cluster, model, dataset))
+    spec = dataclasses.replace(spec, batches=int(batches))
+    name = f"results/attrib/profile/{study}-{cluster}-{model}-{dataset}-{batches}batches"
+    os.makedirs(os.path.dirname(name), exist_ok=True)
+    pr, cpu = cProfile.Profile(), time.process_time()
+    pr.enable()
+    run_config(spec, variants, None, cps)
+    pr.disable()
+    pr.dump_stats(name + ".prof")
+    with open(name + ".txt", "w") as f:
+        f.write(f"{spec.key()}: {time.process_time() - cpu:.1f} s CPU\n")
+        pstats.Stats(pr, stream=f).sort_stats("cumulative").print_stats(40)
+    print(f"wrote {name}.prof and .txt")
+
+
 if __name__ == "__main__":
-    {"run": run, "estimate": estimate}[sys.argv[1]](sys.argv[2:])
+    {"run": run, "estimate": estimate, "profile": profile}[sys.argv[1]](sys.argv[2:])
