@@ -129,7 +129,7 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
                 items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, int(nodes), per_tok, seed, cap,
                                       batches, rc, regime, balanced, gbs,
                                       micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy,
-                                      err if pseed else 0.0, pseed),
+                                      profile_error=err if pseed else 0.0, profile_seed=pseed),
                               variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None
