@@ -8,7 +8,7 @@ Zeppelin's search (planner/partitioner/partition.py) assembles the partitioner's
 speedup is the paper's partitioner and how much is a baseline's own shape run by Zeppelin's engine.
 
 >>> [candidate_kind(v) for v in ("all/hide/free/time", "all/forced/aligned/off", "cp1/off", "cp4+routing/time",
-...                              "a2a2/off", "hybrid_dp/time", "dynamic_cp/4096/off", "")]
+...                              "a2a2/off", "hybrid_dp+routing/time", "dynamic_cp/4096/off", "")]
 ['partitioner', 'partitioner, aligned rings', 'packed (cp1)', 'static_cp p2p', 'static_cp a2a', 'hybrid_dp', 'dynamic_cp', '']
 >>> count_kinds(["all/hide/free/time", "cp2/off", "all/hide/free/off", ""])
 {'partitioner': 2, 'static_cp p2p': 1}
@@ -29,12 +29,12 @@ def candidate_kind(label: str) -> str:
     (a baseline's own plan)."""
     if not label:
         return ""
-    head = label.split("/")[0]
+    head = label.split("/")[0].replace("+routing", "")  # routed or not: the same shape
     if head in ("all", "proj"):  # the partitioner's variants: rate/inter/rings/remap
         return "partitioner, aligned rings" if "/aligned/" in label else PARTITIONER
-    if head in ("cp1", "cp1+routing"):
+    if head == "cp1":
         return "packed (cp1)"
-    if re.fullmatch(r"cp\d+(\+routing)?", head):
+    if re.fullmatch(r"cp\d+", head):
         return "static_cp p2p"
     if re.fullmatch(r"a2a\d+", head):
         return "static_cp a2a"

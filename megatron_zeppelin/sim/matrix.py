@@ -307,12 +307,14 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
 def attribution(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     """``won``: over ``reference``'s runs, how many plans each kind of candidate won (sim/attribution.py;
     a plan per batch, per micro-batch with accumulation); ``plans``: how many were counted."""
+    from megatron_zeppelin.sim.attribution import KINDS, count_kinds
     won: Dict[str, int] = defaultdict(int)
     for r in records:
         if r["variant"] == reference and not r.get("error"):
-            for k, n in r.get("won", {}).items():
+            # counted again from the labels where the run kept them: a file made before a kind was named
+            labels = [v for b in r.get("batch_variants", []) for v in (b if isinstance(b, list) else [b])]
+            for k, n in (count_kinds(labels) if labels else r.get("won", {})).items():
                 won[k] += n
-    from megatron_zeppelin.sim.attribution import KINDS
     order = {k: i for i, k in enumerate(KINDS)}
     return {"won": dict(sorted(won.items(), key=lambda kv: (order.get(kv[0], len(KINDS)), kv[0]))),
             "plans": sum(won.values())}
