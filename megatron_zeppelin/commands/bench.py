@@ -29,7 +29,18 @@ def add_parser(subparsers):
                     "summarise Zeppelin's speedup over each baseline.")
     p.add_argument("--matrix", default=None,
                    help="run matrix YAML (default: the project's megatron_zeppelin/presets/runs/paper.yaml, found from any directory)")
-    p.add_argument("--studies", default="", help="comma-separated studies of the matrix to run (default: all)")
+    p.add_argument("--studies", default="", help="comma-separated studies of the matrix to run, or `all` (default: all)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="simulate N configurations at a time in worker processes (the same numbers as one at a time)")
+    p.add_argument("--out-dir", metavar="DIR",
+                   help="write each study's runs to DIR/<study>.json and .csv (instead of --json/--csv), then, with "
+                        "--report, the report from them: `zeppelin bench --studies all --out-dir results/bench "
+                        "--report docs/results.md` regenerates docs/results.md")
+    p.add_argument("--report", metavar="FILE", help="with --out-dir: write the report (`zeppelin report`) here")
+    p.add_argument("--figures", metavar="DIR", default=None,
+                   help="with --report: its figure folder (default: figures/ beside the report)")
+    p.add_argument("--validation", metavar="FILE",
+                   help="with --report: the CPU validation JSON to include (`zeppelin bench --validate-cpu --json`)")
     p.add_argument("--shard", metavar="K/N", default="",
                    help="run only the K-th of N shares of the configurations (every N-th, from the K-th; "
                         "1 <= K <= N), to split a long study over processes or jobs: `zeppelin report "
@@ -59,7 +70,7 @@ def add_parser(subparsers):
 def command_line(args) -> str:
     """The command that reproduces this run (from the parsed flags, not sys.argv)."""
     parts = ["zeppelin bench"] + ([f"--matrix {args.matrix}"] if args.matrix else [])
-    for flag in ("studies", "shard", "batches", "json", "csv", "plots"):
+    for flag in ("studies", "shard", "batches", "json", "csv", "plots"):  # --jobs changes no number
         if getattr(args, flag):
             parts.append(f"--{flag} {getattr(args, flag)}")
     if args.overlap_grad_reduce:
@@ -131,7 +142,7 @@ def run(args) -> int:
 
     matrix_path = resolve_matrix(args.matrix)
     items, doc = load_matrix(matrix_path)
-    if args.studies:
+    if args.studies and args.studies != "all":
         want = [s.strip() for s in args.studies.split(",") if s.strip()]
         known = sorted({it[0].study for it in items})
         bad = [s for s in want if s not in known]
@@ -151,12 +162,18 @@ def run(args) -> int:
             raise ZeppelinError(f"--shard {args.shard} selects none of the {total} configuration(s): use N <= {total}")
         print(f"shard {k}/{n}: {len(items)} of {total} configuration(s)")
     opts = SimOptions(overlap_grad_reduce=args.overlap_grad_reduce)
+    if args.jobs < 1:
+        raise ZeppelinError(f"--jobs {args.jobs}: want at least 1")
+    if args.out_dir:
+        return run_studies(args, items, matrix_path, opts)
+    if args.report:
+        raise ZeppelinError("--report needs --out-dir (the folder of the studies' JSON files it reads)")
     t0 = time.perf_counter()
-    records = run_matrix(items, opts, progress=Progress.for_stream(args.no_progress))
+    records = run_matrix(items, opts, progress=Progress.for_stream(args.no_progress), jobs=args.jobs)
     print(f"{len(items)} configuration(s), runs of {', '.join(sorted({str(it[0].batches) for it in items}))} "
           f"batch(es), simulated in {time.perf_counter() - t0:.0f} s")
     by_study = summarize_by_study(records)
-    overall = summarize([r for r in records if not r["study"].startswith("ablation")])
+    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")])
     print_summary(sys.stdout, {"all (ablations excluded)": overall, **by_study})
     if args.json:
         cmd = command_line(args)
@@ -178,6 +195,49 @@ def run(args) -> int:
                 scaling_lines(records, os.path.join(args.plots, "scaling.png"), study)
             speedup_bars(records, os.path.join(args.plots, f"speedup_{study}.png"), study)
         print(f"wrote plots to {args.plots}")
+    return 0
+
+
+def run_studies(args, items, matrix_path: str, opts) -> int:
+    """--out-dir: every configuration of ``items`` (one pool over all studies, so ``--jobs`` stays busy),
+    then DIR/<study>.json and .csv per study, each holding the command that reruns that study alone,
+    and with --report the report from those files; the total time at the end."""
+    from argparse import Namespace
+
+    from megatron_zeppelin.sim.matrix import Progress, run_matrix, summarize, summarize_by_study
+    if args.json or args.csv or args.shard:
+        raise ZeppelinError("--out-dir writes one JSON and CSV per study: drop --json, --csv and --shard")
+    t0 = time.perf_counter()
+    print(f"{len(items)} configuration(s) of {len({it[0].study for it in items})} studies, {args.jobs} at a time")
+    records = run_matrix(items, opts, progress=Progress.for_stream(args.no_progress), jobs=args.jobs)
+    print(f"simulated in {time.perf_counter() - t0:.0f} s")
+    paths = []
+    for study, summary in summarize_by_study(records).items():
+        mine = [r for r in records if r["study"] == study]
+        path = os.path.join(args.out_dir, f"{study}.json")
+        one = Namespace(**{**vars(args), "studies": study, "json": path, "csv": os.path.splitext(path)[0] + ".csv",
+                           "plots": None})
+        doc_out = {"matrix": matrix_path, "command": command_line(one), "options": vars(opts),
+                   "summary": summary["summary"], "balance": summary["balance"],
+                   "studies": {study: summary}, "runs": mine}
+        _write(path, lambda f: json.dump(doc_out, f, indent=1, default=float))
+        try:
+            write_csv(mine, one.csv)
+        except OSError as e:
+            raise ZeppelinError(f"cannot write {one.csv}: {e.strerror}") from None
+        paths.append(path)
+    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")])
+    print_summary(sys.stdout, {"all (ablations excluded)": overall})
+    if args.report:
+        from megatron_zeppelin.commands import report
+        figures = args.figures or os.path.join(os.path.dirname(args.report) or ".", "figures")
+        whole = " ".join(["zeppelin bench"] + ([f"--matrix {args.matrix}"] if args.matrix else []) +
+                         [f"--studies {args.studies or 'all'}"] + ([f"--batches {args.batches}"] if args.batches else [])
+                         + [f"--jobs {args.jobs}", f"--out-dir {args.out_dir}", f"--report {args.report}",
+                            f"--figures {figures}"] + ([f"--validation {args.validation}"] if args.validation else []))
+        report.run(Namespace(matrix=args.matrix, results=paths, validation=args.validation, out=args.report,
+                             figures=figures, no_progress=True, debug=args.debug, made_with=whole))
+    print(f"total {time.perf_counter() - t0:.0f} s ({len(items)} configurations, --jobs {args.jobs})")
     return 0
 
 

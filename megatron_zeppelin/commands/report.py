@@ -125,10 +125,12 @@ REGIMES = (("memory-bound batches (every GPU holds what its memory allows)",
 
 def _doc(matrix: str, records) -> dict:
     """The report's results document: the runs, the overall summary (every study but the ablations,
-    whose baselines are not at their best setting, and those planning Zeppelin with
-    --zeppelin-balance-memory, a different Zeppelin), one summary per regime, and per study."""
+    whose baselines are not at their best setting, those planning Zeppelin with
+    --zeppelin-balance-memory, a different Zeppelin, and runs planned with a perturbed profile), one
+    summary per regime, and per study."""
     from megatron_zeppelin.sim.matrix import summarize, summarize_by_study
-    best = [r for r in records if not r["study"].startswith("ablation") and not r.get("balance_memory")]
+    best = [r for r in records if not r["study"].startswith("ablation") and not r.get("balance_memory")
+            and not r.get("profile_error")]  # a run planned with a wrong profile (robustness) is its own study
     overall = summarize(best)
     regimes = {}
     for title, member in REGIMES:
@@ -195,6 +197,8 @@ def run(args) -> int:
             raise ZeppelinError(f"cannot read --validation {args.validation}: {e}") from None
         if validation.get("command"):
             commands.insert(len(commands) - 1, written_to(validation["command"], args.validation))
+    if getattr(args, "made_with", None):  # `zeppelin bench --out-dir --report`: the one command that ran all below
+        commands.insert(0, f"{args.made_with}   # runs all of the following:")
     try:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
             json.dump(_rounded(doc), f, separators=(",", ":"), default=float)  # every run of every study

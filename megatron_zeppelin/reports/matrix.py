@@ -127,6 +127,66 @@ def _against_default(runs: List[dict], study: str) -> List[str]:
             f"(worst {max(m0):.3f} -> {max(m1):.3f})."]
 
 
+def _attribution(studies: Dict[str, dict]) -> List[str]:
+    """Per study: how many of Zeppelin's plans each kind of candidate won (sim/attribution.py), and
+    Zeppelin's speedup over the paper's partitioner alone (the ``zeppelin-partitioner`` variant)."""
+    from megatron_zeppelin.sim.attribution import KINDS
+    from megatron_zeppelin.sim.runs import PARTITIONER
+    kinds = list(KINDS) + sorted({k for s in studies.values() for k in s.get("attribution", {}).get("won", {})
+                                  if k not in KINDS})
+    rows = []
+    for study, s in studies.items():
+        a = s.get("attribution") or {}
+        if not a.get("plans"):
+            continue
+        won = a["won"]
+        p = (s["summary"].get(PARTITIONER) or {}).get("deployed") or {}
+        alone = (f"{_x(p['mean_speedup'])} (min {_x(p['min_speedup'])}, max {_x(p['max_speedup'])}, "
+                 f"{p['configs']} configs)" if p.get("configs") else "-")
+        rows.append([study] + [str(won.get(k, 0)) for k in kinds] + [str(a["plans"]), alone])
+    if not rows:
+        return []
+    return ["Which candidate won each of Zeppelin's plans (a plan per batch and micro-batch; "
+            "sim/attribution.py): the paper's partitioner (free or aligned rings), or a shape of the portfolio "
+            "run by Zeppelin's engine: every document on CP groups of one size (`packed (cp1)`: no ring; "
+            "p2p zigzag rings, routed or not; a2a), hybrid_dp's or dynamic_cp's groups. The last column: "
+            "the partitioner alone (no portfolio) against the full search, Zeppelin's speedup over it in "
+            "simulated mean iteration (1.00x: the portfolio gains nothing there).", ""] + _table(
+        ["study"] + kinds + ["plans", "Zeppelin / partitioner alone"], rows)
+
+
+def _robustness(runs: List[dict], study: str) -> List[str]:
+    """The robustness study's speedups under a wrong profile and where Zeppelin then loses (sim/robustness.py)."""
+    from megatron_zeppelin.sim.matrix import BEST
+    from megatron_zeppelin.sim.robustness import robustness
+    mine = [r for r in runs if r["study"] == study]
+    if not any(r.get("profile_error") for r in mine):
+        return []
+    s = robustness(mine)
+    err = max(r.get("profile_error", 0.0) for r in mine)
+    rows = []
+    for v, x in s["speedups"].items():
+        t, e = x["true"] or {}, x["error"] or {}
+        rows.append([("best deployed baseline" if v == BEST else v), _x(t.get("mean")), _x(t.get("worst")),
+                     _x(e.get("mean")), _x(e.get("worst")), str(e.get("runs", 0))])
+    L = ["", f"Every strategy planned with a profile off by up to +-{100 * err:g}% per term (attention rates, GEMM "
+             "rate, NVLink and NIC bandwidth, each its own seeded factor: sim/perturb.py), simulated with the true "
+             f"profile; {s['runs']} perturbed runs. Zeppelin's speedup (deployed):", ""]
+    L += _table(["baseline", "true profile: mean", "worst", "under error: mean", "worst", "runs"], rows)
+    L += ["", "Where Zeppelin then loses to the best deployed baseline:", ""]
+    for l in s["losses"]:
+        f = ", ".join(f"{k} x{v:.2f}" for k, v in l["factors"].items())
+        moved = (f"; Zeppelin's {l['moved']} moved most against the true profile's plan "
+                 f"({l['moved_s']:+.4f} s; iteration {fmt_s(l['zeppelin_true_s'])} -> {fmt_s(l['zeppelin_s'])} s)"
+                 if l.get("moved") else "")
+        won = (f"; won by {l['won']} (true profile: {l['won_true']})" if l.get("won") else "")
+        L.append(f"- {l['label']} (seed {l['seed']}: {f}): {l['baseline']} faster, Zeppelin's speedup "
+                 f"{l['speedup']:.3f}x{moved}{won}")
+    if not s["losses"]:
+        L.append("- none: under every perturbed profile Zeppelin is at least as fast as the best deployed baseline")
+    return L
+
+
 def _scaling(runs: List[dict], study: str = "scaling") -> List[str]:
     recs = [r for r in runs if r["study"] == study and not r.get("error") and r.get("iteration_s")]
     if not recs:
@@ -167,6 +227,9 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
           "and `balance_memory`, whose Zeppelin trades time for memory)", ""]
     L += _summary_table(doc)
     L += ["", "### Where Zeppelin loses", ""] + _losses(doc)
+    attrib = _attribution(studies)
+    if attrib:
+        L += ["", "## Attribution: the partitioner or a baseline's shape", ""] + attrib
     first = ("memory", "memory_scaling", "ablation_memory", "main", "context", "scaling", "ablation")
     for study in [s for s in first if s in studies] + [s for s in studies if s not in first]:
         variants = sorted({r["variant"] for r in runs if r["study"] == study}, key=lambda v: (v != "zeppelin", v))
@@ -177,6 +240,7 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
         if "scaling" in study:
             L += ["", "Throughput:", ""] + _scaling(runs, study)
         L += _against_default(runs, study)
+        L += _robustness(runs, study)
         for name, path in figures.items():
             if name.split(": ")[-1] == study:  # "speedup bars: memory" is not ablation_memory's
                 L += ["", f"![{name}]({path})"]

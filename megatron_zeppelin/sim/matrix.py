@@ -118,8 +118,13 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
                         for g in (globals_ if isinstance(globals_, list) else [globals_])]
             stages = st.get("pipeline", [1])
             stages = [int(x) for x in (stages if isinstance(stages, list) else [stages])]
-            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs, pp in itertools.product(
-                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus, globals_, stages):
+            # The robustness study: plan with the profile off by up to +-profile_error per term, one run per
+            # seed of profile_seeds (sim/perturb.py); seed 0 of a list means the true profile (the reference).
+            err = float(st.get("profile_error", 0.0))
+            perturb = [int(x) for x in st.get("profile_seeds", [0])] if err else [0]
+            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs, pp, pseed in itertools.product(
+                    st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus, globals_, stages,
+                    perturb):
                 nodes = int(nodes)
                 if pp < 1 or nodes % pp:
                     raise MatrixError(f"{path}: study {study} has pipeline {pp} over {nodes} nodes: the stages "
@@ -135,7 +140,8 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
                 world = domain_topology(load_profile(str(cl)), nodes // pp, tp).world_size
                 items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, nodes, per_tok, seed, cap,
                                       batches, rc, regime, balanced, gbs,
-                                      micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy, pp),
+                                      micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy, pp,
+                                      profile_error=err if pseed else 0.0, profile_seed=pseed),
                               variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None
@@ -165,28 +171,80 @@ class Progress(Enum):
         return cls.NONE if quiet else (cls.BAR if stream.isatty() else cls.LINES)
 
 
-def run_matrix(items, options: SimOptions = None, progress: Progress = Progress.BAR, stream=None) -> List[Dict]:
-    """Simulate every configuration of ``items`` (expand's output); ``progress`` goes to ``stream``
+def run_matrix(items, options: SimOptions = None, progress: Progress = Progress.BAR, stream=None,
+               jobs: int = 1) -> List[Dict]:
+    """Simulate every configuration of ``items`` (expand's output), ``jobs`` at a time in worker
+    processes (each configuration is planned and simulated on its own, deterministically: the
+    records are the same, in the same order, whatever ``jobs``); ``progress`` goes to ``stream``
     (default stderr)."""
-    records: List[Dict] = []
-    if progress is not Progress.BAR:
-        out, t0 = (sys.stderr if stream is None else stream), time.perf_counter()
-        for k, (spec, variants, cp_sizes) in enumerate(items, 1):
-            t = time.perf_counter()
-            records += run_config(spec, variants, options, cp_sizes)
+    out = sys.stderr if stream is None else stream
+    done: List[Optional[List[Dict]]] = [None] * len(items)
+    t0 = time.perf_counter()
+    if progress is Progress.BAR:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
+        with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                 TimeRemainingColumn()) as bar:
+            task = bar.add_task("simulating", total=len(items))
+            for k, recs, _ in _configurations(items, options, jobs):
+                done[k] = recs
+                bar.update(task, description=f"{items[k][0].key()[:60]:<60}", advance=1)
+    else:
+        for n, (k, recs, took) in enumerate(_configurations(items, options, jobs), 1):
+            done[k] = recs
             if progress is Progress.LINES:
-                print(f"[{k}/{len(items)}] {spec.key()} done in {time.perf_counter() - t:.1f} s "
-                      f"({time.perf_counter() - t0:.0f} s so far)", file=out, flush=True)
-        return records
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bar
-    with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("simulating", total=len(items))
-        for spec, variants, cp_sizes in items:
-            bar.update(task, description=f"{spec.key()[:60]:<60}")
-            records += run_config(spec, variants, options, cp_sizes)
-            bar.advance(task)
-    return records
+                print(progress_line(n, len(items), items[k][0].key(), took, time.perf_counter() - t0),
+                      file=out, flush=True)
+    return [r for recs in done for r in recs]
+
+
+def progress_line(done: int, total: int, key: str, took: float, elapsed: float) -> str:
+    """One finished configuration, the time so far and the estimated time left (at the mean pace so far).
+
+    >>> progress_line(3, 12, "main/a800/x", 4.04, 90.0)
+    '[3/12] main/a800/x done in 4.0 s; elapsed 1:30, eta 4:30'
+    """
+    eta = elapsed / done * (total - done) if done else 0.0
+    return f"[{done}/{total}] {key} done in {took:.1f} s; elapsed {clock_text(elapsed)}, eta {clock_text(eta)}"
+
+
+def clock_text(seconds: float) -> str:
+    """m:ss, or h:mm:ss from an hour.
+
+    >>> clock_text(59.6), clock_text(3725)
+    ('1:00', '1:02:05')
+    """
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+def _one(k: int, spec: RunSpec, variants, options, cp_sizes):
+    """A worker's configuration: (its index, its records, seconds)."""
+    t = time.perf_counter()
+    return k, run_config(spec, variants, options, cp_sizes), time.perf_counter() - t
+
+
+def _configurations(items, options, jobs: int):
+    """(index, records, seconds) of each configuration as it finishes: in order with one job, else
+    from a pool of ``jobs`` worker processes, the configurations of most work submitted first (so the
+    longest does not start last)."""
+    if jobs <= 1 or len(items) <= 1:
+        for k, (spec, variants, cp_sizes) in enumerate(items):
+            yield _one(k, spec, variants, options, cp_sizes)
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    order = sorted(range(len(items)), key=lambda k: -_work(items[k]))
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_one, k, items[k][0], items[k][1], options, items[k][2]) for k in order]
+        for f in as_completed(futures):
+            yield f.result()
+
+
+def _work(item) -> float:
+    """A rough size of a configuration, for the pool's order: tokens planned x strategies."""
+    spec, variants, _ = item
+    return spec.tokens_per_gpu * spec.nodes * spec.batches * spec.micro_batches * len(variants)
 
 
 def _stats(pairs: Sequence[Tuple[str, float]]) -> Dict:
@@ -254,8 +312,24 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
             balance[v] = {"time_imbalance": sum(r["time_imbalance"] for r in ok) / len(ok),
                           "memory_imbalance": sum(r["memory_imbalance"] for r in ok) / len(ok),
                           "memory_imbalance_max": max(r["memory_imbalance"] for r in ok), "configs": len(ok)}
-    return {"summary": summary, "balance": balance,
+    return {"summary": summary, "balance": balance, "attribution": attribution(records, reference),
             "errors": [f"{r['key']} {r['variant']}: {r['error']}" for r in records if r.get("error")]}
+
+
+def attribution(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
+    """``won``: over ``reference``'s runs, how many plans each kind of candidate won (sim/attribution.py;
+    a plan per batch, per micro-batch with accumulation); ``plans``: how many were counted."""
+    from megatron_zeppelin.sim.attribution import KINDS, count_kinds
+    won: Dict[str, int] = defaultdict(int)
+    for r in records:
+        if r["variant"] == reference and not r.get("error"):
+            # counted again from the labels where the run kept them: a file made before a kind was named
+            labels = [v for b in r.get("batch_variants", []) for v in (b if isinstance(b, list) else [b])]
+            for k, n in (count_kinds(labels) if labels else r.get("won", {})).items():
+                won[k] += n
+    order = {k: i for i, k in enumerate(KINDS)}
+    return {"won": dict(sorted(won.items(), key=lambda kv: (order.get(kv[0], len(KINDS)), kv[0]))),
+            "plans": sum(won.values())}
 
 
 def _best_baseline(dep: Dict[str, List[Tuple[str, float]]], orc: Dict[str, List[Tuple[str, float]]],
@@ -287,8 +361,10 @@ def _best_baseline(dep: Dict[str, List[Tuple[str, float]]], orc: Dict[str, List[
 
 
 def baselines(summary: Dict) -> Dict[str, Dict]:
-    """The per-baseline entries of a summary (without ``zeppelin_lower_bound``)."""
-    return {k: v for k, v in summary.items() if k != "zeppelin_lower_bound"}
+    """The per-baseline entries of a summary (without ``zeppelin_lower_bound``, nor the partitioner
+    alone: a Zeppelin ablation the attribution table shows, not a baseline)."""
+    from megatron_zeppelin.sim.runs import PARTITIONER
+    return {k: v for k, v in summary.items() if k not in ("zeppelin_lower_bound", PARTITIONER)}
 
 
 def summarize_by_study(records: Sequence[Dict]) -> Dict[str, Dict]:

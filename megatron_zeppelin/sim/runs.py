@@ -61,7 +61,9 @@ from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.model import load_model
 from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.topology import Topology
+from megatron_zeppelin.sim.attribution import count_kinds
 from megatron_zeppelin.sim.iteration import SimOptions, accumulate, pipeline, simulate
+from megatron_zeppelin.sim.perturb import factors, perturbed
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
 from megatron_zeppelin.planner.accumulation import joint_steps
@@ -69,7 +71,8 @@ from megatron_zeppelin.planner.baselines.static_cp import a2a_heads_problem, a2a
 from megatron_zeppelin.spec.words import Comm, Link, StrategyName
 
 JOINT = "zeppelin+joint"  # Zeppelin with --zeppelin-accumulation joint (planner/accumulation.py)
-ABLATIONS = ("static_cp+routing", "zeppelin-noremap", JOINT)  # Zeppelin's variants and the paper's steps: no baseline
+PARTITIONER = "zeppelin-partitioner"  # Zeppelin with the paper's partitioner alone (no portfolio of shapes)
+ABLATIONS = ("static_cp+routing", "zeppelin-noremap", JOINT, PARTITIONER)  # Zeppelin's variants: no baseline
 VARIANTS = STRATEGIES + ABLATIONS
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
 DEFAULT_BATCHES = 16
@@ -101,15 +104,18 @@ class RunSpec:
     micro_batches: int = 1  # gradient-accumulation steps per iteration, each tokens_per_gpu x ranks tokens
     recompute_per_strategy: bool = False  # each strategy climbs the recompute ladder itself (module doc)
     pipeline: int = 1  # pipeline stages over ``nodes`` (module doc); the domain is one stage's DP ranks
+    profile_error: float = 0.0  # plan with the profile off by up to +-this per term (sim/perturb.py), simulate true
+    profile_seed: int = 0  # the perturbation's seed (with profile_error)
 
     def key(self) -> str:
         regime = "/memory" if self.regime == "memory" else ""
         balanced = "/balance-memory" if self.balance_memory else ""
         gbs = f"/gbs{_tokens_label(self.global_batch_tokens)}" if self.global_batch_tokens else ""
         rc = "/rc-per-strategy" if self.recompute_per_strategy else ""
+        err = f"/err{self.profile_error:g}-s{self.profile_seed}" if self.profile_error else ""
         pp = f"/pp{self.pipeline}" if self.pipeline > 1 else ""
         return (f"{self.study}/{self.cluster}/{self.model}-tp{self.tp}/{self.dataset}/ctx{self.context // 1024}K/"
-                f"{self.nodes}n{pp}{regime}{balanced}{gbs}{rc}/seed{self.seed}")
+                f"{self.nodes}n{pp}{regime}{balanced}{gbs}{rc}{err}/seed{self.seed}")
 
     def label(self) -> str:
         """Short, distinguishable label for plots and tables."""
@@ -117,8 +123,9 @@ class RunSpec:
         regime = " mem" if self.regime == "memory" else f" {self.tokens_per_gpu // 1024}K/GPU"
         gbs = (f" gbs {_tokens_label(self.global_batch_tokens)} x{self.micro_batches}"
                if self.global_batch_tokens else "")
+        err = f" err{self.profile_error:g}~{self.profile_seed}" if self.profile_error else ""
         pp = f" pp{self.pipeline}" if self.pipeline > 1 else ""
-        return f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{pp}{regime}{gbs}"
+        return f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{pp}{regime}{gbs}{err}"
 
     @property
     def domain_nodes(self) -> int:
@@ -162,6 +169,9 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
     if variant in STRATEGIES or variant == JOINT:  # JOINT: a Zeppelin plan of jointly assigned lengths
         return plan_batch(lengths, topo, profile, model, config, strategy=StrategyName.ZEPPELIN
                           if variant == JOINT else variant)
+    if variant == PARTITIONER:  # the partitioner's own candidates: the search stops where the shapes begin
+        ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
+        return choose("zeppelin", list(lengths), ctx, _partitioner_only)[0]
     if variant == "zeppelin-noremap":
         return plan_batch(lengths, topo, profile, model, config.with_(remap=False), strategy="zeppelin")
     if variant == "static_cp+routing":  # static_cp's candidates with routing on, picked as every strategy's
@@ -174,6 +184,16 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
                 yield c
         return choose(variant, list(lengths), ctx, routed)[0]
     raise ZeppelinError(f"unknown variant '{variant}' (strategies in the matrix must be among {', '.join(VARIANTS)})")
+
+
+def _partitioner_only(lengths, ctx, search):
+    """Zeppelin's candidates up to the first of the portfolio's fixed shapes (portfolio/shapes.py marks
+    each with ``meta["shape"]``; partition.py proposes them after every partitioner variant)."""
+    from megatron_zeppelin.planner.partitioner.partition import zeppelin_candidates
+    for c in zeppelin_candidates(lengths, ctx, search):
+        if c.placement is not None and "shape" in c.placement.meta:
+            return
+        yield c
 
 
 def run_settings(variant: str, world: int, capacity: int, context: int, cp_sizes: Sequence[int],
@@ -235,15 +255,17 @@ class _Rounds:
         self.recompute_s = sum(r.recompute_s for r in results)
 
 
-def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions = None):
+def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions = None,
+                    plan_profile=None):
     """(the merged plan, _Rounds) of dynamic_cp run as Megatron runs it: each HDP round planned
-    and simulated on its own (no DP all-reduce but after the last), times summed."""
+    (with ``plan_profile``, default ``profile``) and simulated on its own (no DP all-reduce but
+    after the last), times summed."""
     from dataclasses import replace as dc_replace
 
     from megatron_zeppelin.planner import make_context
     from megatron_zeppelin.planner.build.assemble import assemble
     from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, round_placements
-    ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
+    ctx = make_context(topo, plan_profile or profile, model, config, total_tokens=sum(lengths))
     merged = assemble("dynamic_cp", list(lengths), ctx, dynamic_cp_placement(list(lengths), ctx, mslpr))
     rounds = round_placements(list(lengths), ctx, mslpr)
     opts = options or SimOptions()
@@ -330,10 +352,12 @@ def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: st
                 memory_imbalance_linear=mem["imbalance_linear"], peak_activation_GB=mem["max_bytes"] / 1e9,
                 documents=sum(len(p.lengths) for p in plans), tokens=sum(sum(p.lengths) for p in plans),
                 max_length=max(max(p.lengths) for p in plans),
-                classes=classes, setting=dict(plans[0].meta).get("cp_size", ""))
+                classes=classes, setting=dict(plans[0].meta).get("cp_size", ""),
+                variants=[p.meta.variant for p in plans])
 
 
-def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, options, stages: int = 1):
+def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, options, stages: int = 1,
+                    plan_profile=None):
     """(the micro-batches' plans, the iteration's result): each micro-batch simulated, then
     accumulated as Megatron runs them (sim/iteration.py ``accumulate``: the gradient reduce once,
     after the last; with ``stages`` > 1 ``pipeline``: 1F1B over the stages). dynamic_cp schedules
@@ -346,17 +370,18 @@ def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, option
         return plans, (accumulate(results) if stages == 1 else pipeline(results, stages))
     opts = options or SimOptions()
     if len(steps) == 1:
-        plan, rr = simulate_rounds(steps[0], topo, profile, model, config, int(s), tp, opts)
+        plan, rr = simulate_rounds(steps[0], topo, profile, model, config, int(s), tp, opts, plan_profile)
         plans = [plan]
     else:
-        plans, rr = _global_batch_rounds(steps, topo, profile, model, config, int(s), tp, opts)
+        plans, rr = _global_batch_rounds(steps, topo, profile, model, config, int(s), tp, opts, plan_profile)
     if stages > 1:
         rr.iteration_s = pipeline(rr.results, stages).iteration_s
         rr.allreduce_exposed_s /= stages
     return plans, rr
 
 
-def _global_batch_rounds(steps, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions):
+def _global_batch_rounds(steps, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions,
+                         plan_profile=None):
     """(the rounds' plans, _Rounds) of dynamic_cp over the whole global batch (every micro-batch's
     documents, scheduled together): each round planned and simulated on its own, the capacity that
     of one data-order micro-batch (a rank holds one round at a time)."""
@@ -364,7 +389,7 @@ def _global_batch_rounds(steps, topo, profile, model, config, mslpr: int, tp: in
     from megatron_zeppelin.planner.build.assemble import assemble
     from megatron_zeppelin.planner.baselines.dynamic_cp import round_placements
     pooled = [int(L) for lengths in steps for L in lengths]
-    ctx = make_context(topo, profile, model, config, total_tokens=max(sum(int(L) for L in x) for x in steps))
+    ctx = make_context(topo, plan_profile or profile, model, config, total_tokens=max(sum(int(L) for L in x) for x in steps))
     rounds = round_placements(pooled, ctx, mslpr)
     plans, results = [], []
     for k, (docs, pl) in enumerate(rounds):
@@ -392,6 +417,9 @@ def _mean_record(recs: List[Dict]) -> Dict:
         for c, n in r["classes"].items():
             cls[c] = cls.get(c, 0) + n / len(recs)
     out["classes"] = {c: round(n, 2) for c, n in cls.items()}
+    # Which candidate won each plan (Zeppelin's: sim/attribution.py), counted over the run's plans
+    out["won"] = count_kinds(v for r in recs for v in r["variants"])
+    out["batch_variants"] = [r["variants"] if len(r["variants"]) > 1 else r["variants"][0] for r in recs]
     return out
 
 
@@ -403,6 +431,9 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     With ``spec.recompute_per_strategy`` a setting is (value, recompute) and the record's
     ``recompute`` is the deployed one's."""
     profile, model = load_profile(spec.cluster), load_model(spec.model)
+    # Every strategy plans with the profile it is given (off by spec.profile_error: sim/perturb.py);
+    # the simulator times the plans with the true one.
+    plan_profile = perturbed(profile, spec.profile_error, spec.profile_seed)
     topo = domain_topology(profile, spec.domain_nodes, spec.tp)
     runs = run_steps(spec, topo.world_size)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
@@ -414,6 +445,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     for v in variants:
         rec = {**asdict(spec), "key": spec.key(), "label": spec.label(), "variant": v, "ranks": topo.world_size,
                "error": "", "oracle_error": ""}
+        if spec.profile_error:
+            rec["profile_factors"] = factors(spec.profile_error, spec.profile_seed)
         times: Dict = {}
         batch_recs: Dict = {}
         errors: Dict = {}
@@ -434,12 +467,12 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                         t0 = time.perf_counter()
                         v_steps, v_config = steps, rc_config
                         if v == JOINT and len(steps) > 1:  # the iteration's documents assigned jointly
-                            v_steps, v_config = joint_steps(steps, topo, profile, model, rc_config)
+                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config)
                         plans = ([] if v == "dynamic_cp" else  # dynamic_cp: its rounds (_simulate_steps)
-                                 [make_plan(v, lengths, topo, profile, model, v_config, s) for lengths in v_steps])
+                                 [make_plan(v, lengths, topo, plan_profile, model, v_config, s) for lengths in v_steps])
                         t1 = time.perf_counter()
                         plans, res = _simulate_steps(v, v_steps, plans, topo, profile, model, v_config, s, spec.tp,
-                                                     options, spec.pipeline)
+                                                     options, spec.pipeline, plan_profile)
                         t2 = time.perf_counter()
                     except ZeppelinError as e:
                         times[key].append(None)

@@ -1,0 +1,63 @@
+"""A hardware profile off by up to +-e per term, seeded: what a planner sees when its profile is wrong.
+
+The robustness study (presets/runs/paper.yaml ``robustness``) plans every strategy with such a
+profile and simulates the plans with the true one: the speedups then show what the planner's
+choices are worth when the rates it priced them with are off, as a calibration or a published
+figure can be. Four terms, each scaled by its own factor drawn uniformly from [1 - e, 1 + e]:
+the attention rate tables (forward, backward and full-block, one factor: a kernel is faster or
+slower at every length alike), the GEMM rate, NVLink bandwidth, and NIC bandwidth (with every
+network level above the NICs). Latencies and per-call overheads are left as they are.
+
+The factors depend on the seed alone (random.Random(seed): the same on every machine and Python),
+so a study's runs are reproducible and the report can name which term moved.
+
+>>> f = factors(0.25, 1)
+>>> sorted(f), all(0.75 <= x <= 1.25 for x in f.values()), f == factors(0.25, 1), f != factors(0.25, 2)
+(['attention', 'gemm', 'nic', 'nvlink'], True, True, True)
+>>> factors(0.0, 7)
+{'attention': 1.0, 'gemm': 1.0, 'nvlink': 1.0, 'nic': 1.0}
+>>> from megatron_zeppelin.spec.hardware import load_profile
+>>> p = load_profile("a800")
+>>> q = perturbed(p, 0.25, 1)
+>>> round(q.gemm_tflops / p.gemm_tflops, 12) == round(f["gemm"], 12), q.nic_latency_us == p.nic_latency_us
+(True, True)
+>>> perturbed(p, 0.0, 3) is p
+True
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Dict
+
+from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.spec.hardware import HardwareProfile
+
+TERMS = ("attention", "gemm", "nvlink", "nic")  # drawn in this order: a new term goes last, old seeds keep theirs
+
+
+def factors(error: float, seed: int) -> Dict[str, float]:
+    """{term: factor} for a relative ``error`` (0.25: each factor uniform in [0.75, 1.25]) and ``seed``."""
+    if not 0.0 <= error < 1.0:
+        raise ZeppelinError(f"profile_error {error}: want 0 <= error < 1 (0.25 is +-25%)")
+    rng = random.Random(seed)
+    return {t: 1.0 + error * (2.0 * rng.random() - 1.0) for t in TERMS}
+
+
+def perturbed(profile: HardwareProfile, error: float, seed: int) -> HardwareProfile:
+    """``profile`` with its rates scaled by ``factors(error, seed)`` (the profile itself at error 0)."""
+    if error == 0.0:
+        return profile
+    f = factors(error, seed)
+
+    def scale(xs, k):
+        return tuple(x * k for x in xs)
+    a = f["attention"]
+    return replace(profile, name=f"{profile.name}~{seed}",
+                   attn_fwd_tflops=scale(profile.attn_fwd_tflops, a), attn_bwd_tflops=scale(profile.attn_bwd_tflops, a),
+                   attn_full_fwd_tflops=scale(profile.attn_full_fwd_tflops, a),
+                   attn_full_bwd_tflops=scale(profile.attn_full_bwd_tflops, a),
+                   gemm_tflops=profile.gemm_tflops * f["gemm"], nvlink_GBps=profile.nvlink_GBps * f["nvlink"],
+                   nic_GBps=profile.nic_GBps * f["nic"],
+                   levels=tuple(replace(lv, GBps=lv.GBps * f["nic"]) for lv in profile.levels))
