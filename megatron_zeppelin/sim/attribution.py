@@ -2,14 +2,14 @@
 
 Zeppelin's search (planner/partitioner/partition.py) assembles the partitioner's variants
 (``rate/inter/rings/remap``, e.g. ``all/hide/free/time``) and then the baselines' fixed shapes
-(planner/portfolio/shapes.py: ``cp4/off``, ``cp8+routing/time``, ``a2a2/off``, ``hybrid_dp/time``,
+(planner/portfolio/shapes.py: ``cp4/off``, ``cp8+routing/time``, ``a2a2/off``, ``a2a+p2p2x4/off``, ``hybrid_dp/time``,
 ``dynamic_cp/4096/off``), and keeps the least predicted; the winner's label is the plan's
 ``meta["variant"]``. The matrix counts the kinds per run so a report can say how much of a
 speedup is the paper's partitioner and how much is a baseline's own shape run by Zeppelin's engine.
 
 >>> [candidate_kind(v) for v in ("all/hide/free/time", "all/forced/aligned/off", "cp1/off", "cp4+routing/time",
-...                              "a2a2/off", "hybrid_dp+routing/time", "dynamic_cp/4096/off", "")]
-['partitioner', 'partitioner, aligned rings', 'packed (cp1)', 'static_cp p2p', 'static_cp a2a', 'hybrid_dp', 'dynamic_cp', '']
+...                              "a2a2/off", "a2a+p2p2x4/off", "hybrid_dp+routing/time", "dynamic_cp/4096/off", "")]
+['partitioner', 'partitioner, aligned rings', 'packed (cp1)', 'static_cp p2p', 'static_cp a2a', 'static_cp a2a+p2p', 'hybrid_dp', 'dynamic_cp', '']
 >>> count_kinds(["all/hide/free/time", "cp2/off", "all/hide/free/off", ""])
 {'partitioner': 2, 'static_cp p2p': 1}
 """
@@ -20,8 +20,8 @@ import re
 from typing import Dict, Iterable
 
 PARTITIONER = "partitioner"  # the paper's greedy, free rings (its variants differ by budget rate, inter rule, remap)
-KINDS = (PARTITIONER, "partitioner, aligned rings", "packed (cp1)", "static_cp p2p", "static_cp a2a", "hybrid_dp",
-         "dynamic_cp")  # a report's column order
+KINDS = (PARTITIONER, "partitioner, aligned rings", "packed (cp1)", "static_cp p2p", "static_cp a2a",
+         "static_cp a2a+p2p", "hybrid_dp", "dynamic_cp")  # a report's column order
 
 
 def candidate_kind(label: str) -> str:
@@ -38,6 +38,8 @@ def candidate_kind(label: str) -> str:
         return "static_cp p2p"
     if re.fullmatch(r"a2a\d+", head):
         return "static_cp a2a"
+    if re.fullmatch(r"a2a\+p2p\d+x\d+", head):  # TE's hierarchical a2a+p2p, a2a group x ring of groups
+        return "static_cp a2a+p2p"
     if head in ("hybrid_dp", "dynamic_cp"):
         return head
     return "other: " + head  # a shape this module does not know yet: shown, never dropped

@@ -41,10 +41,10 @@ def test_the_partitioner_alone_never_takes_a_portfolio_shape():
     from megatron_zeppelin.sim.attribution import PARTITIONER, candidate_kind
     from megatron_zeppelin.sim.runs import make_plan
     ctx = toy_context(nodes=1, gpus=4)
-    lengths = [8000, 5000, 300, 200, 100, 90]  # partition.py's worked example: the cp4 shape wins it
+    lengths = [8000, 5000, 300, 200, 100, 90]  # partition.py's worked example: a static_cp shape wins it
     full = make_plan("zeppelin", lengths, ctx.topology, ctx.profile, ctx.model, ctx.config)
     alone = make_plan("zeppelin-partitioner", lengths, ctx.topology, ctx.profile, ctx.model, ctx.config)
-    assert candidate_kind(full.meta.variant) == "static_cp p2p"
+    assert candidate_kind(full.meta.variant).startswith("static_cp")
     assert candidate_kind(alone.meta.variant).startswith(PARTITIONER) and "shape" not in alone.meta.variant
     assert full.predicted_iteration_s <= alone.predicted_iteration_s
 
