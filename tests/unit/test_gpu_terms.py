@@ -134,3 +134,20 @@ def test_lower_bound_holds_where_full_blocks_run_faster():
     assert lower_bound([L], cost) * 4 <= sum(a) + cost.linear_s(L)
     causal_only = replace(cost, profile=replace(cost.profile, attn_full_fwd_tflops=(), attn_full_bwd_tflops=()))
     assert lower_bound([L], causal_only) > lower_bound([L], cost)  # what the bound counted before
+
+
+def test_bench_turns_each_term_off(tmp_path):
+    """benchmarks/bench_gpu_terms.py: each variant's profile has its term off, the rest as the preset;
+    "none" has every term at the value of a profile that states none of them."""
+    from bench_scripts import load_bench
+    bench = load_bench("bench_gpu_terms")
+    p = load_profile("a800")
+    off = load_profile(bench._profile_path("a800", "contention", str(tmp_path)))
+    assert off.overlap_slowdown == 0 and off.message_us == p.message_us and off.attn_by_sequence
+    none = load_profile(bench._profile_path("a800", "none", str(tmp_path)))
+    bare = HardwareProfile(**{f: getattr(none, f) for f in ("name", "gpu", "gemm_tflops", "attn_seqlen",
+                              "attn_fwd_tflops", "attn_bwd_tflops", "nvlink_GBps", "nvlink_latency_us",
+                              "nic_GBps", "nic_latency_us", "gpus_per_node", "nics_per_node", "gpu_to_nic",
+                              "memory_GB", "assumed")})
+    assert none == bare
+    assert bench._profile_path("a800", "all", str(tmp_path)) == "a800"
