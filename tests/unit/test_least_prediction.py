@@ -15,7 +15,6 @@ from megatron_zeppelin.planner.build.assemble import least_iteration_s, prepare,
 from megatron_zeppelin.planner.cost.predict import predict
 from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.sim.runs import domain_topology
-from megatron_zeppelin.spec.words import Comm
 
 # (cluster, model, tp, nodes, capacity tokens, recompute, lognormal mu): loose and memory-bound runs
 CASES = [("a800", "llama-7b", 1, 2, 0, "none", 7.5), ("a800", "llama-7b", 1, 4, 4608, "none", 8.0),
@@ -56,10 +55,12 @@ def test_least_is_below_the_prediction_on_every_rank(case):
                         att_tokens=pre.att_tokens, least=True)
         for a, b in zip(least, exact):
             assert a.total_s <= b.total_s * (1 + 1e-12)
-        # close: ring waits and shared links are all it leaves out (an a2a ring's all-to-alls are
-        # waited before its compute, never hidden: all of them are such waits)
-        if all(r.comm != Comm.A2A for r in pre.rings):
-            assert least_iteration_s(ctx, pre, remap) >= 0.9 * max(b.total_s for b in exact)
+        # close: ring waits and shared links are all it leaves out, so where the exact prediction
+        # exposes little communication (not an a2a ring's all-to-alls, waited before its compute, nor
+        # a communication-bound ring candidate) it is within 10%
+        top = max(b.total_s for b in exact)
+        if max(b.comm_exposed_s for b in exact) < 0.05 * top:
+            assert least_iteration_s(ctx, pre, remap) >= 0.9 * top
         checked += bool(moves)
     assert checked  # remap variants with moves were among them
 

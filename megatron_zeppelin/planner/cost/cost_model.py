@@ -427,15 +427,16 @@ class CostModel:
         >>> c.ring_member_attention_s(1000, 2) > c.doc_attention_s(1000) / 2   # smaller, slower blocks
         True
         """
-        if ring <= 1:
-            return self.doc_attention_s(length)
-        c = max(1, length // (2 * ring))
-        calls = ring * (self.call_s() + self.call_s(True)) * self.model.layers  # a call per ring step
-        return 2 * self.block_s(c, c, True) + (2 * ring - 1) * self.block_s(c, c, False) + calls
+        return float(self.ring_member_attention_np([length], [ring])[0])
 
-    def ring_member_attention_np(self, lengths, rings, passes=(False, True)) -> np.ndarray:
+    def ring_member_attention_np(self, lengths, rings, passes=(False, True), calls: bool = True) -> np.ndarray:
         """``ring_member_attention_s`` for arrays of lengths and ring sizes (the same arithmetic);
-        ``passes``: (False,) for the forward alone (what recompute runs again), (True,) the backward.
+        ``passes``: (False,) for the forward alone (what recompute runs again), (True,) the backward;
+        ``calls``: with a kernel call per ring step (False: without, as a bound must: the documents
+        of a ring share each step's call). On a profile priced by sequence, as the calls run: at
+        its own step a member's early chunk is a causal sequence of c keys, its later chunk one of
+        2c (c full, then c causal); at each later step its two full blocks are one sequence of 2c
+        keys (kv member after it) or two of c (before it): half of the steps each, the mean member.
 
         >>> from megatron_zeppelin.planner.testing import toy_context
         >>> c = toy_context().cost
@@ -451,8 +452,19 @@ class CostModel:
 
         def blocks(q, causal):  # block_s_np for both passes: (forward + backward) x layers
             return sum(self.block_pass_s(q, q, causal, p) for p in passes) * self.model.layers
-        calls = G * sum(self.call_s(p) for p in passes) * self.model.layers
-        ring = 2 * blocks(c, True) + (2 * G - 1) * blocks(c, False) + calls
+        per_call = G * sum(self.call_s(p) for p in passes) * self.model.layers if calls else 0.0
+        if self.profile.attn_by_sequence:
+            c2 = 2.0 * c
+
+            def member(p):  # one layer, one pass, the mean member (docstring)
+                def f(causal, keys, masked):
+                    return self.block_flops_s(c, c, causal, p, keys=keys, masked=masked)
+                own = f(True, c, True) + f(False, c2, True) + f(True, c2, True)
+                later = (G - 1) * (f(False, c, False) + f(False, c2, False))
+                return own + later + (2 + 1.5 * (G - 1)) * self.seq_s(p)
+            ring = sum(member(p) for p in passes) * self.model.layers + per_call
+        else:
+            ring = 2 * blocks(c, True) + (2 * G - 1) * blocks(c, False) + per_call
         return np.where(G <= 1, blocks(L, True), ring)
 
 
