@@ -23,8 +23,14 @@ def build_profile(name: str, gpu: str, attention: List[Dict], gemm: Dict, intra:
         assumed.append("nvlink (from base profile %s)" % base.name)
     if not inter:
         assumed.append("nic (%s)" % ("= intra-node measurement" if intra else "from base profile %s" % base.name))
+    # The base's kernel terms (full-block tables, pricing by sequence, tile, launch cost) and its
+    # assumed NCCL terms (per-message overhead, SM contention) describe its GPUs, not this machine:
+    # a measured link latency already holds its per-message cost.
     return replace(
         base, name=name, gpu=gpu, gemm_tflops=_sig(gemm["tflops"]),
+        attn_full_fwd_tflops=(), attn_full_bwd_tflops=(), attn_by_sequence=False, attn_tile_tokens=0,
+        attn_call_fwd_us=0.0, attn_call_bwd_us=0.0, attn_seq_fwd_us=0.0, attn_seq_bwd_us=0.0,
+        message_us=0.0, overlap_slowdown=0.0,
         attn_seqlen=tuple(a["seqlen"] for a in attention),
         attn_fwd_tflops=tuple(_sig(a["fwd_tflops"]) for a in attention),
         attn_bwd_tflops=tuple(_sig(a["bwd_tflops"]) for a in attention),

@@ -210,16 +210,45 @@ def splits_per(keys: np.ndarray, seq: np.ndarray, causal: np.ndarray, q: Optiona
     return np.bincount(at, minlength=size), rows
 
 
+def call_blocks_s(cost, q, kv, causal, share, seq, backward: bool = False) -> np.ndarray:
+    """Seconds of the FLOPs of the blocks of one kernel call (arrays, one entry per block; ``seq``:
+    each block's query chunk, so the call's blocks of one query chunk are one sequence, as the
+    engine packs them: attention/kernels/pieces.py), as the call runs them: each block at the rate
+    of its sequence, the table of the sequence's mask (causal where it ends in a causal run, else
+    full) at its keys (``cost.block_flops_s``; a profile priced per block reads each block alone).
+
+    A zigzag member's later chunk of c rows at a step past its own holds two full c x c blocks:
+    one sequence of 2c keys, at the full table's rate at 2c.
+
+    >>> from dataclasses import replace
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> c = toy_context().cost
+    >>> c = replace(c, profile=replace(c.profile, attn_by_sequence=True))
+    >>> two = call_blocks_s(c, np.array([600., 600.]), np.array([600., 600.]), np.array([False, False]), 1.0,
+    ...                     np.array([7, 7]))
+    >>> bool(abs(two.sum() - c.block_flops_s(600, 1200, False)) < 1e-15), bool(two[0] <= c.block_flops_s(600, 600, False))
+    (True, True)
+    """
+    if not cost.profile.attn_by_sequence or not len(q):
+        return cost.block_flops_s(q, kv, causal, backward) * share
+    _, at = np.unique(seq, return_inverse=True)
+    keys = np.bincount(at, kv)[at]
+    masked = np.bincount(at, causal.astype(np.float64))[at] > 0
+    return cost.block_flops_s(q, kv, causal, backward, keys=keys, masked=masked) * share
+
+
 def ring_step_costs(cost, rings: Sequence[Ring], docs: Dict[int, DocPlan], steps: int, world: int):
     """Per ring step and rank, (forward, backward) compute seconds of one layer of ``rings``, as
-    [steps, world] arrays: the blocks' FLOPs by the cost model's one block function, a fixed
+    [steps, world] arrays: the blocks' FLOPs by the cost model's one block function (each at its
+    sequence's rate: ``call_blocks_s``), a fixed
     ``cost.seq_s`` per sequence (query chunk) and one kernel call (``cost.call_s``) per (step, rank)
     with blocks, as the engine packs a step's blocks."""
     b = ring_blocks(rings, docs)
     fwd, bwd = np.zeros((steps, world)), np.zeros((steps, world))
     if len(b.q):
-        np.add.at(fwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal) * b.share)
-        np.add.at(bwd, (b.step, b.rank), cost.block_flops_s(b.q, b.kv, b.causal, True) * b.share)
+        call = b.seq * steps + b.step  # a query chunk's blocks of one step: one sequence of that step's call
+        np.add.at(fwd, (b.step, b.rank), call_blocks_s(cost, b.q, b.kv, b.causal, b.share, call))
+        np.add.at(bwd, (b.step, b.rank), call_blocks_s(cost, b.q, b.kv, b.causal, b.share, call, True))
         n = sequences_per(b.step * world + b.rank, b.seq, b.causal, steps * world).reshape(steps, world)
         has = n > 0
         fwd += has * cost.call_s() + n * cost.seq_s()
@@ -537,9 +566,15 @@ class AttentionWork:
     that has any: the engine packs them, runner.py; a local document is one sequence). With a shared
     CPU host (``cost.host``, spec/host.py; None on GPUs) a Compute also pays its split sequences'
     merge, and ``pack`` is the host CPU per rank with which each pass starts (``host.pack_s`` of its
-    own ring rows; None without a host)."""
+    own ring rows; None without a host). Each block runs at its sequence's rate (``call_blocks_s``).
+    With the Plan's ``schedule`` and a profile whose ``overlap_slowdown`` f is not 0, a Compute
+    (the local documents included) runs at 1 - f of its speed while an exchange that its rank sends
+    or receives is in flight (posted before it in the program, waited after it: NCCL's kernels take
+    SMs): it pays f x min(its seconds, the seconds of those exchanges' ops on that rank, each
+    stage's slowest op alone on its link, as if the exchange started with the kernel)."""
 
-    def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int, local=None):
+    def __init__(self, cost, docs: Sequence[DocPlan], rings: Sequence[Ring], world: int, local=None,
+                 schedule: Optional[Sequence[CommOp]] = None):
         """``local``: ``local_arrays(docs)``, where the caller has it."""
         dmap = ring_documents(docs, rings)  # what ring_blocks and packing read
         b = ring_blocks(rings, dmap)
@@ -548,7 +583,10 @@ class AttentionWork:
         self._top_id = int(ids.max(initial=-1)) + 1
         self.step, self.rank, self.seq, self.causal, self.q = b.step, b.rank, b.seq, b.causal, b.q
         self.cost, self.host = cost, cost.host
-        self.sec = {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) * b.share for bw in (False, True)}
+        self.kv, self.share = b.kv, b.share
+        # per block, unless a call's sequences set the rate (then priced per Compute in seconds())
+        self.sec = None if cost.profile.attn_by_sequence else \
+            {bw: cost.block_flops_s(b.q, b.kv, b.causal, bw) * b.share for bw in (False, True)}
         self.call = {bw: cost.call_s(bw) for bw in (False, True)}  # one kernel call per rank per Compute
         self.per_seq = {bw: cost.seq_s(bw) for bw in (False, True)}  # per query chunk of a call
         self.members = {r.id: r.ranks for r in rings}
@@ -564,32 +602,74 @@ class AttentionWork:
         self.pack = None if self.host is None else self._pack(cost, rings, dmap, world)
         self._seconds: Dict[Tuple[Compute, bool], np.ndarray] = {}
         self._by_step = None
+        self._rings, self._schedule = rings, schedule
+        self._slowed: Dict[bool, Dict[Compute, np.ndarray]] = {}
 
     def seconds(self, c: Compute, backward: bool) -> np.ndarray:
         """Per rank seconds of ``c`` (one layer); a layer runs the same program every time, so
         each Compute is priced once (callers must not modify the array returned)."""
-        if c.queue == DocClass.LOCAL:
-            return self.local[backward]
         key = (c, backward)
         out = self._seconds.get(key)
         if out is None:
-            out = np.zeros(self.world)
-            # c's rings as a lookup over ring ids (np.isin costs more on a layer's small arrays)
-            mine = np.zeros(self._top_id, dtype=bool)
-            mine[[r for r in c.rings if r < self._top_id]] = True
-            if len(c.steps) == 1:  # a zigzag step: only that step's blocks (kept in block order)
-                idx = self._step_blocks(c.steps[0])
-                m = idx[mine[self.ring_id[idx]]]
-            else:
-                m = mine[self.ring_id] & np.isin(self.step, c.steps)
-            out += np.bincount(self.rank[m], self.sec[backward][m], minlength=self.world)
-            out[np.bincount(self.rank[m], minlength=self.world) > 0] += self.call[backward]  # one call per rank
-            if self.per_seq[backward]:  # each query chunk's blocks of the call: one sequence
-                out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.causal[m], self.world)
-            if self.host is not None:  # those mixing full keys and a causal run: their merge (CPU kernel)
-                out += self.host.split_s(*splits_per(self.rank[m], self.seq[m], self.causal[m], self.q[m], self.world),
-                                         backward)
+            out = self.local[backward] if c.queue == DocClass.LOCAL else self._compute_s(c, backward)
+            flying = self.slowed(backward).get(c)
+            if flying is not None:
+                out = out + self.cost.overlap_slowdown * np.minimum(out, flying)
             self._seconds[key] = out
+        return out
+
+    def slowed(self, backward: bool) -> Dict[Compute, np.ndarray]:
+        """Per Compute of the pass's program with an exchange in flight, per rank the seconds of
+        those exchanges' ops on it (a sender or receiver, relays included: per stage the slowest of
+        its ops, latency + bytes / bandwidth, alone on the link); empty without a schedule or an
+        overlap slowdown."""
+        if backward not in self._slowed:
+            out: Dict[Compute, np.ndarray] = {}
+            if self._schedule is not None and self.cost.overlap_slowdown:
+                cost = self.cost
+                ops: Dict[Tuple[str, int, int], list] = {}
+                for o in self._schedule:
+                    ops.setdefault((o.queue, o.step, o.ring), []).append(o)
+                flying: Dict[str, np.ndarray] = {}
+                for x in attention_program(self._rings, bool(self.local_ranks), backward):
+                    if isinstance(x, Post):
+                        slowest: Dict[Tuple[str, int], float] = {}
+                        for r in x.rings:
+                            for o in ops.get((x.queue, x.step, r), ()):
+                                t = cost.latency(o.link) + o.nbytes / cost.bandwidth(o.link)
+                                for rank in (o.src, o.dst):
+                                    slowest[o.stage, rank] = max(slowest.get((o.stage, rank), 0.0), t)
+                        sec = np.zeros(self.world)
+                        for (_, rank), t in slowest.items():
+                            sec[rank] += t
+                        flying[x.name] = sec
+                    elif isinstance(x, Wait):
+                        flying.pop(x.name, None)
+                    elif flying:
+                        out[x] = sum(flying.values())
+            self._slowed[backward] = out
+        return self._slowed[backward]
+
+    def _compute_s(self, c: Compute, backward: bool) -> np.ndarray:
+        """Per rank seconds of the ring Compute ``c``, before any overlap slowdown."""
+        out = np.zeros(self.world)
+        # c's rings as a lookup over ring ids (np.isin costs more on a layer's small arrays)
+        mine = np.zeros(self._top_id, dtype=bool)
+        mine[[r for r in c.rings if r < self._top_id]] = True
+        if len(c.steps) == 1:  # a zigzag step: only that step's blocks (kept in block order)
+            idx = self._step_blocks(c.steps[0])
+            m = idx[mine[self.ring_id[idx]]]
+        else:
+            m = mine[self.ring_id] & np.isin(self.step, c.steps)
+        sec = self.sec[backward][m] if self.sec is not None else \
+            call_blocks_s(self.cost, self.q[m], self.kv[m], self.causal[m], self.share[m], self.seq[m], backward)
+        out += np.bincount(self.rank[m], sec, minlength=self.world)
+        out[np.bincount(self.rank[m], minlength=self.world) > 0] += self.call[backward]  # one call per rank
+        if self.per_seq[backward]:  # each query chunk's blocks of the call: one sequence
+            out += self.per_seq[backward] * sequences_per(self.rank[m], self.seq[m], self.causal[m], self.world)
+        if self.host is not None:  # those mixing full keys and a causal run: their merge (CPU kernel)
+            out += self.host.split_s(*splits_per(self.rank[m], self.seq[m], self.causal[m], self.q[m], self.world),
+                                     backward)
         return out
 
     @staticmethod

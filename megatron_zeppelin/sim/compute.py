@@ -14,9 +14,11 @@ Toy model (hidden 64, 4 heads of 16, 2 KV heads, FFN 128) at 100 TFLOP/s:
 >>> k.proj_s(1000) * 1e9   # ns for 1000 tokens, forward: 1000 * 2*(64*64 + 2*64*32 + 64*64) / 1e14
 245.76
 
-``ring_step_s`` gives every member's compute of every ring step at once; it equals the
-block-by-block sum of the cost model's block function (full blocks at the profile's full-block
-table when it has one, causal ones at the causal table):
+``ring_step_s`` gives every member's compute of every ring step at once, each step one kernel call
+(program.py ``ring_step_costs``); on a profile priced per block it equals the block-by-block sum of
+the cost model's block function (full blocks at the profile's full-block table when it has one,
+causal ones at the causal table); on one priced by sequence (the GPU presets) each block runs at
+its sequence's rate (``call_blocks_s``):
 
 >>> from megatron_zeppelin.planner.program import ring_step_blocks
 >>> from megatron_zeppelin.planner.types import DocPlan, Ring

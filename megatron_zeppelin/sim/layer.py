@@ -88,7 +88,7 @@ class LayerBuilder:
         self.cursor: List[Optional[int]] = [None] * self.world
         self.recomputing = False  # tasks are the backward's recomputed forward (category "recompute")
         if ring_cache is None or "work" not in ring_cache:  # priced once per plan (shared fwd/bwd)
-            work = AttentionWork(costs.cost, plan.docs, plan.rings, self.world)
+            work = AttentionWork(costs.cost, plan.docs, plan.rings, self.world, schedule=plan.schedule)
             ring_cache = {} if ring_cache is None else ring_cache
             ring_cache["work"] = work
         self.work = ring_cache["work"]

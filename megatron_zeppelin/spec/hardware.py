@@ -2,7 +2,8 @@
 
 Attention throughput depends on the length of the attended block: short documents run far below
 peak (tile quantization, launch overhead). Between table points the rate is interpolated linearly in
-log2(length); outside the table it is clamped.
+log2(length); outside the table it is clamped, except below ``attention.tile_tokens`` where it falls
+in proportion to the length (CostModel.attn_rate).
 
 >>> p = HardwareProfile(name="toy", gpu="toy", gemm_tflops=100.0, attn_seqlen=(512, 2048),
 ...                     attn_fwd_tflops=(50.0, 100.0), attn_bwd_tflops=(40.0, 80.0),
@@ -75,8 +76,9 @@ class HardwareProfile:
     # call per rank per Compute of the layer program, every block of it packed), and per *sequence*
     # inside a call (one query chunk with every key block it attends in that call: the kernels merge
     # them, attention/kernels/pieces.py; pairing segments, masks, slicing the K/V message), forward
-    # and backward, on top of FLOPs / rate; 0 in the GPU presets (folded into the rate table),
-    # measured by `zeppelin bench --validate-cpu`.
+    # and backward, on top of FLOPs / rate; per call, the GPU presets state an assumed launch cost
+    # (attention.call_fwd_us / call_bwd_us) and no per-sequence cost (the rate tables hold it); the
+    # CPU profile's are measured by `zeppelin bench --validate-cpu`.
     attn_call_fwd_us: float = 0.0
     attn_call_bwd_us: float = 0.0
     attn_seq_fwd_us: float = 0.0
@@ -98,6 +100,23 @@ class HardwareProfile:
     # better: 2 MiB gives the least predicted routed time of a 64K-document ring message on a800 and
     # h200 among 256 KiB..8 MiB (docs/routing.md, results/relay/).
     relay_chunk_bytes: int = RELAY_CHUNK_BYTES
+    # How a kernel call is priced (YAML ``attention.by_sequence``): True, each sequence of the call
+    # (a query chunk with every key it attends there) at the table of its mask (causal, or full when
+    # it has no causal key run) at its number of keys: FlashAttention's length curves are measured
+    # so (one seqlen of queries and keys per batch entry); False, each block at its own length, as
+    # `zeppelin calibrate` measures the CPU kernel's blocks.
+    attn_by_sequence: bool = False
+    # Below ``attention.tile_tokens`` keys the rate falls in proportion to the keys (a shorter
+    # sequence still runs a whole query tile and key loop, so its time stops shrinking with its
+    # FLOPs); 0: the rate is clamped at the table's first point, as the CPU profiles measure.
+    attn_tile_tokens: int = 0
+    # Fixed seconds of every point-to-point message (each hop: a routed piece is three) on top of
+    # its link's latency (YAML ``message_us``): the NCCL op's launch and, at a relay, the proxy's
+    # handoff; the collectives (TP, DP all-reduces) keep the link latency alone.
+    message_us: float = 0.0
+    # Fraction by which a compute kernel slows while an NCCL exchange of its rank is in flight (YAML
+    # ``overlap_slowdown``): NCCL's kernels take SMs (planner/program.py AttentionWork applies it).
+    overlap_slowdown: float = 0.0
 
     def __post_init__(self):
         for f in ("attn_seqlen", "attn_fwd_tflops", "attn_bwd_tflops", "gpu_to_nic", "assumed",
@@ -124,6 +143,9 @@ class HardwareProfile:
             raise ProfileError(f"profile {self.name}: latencies must be >= 0")
         if self.relay_chunk_bytes < 0:
             raise ProfileError(f"profile {self.name}: relay_chunk_bytes must be >= 0 (0: unpipelined relays)")
+        if self.message_us < 0 or self.attn_tile_tokens < 0 or not 0 <= self.overlap_slowdown < 1:
+            raise ProfileError(f"profile {self.name}: message_us and attention.tile_tokens must be >= 0 and "
+                               "overlap_slowdown in [0, 1)")
 
     def _check_levels(self) -> None:
         names, below = {Link.NVLINK, Link.NIC}, self.nic_nodes
@@ -190,6 +212,14 @@ class HardwareProfile:
         if self.attn_full_fwd_tflops:
             out["attention"].update(full_fwd_tflops=list(self.attn_full_fwd_tflops),
                                     full_bwd_tflops=list(self.attn_full_bwd_tflops))
+        if self.attn_by_sequence:
+            out["attention"]["by_sequence"] = True
+        if self.attn_tile_tokens:
+            out["attention"]["tile_tokens"] = self.attn_tile_tokens
+        if self.message_us:
+            out["message_us"] = self.message_us
+        if self.overlap_slowdown:
+            out["overlap_slowdown"] = self.overlap_slowdown
         return out
 
     @classmethod
@@ -221,6 +251,10 @@ class HardwareProfile:
                 attn_seq_bwd_us=float(att.get("seq_bwd_us", 0.0)),
                 attn_full_fwd_tflops=tuple(float(x) for x in att.get("full_fwd_tflops", ())),
                 attn_full_bwd_tflops=tuple(float(x) for x in att.get("full_bwd_tflops", ())),
+                attn_by_sequence=bool(att.get("by_sequence", False)),
+                attn_tile_tokens=int(att.get("tile_tokens", 0)),
+                message_us=float(d.get("message_us", 0.0)),
+                overlap_slowdown=float(d.get("overlap_slowdown", 0.0)),
                 nic_nodes=int(nic.get("nodes", 0)),
                 relay_chunk_bytes=int(d.get("relay_chunk_bytes", RELAY_CHUNK_BYTES)),
                 levels=tuple(NetworkLevel(str(lv["name"]), float(lv["GBps"]), float(lv["latency_us"]),

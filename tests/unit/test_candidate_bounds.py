@@ -98,14 +98,16 @@ def _cp4_cp8(lengths, ctx):
 
 def test_the_compute_bound_counts_the_recomputed_forward():
     """Under full recompute the backward runs each layer's forward again (attention, projections,
-    MLP): the bound counts it, so CP 4 and CP 8 on long documents come within 5% of their predictions
-    (without it they were at 0.75, and each was assembled on every batch of the matrix's 16K-per-GPU
+    MLP): the bound counts it, so CP 4 and CP 8 on long documents come within 7% of their predictions
+    (5% before the GPU presets' overlap slowdown; without the recompute they were at 0.75, and each was assembled on every batch of the matrix's 16K-per-GPU
     runs that it could not win)."""
     lengths = np.random.default_rng(1).lognormal(9.5, 1.3, 60).clip(1, 65536).astype(np.int64).tolist()
     got = _cp4_cp8(lengths, _context("a800", "llama-7b", 4, lengths, recompute="full"))
     assert [label for label, _, _ in got] == ["cp4", "cp8"]
     for label, bound, pred in got:
-        assert 0.95 * pred <= bound <= pred, (label, bound, pred)
+        # 0.95 before the GPU terms; the bound leaves out the SM contention of overlapped exchanges
+        # (overlap_slowdown: ~1.7% of cp8's prediction here) and prices the mean ring member
+        assert 0.93 * pred <= bound <= pred, (label, bound, pred)
 
 
 @pytest.mark.parametrize("cluster,model,nodes,n,mu,config", CASES)

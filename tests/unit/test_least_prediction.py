@@ -55,10 +55,12 @@ def test_least_is_below_the_prediction_on_every_rank(case):
                         att_tokens=pre.att_tokens, least=True)
         for a, b in zip(least, exact):
             assert a.total_s <= b.total_s * (1 + 1e-12)
-        # close: ring waits and shared links are all it leaves out (the all-to-alls of a2a and
-        # a2a+p2p rings overlap no compute: their exposed exchanges may leave out more)
-        if all(r.comm in ("p2p", "allgather") for r in pre.rings):
-            assert least_iteration_s(ctx, pre, remap) >= 0.9 * max(b.total_s for b in exact)
+        # close: ring waits and shared links are all it leaves out, so where the exact prediction
+        # exposes little communication (not an a2a or a2a+p2p ring's all-to-alls, waited before its
+        # compute, nor a communication-bound ring candidate) it is within 10%
+        top = max(b.total_s for b in exact)
+        if all(r.comm in ("p2p", "allgather") for r in pre.rings) and max(b.comm_exposed_s for b in exact) < 0.05 * top:
+            assert least_iteration_s(ctx, pre, remap) >= 0.9 * top
         checked += bool(moves)
     assert checked  # remap variants with moves were among them
 

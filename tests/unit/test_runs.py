@@ -62,7 +62,9 @@ def test_recompute_repeats_ring_communication_only_for_split_documents():
     core_local = plan_batch(list(local.lengths), topo, profile, spec, cfg.with_(recompute="selective:core_attn"),
                             strategy="packed_dp")
     for r in range(topo.world_size):  # local: exactly the attention forward again, no communication
-        fwd = spec.layers * sum(float(ctx.cost.block_pass_s(d.length, d.length, True)) for d in local.local_docs(r))
+        docs = local.local_docs(r)  # and their kernel call (one per rank and layer)
+        fwd = spec.layers * (sum(float(ctx.cost.block_pass_s(d.length, d.length, True)) for d in docs)
+                             + ctx.cost.call_s() * bool(docs))
         assert core_local.cost[r].total_s - local.cost[r].total_s == pytest.approx(fwd)
 
 

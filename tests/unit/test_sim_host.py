@@ -169,7 +169,7 @@ def test_profile_and_host_round_trip_and_gpu_presets_carry_no_host(tmp_path):
     for name in ("a800", "h800", "h200"):  # GPU profiles: no host terms at all
         d = load_profile(name).to_dict()
         assert "host" not in d and not any(k.startswith("host_") for k in d)
-        assert not any(k.startswith("split_") for k in d["attention"]) and "full_fwd_tflops" not in d["attention"]
+        assert not any(k.startswith("split_") for k in d["attention"]) and "full_fwd_tflops" in d["attention"]
     assert not any(f.startswith(("host_", "attn_split")) for f in HardwareProfile.__dataclass_fields__)
     with pytest.raises(Exception, match="full_fwd_tflops"):
         replace(TOY_PROFILE, attn_full_fwd_tflops=(1.0,))

@@ -4,7 +4,12 @@ The one place a cost formula is written: the partitioner, the prediction (predic
 simulator (sim/compute.py) all price work here, so the planner optimises what the simulator times.
 
 Units: one *block* is a (query chunk, key/value chunk) pair of one document in one layer; costs of
-an iteration are forward + backward over all layers. ``block_pass_s`` is the one block-cost
+an iteration are forward + backward over all layers. A kernel call runs *sequences* (a query chunk
+with every key it attends in that call); on a profile priced by sequence (``attention.by_sequence``,
+the GPU presets: FlashAttention's curves are per sequence) every block runs at its sequence's rate,
+the table of the sequence's mask at its keys (``block_flops_s`` with ``keys`` / ``masked``;
+program.py ``call_blocks_s`` groups a call's blocks), and every point-to-point message pays the
+profile's ``message_us`` on top of its link's latency (``latency``). ``block_pass_s`` is the one block-cost
 function (vectorised over query length, key length and causal-or-full, forward or backward):
 attention FLOPs count the causal triangle once (4*q*k*heads*head_dim for a full block, half of the
 square for a diagonal block); the backward is 2.5x the forward FLOPs at the profile's backward
@@ -84,15 +89,31 @@ class CostModel:
         block, q == kv, counts its lower triangle with the diagonal; a full block q x kv."""
         return attention_flops(q, kv, causal, self._heads * self.model.head_dim)
 
-    def attn_rate(self, q, causal=True, backward: bool = False):
-        """FLOP/s of attention blocks with ``q`` query rows: the profile's causal table, or its
-        full-block table for full blocks when it has one (a kernel that does not skip masked tiles
-        makes the two differ); interpolated in log2(length) and clamped, as ``profile.attn_tflops``."""
+    def attn_rate(self, length, causal=True, backward: bool = False):
+        """FLOP/s of attention at ``length`` (a sequence's keys on a profile priced by sequence, a
+        block's query rows otherwise: ``profile.attn_by_sequence``): the profile's causal table, or
+        its full-block table for full ones when it has one (a kernel that does not skip masked tiles
+        makes the two differ); interpolated in log2(length) and clamped above; below the first point
+        clamped too, or, below ``attention.tile_tokens``, in proportion to the length (a shorter
+        sequence still runs a whole tile: its time stops shrinking with its FLOPs).
+
+        >>> from dataclasses import replace
+        >>> from megatron_zeppelin.planner.testing import toy_context
+        >>> c = toy_context().cost
+        >>> t = replace(c, profile=replace(c.profile, attn_tile_tokens=int(c.profile.attn_seqlen[0])))
+        >>> n = c.profile.attn_seqlen[0]
+        >>> bool(c.attn_rate(n // 2) == c.attn_rate(n)), bool(abs(t.attn_rate(n // 2) * 2 - c.attn_rate(n)) < 1)
+        (True, True)
+        """
         xs, causal_table, full_table = self._attn_tables[backward]
-        x = np.log2(np.maximum(np.asarray(q, dtype=np.float64), 1.0))
+        n = np.maximum(np.asarray(length, dtype=np.float64), 1.0)
+        x = np.log2(n)
         rate = np.interp(x, xs, causal_table)
         if full_table is not None:
             rate = np.where(causal, rate, np.interp(x, xs, full_table))
+        tile = self.profile.attn_tile_tokens
+        if tile:
+            rate = rate * np.minimum(1.0, n / tile)
         return rate * 1e12
 
     @cached_property
@@ -103,15 +124,32 @@ class CostModel:
         return {bw: (xs, np.asarray(p.attn_bwd_tflops if bw else p.attn_fwd_tflops, dtype=f),
                      None if full[bw] is None else np.asarray(full[bw], dtype=f)) for bw in (False, True)}
 
-    def block_flops_s(self, q, kv, causal, backward: bool = False):
+    def block_flops_s(self, q, kv, causal, backward: bool = False, keys=None, masked=None):
         """Seconds of the FLOPs of attention blocks in one layer, one pass (forward, or backward:
         2.5x the forward FLOPs at the backward rate), without fixed costs; 0 where q or kv is 0.
-        Vectorised over q, kv and causal: the partitioner, the prediction and the simulator all
-        price attention here (program.py adds a fixed ``seq_s`` per sequence, ``call_s`` per call)."""
+        Each block runs at the rate of the kernel sequence it is part of: ``keys`` (its keys) and
+        ``masked`` (it ends in a causal run) of that sequence, by default the block alone (a
+        sequence of its own); a profile not priced by sequence reads each block's own query rows.
+        Vectorised over every argument: the partitioner, the prediction and the simulator all price
+        attention here (program.py groups a call's blocks into sequences and adds a fixed ``seq_s``
+        per sequence, ``call_s`` per call)."""
         q = np.asarray(q, dtype=np.float64)
         kv = np.asarray(kv, dtype=np.float64)
         f = self.block_flops(q, kv, causal) * (BWD_FLOPS if backward else 1.0)
-        return np.where((q > 0) & (kv > 0), f / self.attn_rate(q, causal, backward), 0.0)
+        if self.profile.attn_by_sequence:
+            at, mask = (kv if keys is None else keys), (causal if masked is None else masked)
+        else:
+            at, mask = q, causal
+        return np.where((q > 0) & (kv > 0), f / self.attn_rate(at, mask, backward), 0.0)
+
+    def least_flops_s(self, q, backward: bool = False):
+        """Seconds of a causal q x q block's FLOPs at the fastest rate any sequence of at most q keys
+        runs at (the larger of the causal and the full table at q: the tables grow with length), for
+        the lower bound: a split document's sequences have no more keys than the document."""
+        q = np.asarray(q, dtype=np.float64)
+        f = self.block_flops(q, q, True) * (BWD_FLOPS if backward else 1.0)
+        rate = np.maximum(self.attn_rate(q, True, backward), self.attn_rate(q, False, backward))
+        return np.where(q > 0, f / rate, 0.0)
 
     def seq_s(self, backward: bool = False) -> float:
         """Fixed seconds of one sequence of a kernel call: a query chunk with every key block it
@@ -228,15 +266,27 @@ class CostModel:
         return tuple(Link(k) if k in LINKS else k for k in self.profile.links)
 
     @cached_property
-    def _links(self):  # {link: (bytes per second, seconds of latency)}: a hot path of predict
-        return {k: (gbps * 1e9, us * 1e-6) for k, (gbps, us) in self.profile.links.items()}
+    def _links(self):  # {link: (bytes per second, seconds of one message's latency)}: a hot path of predict
+        msg = self.profile.message_us
+        return {k: (gbps * 1e9, (us + msg) * 1e-6) for k, (gbps, us) in self.profile.links.items()}
 
     def bandwidth(self, link: str) -> float:
         """Bytes per second of one link of class ``link``, from the profile's link table."""
         return self._links[link][0]
 
     def latency(self, link: str) -> float:
+        """Fixed seconds of one point-to-point message (a hop) on ``link``: the link's latency plus
+        the profile's per-message overhead (``message_us``: the NCCL op's launch, a relay's handoff)."""
         return self._links[link][1]
+
+    def link_latency(self, link: str) -> float:
+        """The link's own latency, per step of a collective (NCCL's ring all-reduce: one launch)."""
+        return self.profile.links[link][1] * 1e-6
+
+    @property
+    def overlap_slowdown(self) -> float:
+        """Fraction by which a kernel slows while an NCCL exchange of its rank is in flight."""
+        return self.profile.overlap_slowdown
 
     def tp_allreduce_s(self, tokens, latency: bool = True):
         """One ring all-reduce of ``tokens`` hidden states over the TP group (NVLink; Megatron TP
@@ -251,7 +301,7 @@ class CostModel:
         """
         tp = self.tp
         t = np.asarray(tokens, dtype=np.float64)
-        lat = self.latency(Link.NVLINK) if latency else 0.0
+        lat = self.link_latency(Link.NVLINK) if latency else 0.0
         out = 2 * (tp - 1) * (lat + t * self.hidden_bytes_per_token / tp / self.bandwidth(Link.NVLINK)) * (t > 0)
         return float(out) if out.ndim == 0 else out
 
@@ -301,7 +351,7 @@ class CostModel:
         gradients in fp32 as Megatron reduces them by default for bf16 training."""
         nbytes = self.model.params() / self.tp * grad_bytes_per_param
         return ring_allreduce_s(nbytes, self.topology, self.bandwidth(Link.NVLINK), self.bandwidth(Link.NIC),
-                                self.latency(Link.NVLINK), self.latency(Link.NIC))
+                                self.link_latency(Link.NVLINK), self.link_latency(Link.NIC))
 
     def transfer_s(self, nbytes: float, link: str, share: float = 1.0) -> float:
         """One message over ``link`` whose bandwidth is shared ``share`` ways."""
@@ -377,15 +427,16 @@ class CostModel:
         >>> c.ring_member_attention_s(1000, 2) > c.doc_attention_s(1000) / 2   # smaller, slower blocks
         True
         """
-        if ring <= 1:
-            return self.doc_attention_s(length)
-        c = max(1, length // (2 * ring))
-        calls = ring * (self.call_s() + self.call_s(True)) * self.model.layers  # a call per ring step
-        return 2 * self.block_s(c, c, True) + (2 * ring - 1) * self.block_s(c, c, False) + calls
+        return float(self.ring_member_attention_np([length], [ring])[0])
 
-    def ring_member_attention_np(self, lengths, rings, passes=(False, True)) -> np.ndarray:
+    def ring_member_attention_np(self, lengths, rings, passes=(False, True), calls: bool = True) -> np.ndarray:
         """``ring_member_attention_s`` for arrays of lengths and ring sizes (the same arithmetic);
-        ``passes``: (False,) for the forward alone (what recompute runs again), (True,) the backward.
+        ``passes``: (False,) for the forward alone (what recompute runs again), (True,) the backward;
+        ``calls``: with a kernel call per ring step (False: without, as a bound must: the documents
+        of a ring share each step's call). On a profile priced by sequence, as the calls run: at
+        its own step a member's early chunk is a causal sequence of c keys, its later chunk one of
+        2c (c full, then c causal); at each later step its two full blocks are one sequence of 2c
+        keys (kv member after it) or two of c (before it): half of the steps each, the mean member.
 
         >>> from megatron_zeppelin.planner.testing import toy_context
         >>> c = toy_context().cost
@@ -401,8 +452,19 @@ class CostModel:
 
         def blocks(q, causal):  # block_s_np for both passes: (forward + backward) x layers
             return sum(self.block_pass_s(q, q, causal, p) for p in passes) * self.model.layers
-        calls = G * sum(self.call_s(p) for p in passes) * self.model.layers
-        ring = 2 * blocks(c, True) + (2 * G - 1) * blocks(c, False) + calls
+        per_call = G * sum(self.call_s(p) for p in passes) * self.model.layers if calls else 0.0
+        if self.profile.attn_by_sequence:
+            c2 = 2.0 * c
+
+            def member(p):  # one layer, one pass, the mean member (docstring)
+                def f(causal, keys, masked):
+                    return self.block_flops_s(c, c, causal, p, keys=keys, masked=masked)
+                own = f(True, c, True) + f(False, c2, True) + f(True, c2, True)
+                later = (G - 1) * (f(False, c, False) + f(False, c2, False))
+                return own + later + (2 + 1.5 * (G - 1)) * self.seq_s(p)
+            ring = sum(member(p) for p in passes) * self.model.layers + per_call
+        else:
+            ring = 2 * blocks(c, True) + (2 * G - 1) * blocks(c, False) + per_call
         return np.where(G <= 1, blocks(L, True), ring)
 
 

@@ -174,7 +174,7 @@ class _Attention:
     def __init__(self, docs, rings, schedule, cost: CostModel, local=None):
         self.cost, self.world = cost, cost.topology.world_size
         local = local_arrays(docs) if local is None else local
-        self.work = AttentionWork(cost, docs, rings, self.world, local)
+        self.work = AttentionWork(cost, docs, rings, self.world, local, schedule)
         self.ops: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
         for o in schedule:
             self.ops[(o.queue, o.step)].append(o)
@@ -475,7 +475,9 @@ def lower_bound(lengths: Sequence[int], cost: CostModel, whole_s: Optional[np.nd
     Still a lower bound with the split linear work: a rank's iteration time is at least its busy
     time, so the slowest rank takes at least the mean busy time over the ranks. The total busy time
     is at least the sum of each document's attention run whole (splitting only makes blocks smaller
-    and the profile's rate grows with length) plus the projections of every token (on the attention
+    and the profile's rate grows with length; where the profile has a full-block table, a split's
+    full blocks may run faster than the whole causal document, so each document's FLOPs count at the
+    faster of its two tables at its length: no sequence of a split has more keys) plus the projections of every token (on the attention
     layout, wherever the token is) plus the MLP and head of every token (on the linear layout):
     proj_s(N) + mlp_s(N) = linear_s(N) whatever the layouts; waiting and exposed transfers only add.
     With TP, every token's activations also go through Megatron's 4 TP all-reduces per layer (2 per
@@ -488,12 +490,18 @@ def lower_bound(lengths: Sequence[int], cost: CostModel, whole_s: Optional[np.nd
     arr = np.asarray(lengths, dtype=np.int64)
     n = int(arr.sum())
     L = arr.astype(np.float64)
-    att = float((cost.doc_attention_np(L) if whole_s is None else whole_s).sum())
+    full = bool(cost.profile.attn_full_fwd_tflops)  # a split's full blocks may run faster than the whole
+    if full:  # every document's FLOPs at the fastest rate a sequence of at most its length runs at
+        att = cost.model.layers * float(np.sum(np.where(L > 0, cost.least_flops_s(L) + cost.least_flops_s(L, True)
+                                                         + cost.seq_s() + cost.seq_s(True), 0.0)))
+    else:
+        att = float((cost.doc_attention_np(L) if whole_s is None else whole_s).sum())
     tp_ar = 4 * cost.model.layers * float(cost.tp_allreduce_s(n, latency=False))
     again = 0.0
     for layers, rc in cost.recompute.groups(cost.model.layers):  # block recompute: its layers only
         if rc.has("core_attn"):
-            again += layers * float(np.sum(cost.block_pass_s(L, L, True, False)))
+            again += layers * float(np.sum(np.where(L > 0, cost.least_flops_s(L) + cost.seq_s(), 0.0) if full
+                                           else cost.block_pass_s(L, L, True, False)))
         if rc.has("mlp"):
             again += layers * float(cost.gemm_s(n, "mlp"))
         if rc.full:

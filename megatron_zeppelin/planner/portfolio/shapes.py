@@ -108,9 +108,10 @@ def member_attention(cost, lengths, rings, comm=Comm.P2P, passes=(False, True), 
     """Attention seconds (all layers) of one member of a ring of ``rings`` members for each document
     of ``lengths``: zigzag p2p (and all-gather) rings ``ring_member_attention_np``; a2a (Ulysses)
     rings each whole document causal at 1/G of its FLOPs plus one sequence per pass (program.py's
-    a2a blocks; the kernel call a Compute pays once per rank is left out: a lower bound); a2a+p2p
-    rings (a2a groups of ``a2a``, per ring or one for all) a member of the ring of rings / a2a
-    groups at 1/a2a of the heads (its per-sequence costs divided too: still a lower bound).
+    a2a blocks; the kernel call a Compute pays once per rank is left out: a lower bound, as the
+    documents of a ring share each step's call); a2a+p2p rings (a2a groups of ``a2a``, per ring or
+    one for all) a member of the ring of rings / a2a groups at 1/a2a of the heads (its per-sequence
+    costs divided too: still a lower bound).
 
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> c = toy_context().cost
@@ -120,9 +121,9 @@ def member_attention(cost, lengths, rings, comm=Comm.P2P, passes=(False, True), 
     """
     if comm == Comm.A2A_P2P:
         a = np.maximum(np.broadcast_to(np.asarray(a2a, dtype=np.int64), np.shape(rings)), 1)
-        return cost.ring_member_attention_np(lengths, np.asarray(rings, dtype=np.int64) // a, passes) / a
+        return cost.ring_member_attention_np(lengths, np.asarray(rings, dtype=np.int64) // a, passes, calls=False) / a
     if comm != Comm.A2A:
-        return cost.ring_member_attention_np(lengths, rings, passes)
+        return cost.ring_member_attention_np(lengths, rings, passes, calls=False)  # a ring's documents share a call
     L, G = np.asarray(lengths, dtype=np.float64), np.maximum(np.asarray(rings, dtype=np.float64), 1)
     return sum(np.where(L > 0, cost.block_flops_s(L, L, True, p) / G + cost.seq_s(p), 0.0)
                for p in passes) * cost.model.layers
