@@ -101,8 +101,10 @@ def test_overlapped_compute_runs_slower_on_the_exchange_ranks():
 
 # Where a transfer is exposed the prediction, which times one exchange at a time with the exchanges
 # the program says share its links, and the simulator's fair sharing may differ a little: allgather's
-# gather over the NIC is exposed once the full-block tables make its compute short.
-LOOSE = {"allgather": 1e-2}
+# gather over the NIC is exposed once the full-block tables make its compute short, and so is
+# a2a+p2p's ring of groups beside a local document (two of its messages share one NIC but leave
+# at different times: the prediction charges them as leaving together, 0.8% here).
+LOOSE = {"allgather": 1e-2, "a2a_p2p_inter_local": 1e-2}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -110,7 +112,7 @@ def test_prediction_and_simulator_agree_with_gpu_terms(name):
     lengths, where, comm = CASES[name]
     topo = Topology(2, 2, 1) if any(isinstance(w, tuple) and (0 in w and 2 in w) for w in where) else Topology(1, 4)
     cost = _gpu_cost(topo)
-    plan = hand_plan(lengths, topo, where, comm=comm)
+    plan = hand_plan(lengths, topo, where, comm=comm, a2a=2 if comm == "a2a+p2p" else 1)
     att = _Attention(plan.docs, plan.rings, plan.schedule, cost)
     clock, busy = np.zeros(plan.world_size), np.zeros(plan.world_size)
     att.run(clock, True, busy)
