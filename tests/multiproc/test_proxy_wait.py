@@ -26,8 +26,8 @@ ROWS, WIDTH = 4, 3
 
 def routed_ops():
     nb = ROWS * WIDTH * 8
-    hop = lambda src, dst, link, nic, stage: CommOp("inter", 0, 0, 0, 0, 2, src, dst, 0, ROWS, nb, link, nic,  # noqa: E731
-                                                     stage)
+    def hop(src, dst, link, nic, stage):  # rows [0, ROWS) of ring 0's block 0, from rank 0 to rank 2
+        return CommOp("inter", 0, 0, 0, 0, 2, src, dst, 0, ROWS, nb, link, nic, stage)
     return [hop(0, 1, "nvlink", -1, "dispatch"), hop(1, 3, "nic", 1, "transfer"), hop(3, 2, "nvlink", -1, "combine")]
 
 
