@@ -77,7 +77,9 @@ class A2ARing:
         return slice(j * self.hk, (j + 1) * self.hk)
 
     def _flat(self, *parts: torch.Tensor) -> torch.Tensor:
-        return torch.cat([p.reshape(p.shape[0], -1) for p in parts], dim=1)
+        # flatten(1), not reshape(n, -1): a member holding no token (a document shorter than the
+        # ring's 2 x G chunks) sends a [0, heads, d] block, whose -1 reshape is ambiguous
+        return torch.cat([p.flatten(1) for p in parts], dim=1)
 
     def _split(self, msg: torch.Tensor):
         n, a, b = msg.shape[0], self.hq * self.d, self.hk * self.d

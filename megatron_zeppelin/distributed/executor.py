@@ -333,8 +333,9 @@ class StepExchange:
             if o.dst == o.msg_dst:
                 self._land(i, o)
         # A pure proxy does not wait for the pieces it relays (on CPU and CUDA alike: the planner and
-        # the simulator time it so); only a relayed self-hop ending here makes this rank join.
-        joined = self._thread is not None and any(o.dst == o.msg_dst for _, o in self._relayed)
+        # the simulator time it so), the last hop to another rank's message included; only a relayed
+        # self-hop ending here (the relay thread fills this rank's results) makes this rank join.
+        joined = self._thread is not None and any(o.dst == o.msg_dst == self.rank for _, o in self._relayed)
         if joined:
             self.join()
         if self._thread is None:

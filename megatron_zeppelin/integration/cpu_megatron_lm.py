@@ -11,6 +11,9 @@ assumes CUDA in a few places; on CPU (gloo ranks, the tests) this module answers
   skips model-parallel set-up without a device), no-op ``set_device``, memory statistics 0, device
   properties (compute capability 9.0: ``validate_args`` reads it with TP > 1), and
   Event / Stream stand-ins (timers and the logging path use them);
+- a device of compute capability (0, 0) and ``CUDA_DEVICE_MAX_CONNECTIONS=1``: with TP or CP,
+  ``validate_args`` reads the device's architecture and then asserts that setting (meaningless on
+  the CPU), so ``--tensor-model-parallel-size 2`` runs;
 - a TorchFunctionMode that maps ``device='cuda'`` to the CPU and makes ``Tensor.cuda()`` /
   ``pin_memory()`` return the tensor (loss reductions and checkpoint loading create CUDA tensors);
 - gradient clipping by the total norm without its ``torch.cuda.FloatTensor`` assertion (same math),
@@ -106,6 +109,11 @@ class _Stream:
         return False
 
 
+class _Properties:
+    """torch.cuda.get_device_properties stand-in: no CUDA architecture (major 0), no device memory."""
+    name, major, minor, total_memory, multi_processor_count = "cpu (zeppelin CPU shim)", 0, 0, 0, 1
+
+
 def clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad: bool = False):
     """megatron-core's function of that name on CPU tensors: scale grads in place when over max_norm."""
     if isinstance(parameters, torch.Tensor):
@@ -144,6 +152,9 @@ def install() -> bool:
     c.set_device = lambda *a, **k: None
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         setattr(c, name, lambda *a, **k: 0)
+    c.get_device_properties = lambda *a, **k: _Properties()
+    c.get_device_capability = lambda *a, **k: (_Properties.major, _Properties.minor)
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # validate_args asserts it for TP / CP
     c.reset_peak_memory_stats = lambda *a, **k: None
     c.memory_stats = lambda *a, **k: {}
     c.mem_get_info = lambda *a, **k: (0, 0)
