@@ -163,7 +163,7 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
     cost, world = ctx.cost, ctx.topology.world_size
     att = _attention(placement, ctx)
     tokens = attention_tokens(placement.docs, placement.rings, world)
-    own = att + cost.proj_s_np(tokens)
+    own = att + cost.proj_s_np(tokens) + a2a_wait_bound(placement, ctx)
     rate = movable_linear_s(1, cost)  # per token (linear in tokens)
     again, rate_again = recomputed_s(placement, ctx, tokens)
     own, rate = own + again, rate + rate_again
@@ -174,6 +174,86 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
     caps = memory_caps(tokens.astype(np.int64), g, *activation_weights(cost), ctx.capacity)
     return BOUND_SLACK * min(off, capped_level(own.reshape(-1, g), rate, caps.reshape(-1, g),
                                                tokens.reshape(-1, g).sum(axis=1)))
+
+
+def a2a_wait_bound(placement: Placement, ctx: PlanContext) -> np.ndarray:
+    """Per rank, the seconds it waits at least on its a2a (Ulysses) exchanges, all layers, where
+    nothing of its own can run meanwhile: a placement whose every document is on a2a rings of one
+    queue (static_cp's a2a shapes), zeros otherwise. The layer program (program.py) then waits on
+    each of its four exchanges with no compute between post and wait (forward Q/K/V in, output
+    home at the end; backward dO in, dQ/dK/dV home at the end), and predict's ``_exchange`` gives a
+    rank's wait at least latency + the busiest port of each of its messages / bandwidth from its
+    own clock: ports loaded as ``link_ports`` keys them (NVLink per GPU, NIC ports shared by the
+    GPUs wired to one NIC, every network level on the NIC's ports), by every ring of the exchange.
+    Without it an a2a CP 16 or 32 shape on a few documents per rank was bounded at its compute
+    (0.57-0.65 of its prediction) and prepared on every small batch (~0.1 s each at 64 ranks).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context   # 4 Q heads, 2 K/V heads
+    >>> from megatron_zeppelin.planner.baselines.static_cp import cp_placement
+    >>> ctx = toy_context(nodes=2, gpus=2)
+    >>> a = a2a_wait_bound(cp_placement([4000, 4000], ctx, 2, Comm.A2A), ctx)
+    >>> bool((a > 0).all()), a2a_wait_bound(cp_placement([4000, 4000], ctx, 2, Comm.P2P), ctx).any()
+    (True, False)
+    """
+    topo, cost = ctx.topology, ctx.cost
+    world, g = topo.world_size, topo.gpus_per_node
+    rings = [r for r in placement.rings if r.size > 1]
+    out = np.zeros(world)
+    if (not rings or any(r.comm != Comm.A2A for r in rings) or len({r.cls for r in rings}) > 1
+            or any(d.cls == DocClass.LOCAL for d in placement.docs)):
+        return out
+    docs = ring_documents(placement.docs, placement.rings)
+    src, dst, tok, rows = [], [], [], []
+    for r in rings:  # every (member i -> member j) pair: Q/K/V of block i (step 0), output of block j (step 1)
+        G = r.size
+        ranks = np.asarray(r.ranks, dtype=np.int64)
+        sizes = np.asarray(block_tokens(r, docs), dtype=np.float64)
+        i, j = np.nonzero(~np.eye(G, dtype=bool))
+        src.append(ranks[i])
+        dst.append(ranks[j])
+        tok.append(sizes[i])
+        rows.append(np.full(len(i), G, dtype=np.int64))
+    src, dst, tok, G = map(np.concatenate, (src, dst, tok, rows))
+    qb, kvb = cost.model.q_bytes_per_token(cost.tp), cost.kv_bytes_per_token
+    if not qb or np.any((qb + kvb) % G) or np.any(qb % G):
+        return out  # no a2a row sizing (schedule.a2a_row_bytes refuses it)
+    node_s, node_d = src // g, dst // g
+    near = node_s == node_d
+    gmap = np.asarray(topo.gpu_to_nic, dtype=np.int64)
+    nic_s = node_s * topo.nics_per_node + gmap[src % g]
+    nic_d = node_d * topo.nics_per_node + gmap[dst % g]
+    # Link class per message: NVLink inside a node, else the lowest network level holding both nodes
+    pairs = {}
+    for a, b in zip(node_s[~near].tolist(), node_d[~near].tolist()):
+        if (a, b) not in pairs:
+            pairs[(a, b)] = cost.link_of(a * g, b * g)  # a level joins nodes: any of their ranks
+    lat = np.where(near, cost.latency(Link.NVLINK), 0.0)
+    inv = np.where(near, 1.0 / cost.bandwidth(Link.NVLINK), 0.0)
+    far = np.flatnonzero(~near)
+    if len(far):
+        cls = [pairs[(a, b)] for a, b in zip(node_s[far].tolist(), node_d[far].tolist())]
+        lat[far] = [cost.latency(c) for c in cls]
+        inv[far] = [1.0 / cost.bandwidth(c) for c in cls]
+    total = np.zeros(world)
+    # (bytes per token row, sender -> receiver or reversed): forward Q/K/V and output; backward dO and dQ/dK/dV
+    for step, reverse in ((0, False), (1, False), (1, True), (0, True)):
+        nbytes = tok * ((qb + (kvb if step == 0 else 0)) // G)
+        s_rank, d_rank, s_nic, d_nic = (src, dst, nic_s, nic_d) if step == 0 else (dst, src, nic_d, nic_s)
+        if reverse:
+            s_rank, d_rank, s_nic, d_nic = d_rank, s_rank, d_nic, s_nic
+        nv_out = np.bincount(s_rank[near], nbytes[near], minlength=world)
+        nv_in = np.bincount(d_rank[near], nbytes[near], minlength=world)
+        nics = world // g * topo.nics_per_node
+        nic_out = np.bincount(s_nic[~near], nbytes[~near], minlength=nics)
+        nic_in = np.bincount(d_nic[~near], nbytes[~near], minlength=nics)
+        busiest = np.where(near, np.maximum(nv_out[s_rank], nv_in[d_rank]),
+                           np.maximum(nic_out[s_nic], nic_in[d_nic]))
+        t = np.where(nbytes > 0, lat + busiest * inv, 0.0)
+        wait = np.zeros(world)
+        np.maximum.at(wait, s_rank, t)
+        np.maximum.at(wait, d_rank, t)
+        total += wait
+    return total * cost.model.layers
 
 
 def _attention(placement: Placement, ctx: PlanContext, passes=(False, True)):
