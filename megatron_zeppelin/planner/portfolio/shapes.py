@@ -32,6 +32,7 @@ from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_comm
 from megatron_zeppelin.planner.build.assemble import activation_weights, memory_caps
 from megatron_zeppelin.planner.build.levels import linear_level
 from megatron_zeppelin.planner.build.schedule import block_tokens
+from megatron_zeppelin.planner.portfolio.budget import build_units
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.predict import attention_tokens
 from megatron_zeppelin.planner.types import PlanError, ring_documents
@@ -122,14 +123,19 @@ def spans_nodes(placement: Placement, ctx: PlanContext) -> bool:
     return any(r.cls == DocClass.INTER for r in placement.rings)
 
 
-def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float = float("inf")):
+def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float = float("inf"), budget=None):
     """(bound, label, placement) of every fitting fixed shape whose bound is below ``best_s``, routed
     where a ring spans nodes (and the config allows routing) and also unrouted; placements have
-    remap off (the caller adds it)."""
+    remap off (the caller adds it). ``budget`` (portfolio/budget.py): notes the shapes skipped for
+    their bound, and each build is charged (a shape it cannot afford is not built)."""
     from dataclasses import replace
     routing = ctx.config.routing_enabled(ctx.topology.nodes)
     for label, bound, build in fixed_shape_candidates(lengths, ctx, best_s):
         if bound is not None and bound >= best_s:
+            if budget is not None:
+                budget.skipped(label)
+            continue
+        if budget is not None and not budget.afford(label, build_units(len(lengths), ctx.topology.world_size)):
             continue
         try:
             pl = build()
@@ -192,7 +198,7 @@ def a2a_wait_bound(placement: Placement, ctx: PlanContext) -> np.ndarray:
     >>> from megatron_zeppelin.planner.baselines.static_cp import cp_placement
     >>> ctx = toy_context(nodes=2, gpus=2)
     >>> a = a2a_wait_bound(cp_placement([4000, 4000], ctx, 2, Comm.A2A), ctx)
-    >>> bool((a > 0).all()), a2a_wait_bound(cp_placement([4000, 4000], ctx, 2, Comm.P2P), ctx).any()
+    >>> bool((a > 0).all()), bool(a2a_wait_bound(cp_placement([4000, 4000], ctx, 2, Comm.P2P), ctx).any())
     (True, False)
     """
     topo, cost = ctx.topology, ctx.cost
@@ -419,27 +425,43 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
     far = (min((cost.latency(c) for c in outer), default=0.0),
            1.0 / (spread * max((cost.bandwidth(c) for c in outer), default=float("inf"))))
     docs = ring_documents(placement.docs, placement.rings)
-    kvb, best = cost.kv_bytes_per_token, 0.0
+    kvb, best, g_node = cost.kv_bytes_per_token, 0.0, topo.gpus_per_node
+    nv = (cost.latency(Link.NVLINK), 1.0 / cost.bandwidth(Link.NVLINK))
+    rate = {}  # link class -> (latency, seconds per byte)
     for r in placement.rings:
         g = r.size
         if g < 2 or r.comm != Comm.P2P or not r.docs:
             continue
         hop, direct = [], []  # hop i: member i -> i + 1, (latency, seconds per byte)
+        ranks = r.ranks
         for i in range(g):
-            src, dst = r.ranks[i], r.ranks[(i + 1) % g]
+            src, dst = ranks[i], ranks[(i + 1) % g]
+            if src // g_node == dst // g_node:  # cost.link_of: NVLink inside a node
+                hop.append(nv)
+                direct.append(True)
+                continue
+            if placement.routing:
+                hop.append(far)
+                direct.append(False)
+                continue
             link = cost.link_of(src, dst)
-            routed = placement.routing and link != Link.NVLINK
-            hop.append(far if routed else (cost.latency(link), 1.0 / cost.bandwidth(link)))
-            direct.append(not routed)
+            if link not in rate:
+                rate[link] = (cost.latency(link), 1.0 / cost.bandwidth(link))
+            hop.append(rate[link])
+            direct.append(True)
         tokens = block_tokens(r, docs)
-        total, lat, inv = sum(tokens), sum(h[0] for h in hop), sum(h[1] for h in hop)
-        sent = sum(1 for n in tokens if n)  # an empty block is no message
+        total, lat, inv = sum(tokens), sum([h[0] for h in hop]), sum([h[1] for h in hop])
+        sent = g - tokens.count(0)  # an empty block is no message
         for b, n in enumerate(tokens):
             into = hop[b - 1]  # the hop into member b
             if n:  # block b along the ring: every hop but the one into its owner
-                best = max(best, lat - into[0] + kvb * n * (inv - into[1]))
+                x = lat - into[0] + kvb * n * (inv - into[1])
+                if x > best:
+                    best = x
             if direct[b - 1]:  # member b receives every other (non-empty) block over the hop into it
-                best = max(best, (sent - (n > 0)) * into[0] + kvb * (total - n) * into[1])
+                x = (sent - (n > 0)) * into[0] + kvb * (total - n) * into[1]
+                if x > best:
+                    best = x
     return 2 * cost.model.layers * best
 
 
