@@ -228,6 +228,58 @@ def compare(case: list, info: dict, repeats: int, rounds: int, old_src: str, arg
     return res
 
 
+def budget_rate(repeats: int, prof, model) -> dict:
+    """The planning rate of spec/config.PLAN_RATE_UNITS_PER_S: Zeppelin's plans of the latency cases
+    and the matrix's runs with no budget to cut (a huge --zeppelin-plan-budget-ms), each plan's work
+    units (portfolio/budget.py: what its search charged) over its CPU seconds; the rate is the median
+    of the per-plan rates (units per second of this host's planner)."""
+    from megatron_zeppelin.planner import Planner, strategies
+    from megatron_zeppelin.planner.choice import SearchBudget
+    from megatron_zeppelin.sim.matrix import batch_and_recompute
+    from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
+    seen = []
+
+    class Recorded(SearchBudget):  # the search's budget object of each plan, to read its units
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            seen.append(self)
+
+    strategies.SearchBudget = Recorded
+    cases = []
+    for n, nodes in LATENCY_CASES:
+        lengths = np.random.default_rng(0).lognormal(7.5, 1.3, n).clip(1, 65536).astype(np.int64)
+        topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
+        cases.append((f"{n} docs / {nodes * 8} ranks", Planner(topo, prof, model, _config(gpus_per_node=8, plan_budget_ms=1e9)),
+                      [lengths]))
+    for cl, model_name, tp, dataset, context, nodes, per_gpu, recompute in RUN_CASES:
+        per_gpu, capacity, recompute = batch_and_recompute(cl, model_name, tp, nodes, per_gpu, recompute)
+        p, m = load_profile(cl), load_model(model_name)
+        topo = domain_topology(p, nodes)
+        spec = RunSpec("rate", cl, model_name, tp, dataset, context, nodes, per_gpu, capacity=capacity, batches=3,
+                       recompute=recompute)
+        cfg = _config(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic,
+                      cluster=cl, recompute=recompute, tp=tp, capacity_tokens=capacity, plan_budget_ms=1e9)
+        cases.append(("run " + "/".join(map(str, (cl, model_name, dataset))), Planner(topo, p, m, cfg),
+                      run_lengths(spec, topo.world_size)))
+    rows, rates = [], []
+    for name, planner, batches in cases:
+        for b in batches:
+            planner.plan(b)  # warm-up
+            for _ in range(repeats):
+                c0 = time.process_time()
+                plan = planner.plan(b)
+                cpu = time.process_time() - c0
+                units = seen[-1].spent
+                rates.append(units / cpu)
+                rows.append({"case": name, "docs": len(b), "units": units, "cpu_s": cpu, "rate": units / cpu,
+                             "cut_budget": dict(plan.meta).get("cut_budget", "")})
+        r = [x["rate"] for x in rows if x["case"] == name]
+        print(f"budget rate {name:40s}: {statistics.median(r):.3g} units/s ({rows[-1]['units']:.0f} units a plan)",
+              flush=True)
+    strategies.SearchBudget = SearchBudget
+    return {"rate_units_per_s": statistics.median(rates), "plans": rows, "load_average": os.getloadavg()[0]}
+
+
 def where_time_goes(n_docs: int, nodes: int, prof, model, top: int = 12) -> list:
     """One zeppelin plan_batch under cProfile: the planner's functions of most cumulative time,
     [(function, seconds, share of the whole)] (the shares nest: a caller includes its callees)."""
@@ -318,6 +370,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-runs", action="store_true", help="leave out the matrix's runs (RUN_CASES)")
     ap.add_argument("--balance-memory", action="store_true",
                     help="plan with --zeppelin-balance-memory (its planning time; not with --compare-src)")
+    ap.add_argument("--budget-rate", action="store_true",
+                    help="measure the planning rate (work units per CPU second: spec/config.PLAN_RATE_UNITS_PER_S)")
     ap.add_argument("--one-case", type=int, nargs=2, metavar=("DOCS", "NODES"), help=argparse.SUPPRESS)
     ap.add_argument("--one-run", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--scale", action="store_true", help="also the scale cases (up to 128k documents / 8192 ranks)")
@@ -331,6 +385,14 @@ def main(argv=None) -> int:
     if args.one_scale:  # a child of --scale: one case, JSON on stdout
         mix, n, nodes = args.one_scale
         print(json.dumps(scale_case(mix, int(n), int(nodes), prof, model)))
+        return 0
+    if args.budget_rate:
+        out = budget_rate(args.repeats, prof, model)
+        print(f"planning rate: {out['rate_units_per_s']:.3g} units per CPU second (median of {len(out['plans'])} plans)")
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.out}")
         return 0
     if args.one_case or args.one_run is not None:  # a child of --compare-src: one case, JSON on stdout
         import megatron_zeppelin

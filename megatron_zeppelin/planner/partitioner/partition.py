@@ -62,6 +62,7 @@ from megatron_zeppelin.planner.partitioner.lpt import place_short
 from megatron_zeppelin.planner.strategies import Candidate, Search, pick, strategy
 from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
 from megatron_zeppelin.planner.portfolio.shapes import candidate_placements, placement_key
+from megatron_zeppelin.planner.portfolio.budget import placement_units
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
 from megatron_zeppelin.spec.words import DocClass, Link, StrategyName
 
@@ -300,7 +301,7 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
     once; its remap variants share that."""
     from dataclasses import replace as dc_replace
 
-    seen, placed = [], {}
+    seen, placed, topo = [], {}, ctx.topology
     memo = {} if search.lengths is None else {"arrays": (search.lengths, search.whole_s)}  # the pick's, once
     offs = {}  # free rings: each placement's remap-off candidate, which its time variant is weighed against
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
@@ -318,6 +319,13 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                 seen.append((chosen[0], chosen[1]))
                 pl0 = _placement(memo["batch"][3], ctx, *chosen)  # the lengths as Python ints
                 pl0.remap = False
+                if search.budget is not None:  # the partitioner's own rings: charged, never cut
+                    units = placement_units(pl0, topo.world_size, topo.gpus_per_node)
+                    if rings == "free":
+                        search.budget.charge(units)
+                    elif not search.budget.afford(f"{rate_kind}/{inter}/aligned@{chosen[3]['target']}", units,
+                                                  search.best_s):
+                        continue
                 placed[pk].append((pl0, prepare(ctx, pl0)))
         for pl0, pre in placed[pk]:
             if remap == "off" and id(pl0) in offs:
@@ -347,21 +355,32 @@ def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candida
     above the best so far."""
     from dataclasses import replace as dc_replace
 
+    budget = search.budget
     if search.within(NEAR_BOUND):
+        if budget is not None:
+            budget.skipped("fixed shapes (near the lower bound)")
         return
     # A shape up to MEMORY_SLACK slower than the best may still be faster than the memory-balanced
     # plan the pick takes instead (choice.py), which must then not be above it: so weigh those too.
     reach = (1 + MEMORY_SLACK) * search.best_s
+    if budget is not None:
+        budget.settle(search.best_s)  # the best after the partitioner sets the default budget
     cands, seen = [], set()
-    for bound, label, pl0 in candidate_placements(lengths, ctx, reach):
+    for bound, label, pl0 in candidate_placements(lengths, ctx, reach, budget):
         key = placement_key(pl0)
         if key not in seen:
             seen.add(key)
             cands.append((bound, label, pl0))
     cands.sort(key=lambda c: c[0])
-    for bound, label, pl0 in cands:
+    world, g = ctx.topology.world_size, ctx.topology.gpus_per_node
+    for k, (bound, label, pl0) in enumerate(cands):
         if bound >= (1 + MEMORY_SLACK) * search.best_s:
+            for _, later, _ in cands[k:]:  # sorted: none after it can win either
+                if budget is not None:
+                    budget.skipped(later)
             break
+        if budget is not None and not budget.afford(label, placement_units(pl0, world, g)):
+            continue  # a cheaper shape after it may still fit
         pre = prepare(ctx, pl0)
         off = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)), f"{label}/off",
                         prepared=pre)
