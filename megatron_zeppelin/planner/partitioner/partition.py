@@ -61,7 +61,8 @@ from megatron_zeppelin.planner.choice import MEMORY_SLACK
 from megatron_zeppelin.planner.partitioner.lpt import place_short
 from megatron_zeppelin.planner.strategies import Candidate, Search, pick, strategy
 from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
-from megatron_zeppelin.planner.portfolio.shapes import candidate_placements, placement_key
+from megatron_zeppelin.planner.portfolio.shapes import (candidate_placements, compute_bound, placement_key,
+                                                          ring_chain_bound)
 from megatron_zeppelin.planner.portfolio.budget import placement_units
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
 from megatron_zeppelin.spec.words import DocClass, Link, StrategyName
@@ -319,12 +320,16 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                 seen.append((chosen[0], chosen[1]))
                 pl0 = _placement(memo["batch"][3], ctx, *chosen)  # the lengths as Python ints
                 pl0.remap = False
+                name = f"{rate_kind}/{inter}/{rings}@{chosen[3]['target']}"
+                if rings == "aligned" and _bounded_out(pl0, ctx, search):
+                    if search.budget is not None:
+                        search.budget.skipped(name)
+                    continue
                 if search.budget is not None:  # the partitioner's own rings: charged, never cut
                     units = placement_units(pl0, topo.world_size, topo.gpus_per_node)
                     if rings == "free":
                         search.budget.charge(units)
-                    elif not search.budget.afford(f"{rate_kind}/{inter}/aligned@{chosen[3]['target']}", units,
-                                                  search.best_s):
+                    elif not search.budget.afford(name, units, search.best_s):
                         continue
                 placed[pk].append((pl0, prepare(ctx, pl0)))
         for pl0, pre in placed[pk]:
@@ -339,6 +344,16 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                                                    "/".join(map(str, VARIANTS[off])), prepared=pre)
             yield Candidate(pl, "/".join(map(str, VARIANTS[k])), prepared=pre, versus=versus)
     yield from _fixed_shapes(lengths, ctx, search)  # the baselines' shapes: never predicted slower
+
+
+def _bounded_out(placement: Placement, ctx: PlanContext, search: Search) -> bool:
+    """An aligned-ring placement that cannot be picked: its lower bounds (the fixed shapes' own,
+    portfolio/shapes.py; they hold for any placement, remap off or time-balanced) at or above the
+    best prediction so far plus the memory slack (choice.py), so it need not be prepared."""
+    if search.best is None:
+        return False
+    reach = (1 + MEMORY_SLACK) * search.best_s
+    return compute_bound(placement, ctx) >= reach or ring_chain_bound(placement, ctx) >= reach
 
 
 def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
