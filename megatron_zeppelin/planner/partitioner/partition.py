@@ -547,6 +547,19 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, n_long: int, short, th,
     return ring_of, owner, _estimate(ranks, g), spanned_by_hiding
 
 
+def _new_doc(doc, length, cls, ring, owner, bounds, _new=object.__new__) -> DocPlan:
+    """DocPlan(doc, length, cls, ring, owner, bounds) without the frozen dataclass's per-field
+    __setattr__ (one per document of every placement: at 16k documents a tenth of planning); the
+    fields are those of its __init__, so it equals, pickles and hashes the same.
+
+    >>> _new_doc(3, 100, _LOCAL, -1, 2, (0, 100)) == DocPlan(3, 100, _LOCAL, -1, 2, (0, 100))
+    True
+    """
+    d = _new(DocPlan)
+    d.__dict__.update(doc=doc, length=length, cls=cls, ring=ring, owner=owner, bounds=bounds)
+    return d
+
+
 def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
     """Docs and rings; documents on the same ranks and class share one ring (in visiting order: the
     greedy fills ``ring_of`` in that order). ``lengths``: Python ints."""
@@ -558,9 +571,9 @@ def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
             ring_docs.append([])
         ring_docs[ring_id[key]].append(i)
     rings = [Ring(id=k, ranks=key[1], cls=key[0], docs=tuple(ring_docs[k])) for key, k in ring_id.items()]
-    get, local = owner.get, _LOCAL
-    docs = [DocPlan(i, Li, local, -1, o, (0, Li)) if (o := get(i)) is not None else
-            DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
+    get, local, new = owner.get, _LOCAL, _new_doc
+    docs = [new(i, Li, local, -1, o, (0, Li)) if (o := get(i)) is not None else
+            new(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
             for i, Li in enumerate(lengths)]
     return Placement(docs=docs, rings=rings, thresholds=th, remap=ctx.config.remap,
                      routing=ctx.config.routing_enabled(ctx.topology.nodes), balance_linear=True, meta=meta,
