@@ -25,9 +25,10 @@ and h200, 2..16 nodes of 8 GPUs, 64K..256K context, 256K tokens per node per glo
 
 Scale (``--scale``): 1k documents / 64 ranks, 16k / 1024 and 128k / 8192 (1024 nodes x 8), documents
 drawn from the prolong64k and arxiv mixes (seed 0, cut at 64K), each case in a fresh process: one
-Planner's first plan (it builds the run's cost model) and its second (steady), wall seconds, and the
+Planner's first plan (it builds the run's cost model) and its second (steady), wall and CPU seconds, and the
 process's peak resident memory (``ru_maxrss``) before and after; then the slope of the steady time
-over documents, log(t2 / t1) / log(n2 / n1) (1: linear; n log n over 16k -> 128k is about 1.2).
+over documents, log(t2 / t1) / log(n2 / n1), of wall and of CPU time (1: linear; n log n over 16k -> 128k
+is about 1.2).
 
 ``--balance-memory``: every plan with ``--zeppelin-balance-memory`` (docs/partitioner.md: memory balance).
 
@@ -160,17 +161,18 @@ def scale_case(mix: str, n_docs: int, nodes: int, prof, model) -> dict:
     lengths = cut_to_context(load_distribution(mix).draw(np.random.default_rng(0), n_docs), 65536).astype(np.int64)
     topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
     planner = Planner(topo, prof, model, _config(gpus_per_node=8))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     plan = planner.plan(lengths)
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
     classes = plan.class_counts()
     del plan
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     planner.plan(lengths)
-    steady = time.perf_counter() - t0
+    steady, steady_cpu = time.perf_counter() - t0, time.process_time() - c0
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"mix": mix, "docs": n_docs, "ranks": topo.world_size, "tokens": int(lengths.sum()),
-            "first_s": first, "steady_s": steady, "peak_rss_mib": rss1 / 1024, "rss_before_mib": rss0 / 1024,
+            "first_s": first, "steady_s": steady, "first_cpu_s": first_cpu, "steady_cpu_s": steady_cpu,
+            "peak_rss_mib": rss1 / 1024, "rss_before_mib": rss0 / 1024,
             "classes": classes, "load_average": os.getloadavg()[0]}
 
 
@@ -188,10 +190,14 @@ def scale(args) -> list:
                 prev = rows[-1]
                 r["slope_from_previous"] = (np.log(r["steady_s"] / prev["steady_s"]) /
                                             np.log(r["docs"] / prev["docs"]))
+                if "steady_cpu_s" in prev:  # CPU seconds: the slope a loaded host cannot bend
+                    r["cpu_slope_from_previous"] = (np.log(r["steady_cpu_s"] / prev["steady_cpu_s"]) /
+                                                    np.log(r["docs"] / prev["docs"]))
             rows.append(r)
             print(f"scale {mix:10s} {n:6d} docs {r['ranks']:5d} ranks: first {r['first_s']:.2f} s, steady "
-                  f"{r['steady_s']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB (before {r['rss_before_mib']:.0f})"
-                  + (f", slope {r['slope_from_previous']:.2f}" if "slope_from_previous" in r else "")
+                  f"{r['steady_s']:.2f} s (CPU {r['steady_cpu_s']:.2f}), peak RSS {r['peak_rss_mib']:.0f} MiB (before {r['rss_before_mib']:.0f})"
+                  + (f", slope {r['slope_from_previous']:.2f} (CPU {r['cpu_slope_from_previous']:.2f})"
+                     if "slope_from_previous" in r else "")
                   + f" (load {r['load_average']:.1f})", flush=True)
         out += rows
     return out

@@ -192,10 +192,18 @@ def _intra(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
     """Best intra ring: (resulting max, G, members); the smallest G within ``budget`` if any."""
     best = (_INF, 0, ())
     masked = ranks.masker()
+    whole = None  # each node's loads sorted, where no capacity binds (the usual case): one sort for every G
     for j in np.nonzero(ok)[0].tolist():
         G = int(sizes[j])
-        m = masked(int(need[j])).reshape(-1, g)
-        kth = np.partition(m, G - 1, axis=1)[:, G - 1]  # per node: its G-th smallest load
+        m = masked(int(need[j]))
+        if m is ranks.load_np:
+            m = m.reshape(-1, g)
+            if whole is None:
+                whole = np.sort(m, axis=1)
+            kth = whole[:, G - 1]  # per node: its G-th smallest load (np.partition's, the same value)
+        else:
+            m = m.reshape(-1, g)
+            kth = np.partition(m, G - 1, axis=1)[:, G - 1]  # per node: its G-th smallest load
         v = int(np.argmin(kth))
         res = float(kth[v]) + float(member[j])
         if res == _INF or res >= best[0]:
