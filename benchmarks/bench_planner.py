@@ -25,9 +25,10 @@ and h200, 2..16 nodes of 8 GPUs, 64K..256K context, 256K tokens per node per glo
 
 Scale (``--scale``): 1k documents / 64 ranks, 16k / 1024 and 128k / 8192 (1024 nodes x 8), documents
 drawn from the prolong64k and arxiv mixes (seed 0, cut at 64K), each case in a fresh process: one
-Planner's first plan (it builds the run's cost model) and its second (steady), wall seconds, and the
+Planner's first plan (it builds the run's cost model) and its second (steady), wall and CPU seconds, and the
 process's peak resident memory (``ru_maxrss``) before and after; then the slope of the steady time
-over documents, log(t2 / t1) / log(n2 / n1) (1: linear; n log n over 16k -> 128k is about 1.2).
+over documents, log(t2 / t1) / log(n2 / n1), of wall and of CPU time (1: linear; n log n over 16k -> 128k
+is about 1.2).
 
 ``--balance-memory``: every plan with ``--zeppelin-balance-memory`` (docs/partitioner.md: memory balance).
 
@@ -160,17 +161,18 @@ def scale_case(mix: str, n_docs: int, nodes: int, prof, model) -> dict:
     lengths = cut_to_context(load_distribution(mix).draw(np.random.default_rng(0), n_docs), 65536).astype(np.int64)
     topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
     planner = Planner(topo, prof, model, _config(gpus_per_node=8))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     plan = planner.plan(lengths)
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
     classes = plan.class_counts()
     del plan
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     planner.plan(lengths)
-    steady = time.perf_counter() - t0
+    steady, steady_cpu = time.perf_counter() - t0, time.process_time() - c0
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"mix": mix, "docs": n_docs, "ranks": topo.world_size, "tokens": int(lengths.sum()),
-            "first_s": first, "steady_s": steady, "peak_rss_mib": rss1 / 1024, "rss_before_mib": rss0 / 1024,
+            "first_s": first, "steady_s": steady, "first_cpu_s": first_cpu, "steady_cpu_s": steady_cpu,
+            "peak_rss_mib": rss1 / 1024, "rss_before_mib": rss0 / 1024,
             "classes": classes, "load_average": os.getloadavg()[0]}
 
 
@@ -188,10 +190,14 @@ def scale(args) -> list:
                 prev = rows[-1]
                 r["slope_from_previous"] = (np.log(r["steady_s"] / prev["steady_s"]) /
                                             np.log(r["docs"] / prev["docs"]))
+                if "steady_cpu_s" in prev:  # CPU seconds: the slope a loaded host cannot bend
+                    r["cpu_slope_from_previous"] = (np.log(r["steady_cpu_s"] / prev["steady_cpu_s"]) /
+                                                    np.log(r["docs"] / prev["docs"]))
             rows.append(r)
             print(f"scale {mix:10s} {n:6d} docs {r['ranks']:5d} ranks: first {r['first_s']:.2f} s, steady "
-                  f"{r['steady_s']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB (before {r['rss_before_mib']:.0f})"
-                  + (f", slope {r['slope_from_previous']:.2f}" if "slope_from_previous" in r else "")
+                  f"{r['steady_s']:.2f} s (CPU {r['steady_cpu_s']:.2f}), peak RSS {r['peak_rss_mib']:.0f} MiB (before {r['rss_before_mib']:.0f})"
+                  + (f", slope {r['slope_from_previous']:.2f} (CPU {r['cpu_slope_from_previous']:.2f})"
+                     if "slope_from_previous" in r else "")
                   + f" (load {r['load_average']:.1f})", flush=True)
         out += rows
     return out
@@ -226,6 +232,58 @@ def compare(case: list, info: dict, repeats: int, rounds: int, old_src: str, arg
     res["ratio_min"] = res["old_min_ms"] / res["new_min_ms"]
     res["load_average"] = os.getloadavg()[0]
     return res
+
+
+def budget_rate(repeats: int, prof, model) -> dict:
+    """The planning rate of spec/config.PLAN_RATE_UNITS_PER_S: Zeppelin's plans of the latency cases
+    and the matrix's runs with no budget to cut (a huge --zeppelin-plan-budget-ms), each plan's work
+    units (portfolio/budget.py: what its search charged) over its CPU seconds; the rate is the median
+    of the per-plan rates (units per second of this host's planner)."""
+    from megatron_zeppelin.planner import Planner, strategies
+    from megatron_zeppelin.planner.choice import SearchBudget
+    from megatron_zeppelin.sim.matrix import batch_and_recompute
+    from megatron_zeppelin.sim.runs import RunSpec, domain_topology, run_lengths
+    seen = []
+
+    class Recorded(SearchBudget):  # the search's budget object of each plan, to read its units
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            seen.append(self)
+
+    strategies.SearchBudget = Recorded
+    cases = []
+    for n, nodes in LATENCY_CASES:
+        lengths = np.random.default_rng(0).lognormal(7.5, 1.3, n).clip(1, 65536).astype(np.int64)
+        topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
+        cases.append((f"{n} docs / {nodes * 8} ranks", Planner(topo, prof, model, _config(gpus_per_node=8, plan_budget_ms=1e9)),
+                      [lengths]))
+    for cl, model_name, tp, dataset, context, nodes, per_gpu, recompute in RUN_CASES:
+        per_gpu, capacity, recompute = batch_and_recompute(cl, model_name, tp, nodes, per_gpu, recompute)
+        p, m = load_profile(cl), load_model(model_name)
+        topo = domain_topology(p, nodes)
+        spec = RunSpec("rate", cl, model_name, tp, dataset, context, nodes, per_gpu, capacity=capacity, batches=3,
+                       recompute=recompute)
+        cfg = _config(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node, gpu_nic_map=topo.gpu_to_nic,
+                      cluster=cl, recompute=recompute, tp=tp, capacity_tokens=capacity, plan_budget_ms=1e9)
+        cases.append(("run " + "/".join(map(str, (cl, model_name, dataset))), Planner(topo, p, m, cfg),
+                      run_lengths(spec, topo.world_size)))
+    rows, rates = [], []
+    for name, planner, batches in cases:
+        for b in batches:
+            planner.plan(b)  # warm-up
+            for _ in range(repeats):
+                c0 = time.process_time()
+                plan = planner.plan(b)
+                cpu = time.process_time() - c0
+                units = seen[-1].spent
+                rates.append(units / cpu)
+                rows.append({"case": name, "docs": len(b), "units": units, "cpu_s": cpu, "rate": units / cpu,
+                             "cut_budget": dict(plan.meta).get("cut_budget", "")})
+        r = [x["rate"] for x in rows if x["case"] == name]
+        print(f"budget rate {name:40s}: {statistics.median(r):.3g} units/s ({rows[-1]['units']:.0f} units a plan)",
+              flush=True)
+    strategies.SearchBudget = SearchBudget
+    return {"rate_units_per_s": statistics.median(rates), "plans": rows, "load_average": os.getloadavg()[0]}
 
 
 def where_time_goes(n_docs: int, nodes: int, prof, model, top: int = 12) -> list:
@@ -318,6 +376,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-runs", action="store_true", help="leave out the matrix's runs (RUN_CASES)")
     ap.add_argument("--balance-memory", action="store_true",
                     help="plan with --zeppelin-balance-memory (its planning time; not with --compare-src)")
+    ap.add_argument("--budget-rate", action="store_true",
+                    help="measure the planning rate (work units per CPU second: spec/config.PLAN_RATE_UNITS_PER_S)")
     ap.add_argument("--one-case", type=int, nargs=2, metavar=("DOCS", "NODES"), help=argparse.SUPPRESS)
     ap.add_argument("--one-run", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--scale", action="store_true", help="also the scale cases (up to 128k documents / 8192 ranks)")
@@ -331,6 +391,14 @@ def main(argv=None) -> int:
     if args.one_scale:  # a child of --scale: one case, JSON on stdout
         mix, n, nodes = args.one_scale
         print(json.dumps(scale_case(mix, int(n), int(nodes), prof, model)))
+        return 0
+    if args.budget_rate:
+        out = budget_rate(args.repeats, prof, model)
+        print(f"planning rate: {out['rate_units_per_s']:.3g} units per CPU second (median of {len(out['plans'])} plans)")
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.out}")
         return 0
     if args.one_case or args.one_run is not None:  # a child of --compare-src: one case, JSON on stdout
         import megatron_zeppelin

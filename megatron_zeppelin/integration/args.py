@@ -92,6 +92,10 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Megatron-LM entry, with plan-ahead: plan in a spawned process (default: planning never "
                         "holds the training process's GIL) or on a thread of it. Where no process can start, "
                         "it says so once and plans on a thread.")
+    g.add_argument("--zeppelin-plan-budget-ms", type=float, default=0.0,
+                   help="Time Zeppelin's search may spend after its partitioner, on the baselines' shapes and "
+                        "aligned rings, in deterministic work units (the same plan on any machine; plan.meta "
+                        "names what it cut). 0 = 10%% of the predicted iteration, at least 50 ms.")
     g.add_argument("--zeppelin-debug-plan", action="store_true",
                    help="Compare plan digests across the domain every step (a mismatch is an error); "
                         "the Megatron-LM entry also prints each plan's document classes on rank 0.")
@@ -157,6 +161,7 @@ def config_from_args(args) -> ZeppelinConfig:
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
         plan_ahead=bool(_get(args, "zeppelin_plan_ahead", True)),
         accumulation=_get(args, "zeppelin_accumulation", "data_order"),
+        plan_budget_ms=float(_get(args, "zeppelin_plan_budget_ms", 0.0)),
         tp=tp,
         sequence_parallel=bool(_get(args, "sequence_parallel", False)),
         # Megatron's own recompute flags, so plans are priced with the forward the backward reruns

@@ -15,13 +15,15 @@ cap instead, is portfolio/memory.py.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from megatron_zeppelin.planner.build.assemble import MEMORY_BALANCE, activation_weights
 from megatron_zeppelin.planner.build.remap import linear_tokens
 from megatron_zeppelin.planner.context import PlanContext
+from megatron_zeppelin.spec.config import PLAN_RATE_UNITS_PER_S
 
 TIE = 1e-9  # predictions this close (relative) are equal: their last bits depend on summation order
 MEMORY_SLACK = 0.03
@@ -78,3 +80,60 @@ def memory_imbalance(plan, prepared, weights) -> float:
     mem = a * att + l * linear_tokens(att, plan.remap)
     mean = float(mem.mean())
     return float(mem.max()) / mean if mean > 0 else 1.0
+
+
+PLAN_SHARE = 0.10  # default budget: this share of the predicted iteration (issue 54's goal)
+MIN_BUDGET_MS = 50.0  # ...but never less: below it planning is hidden behind any step (plan-ahead)
+
+
+@dataclass
+class SearchBudget:
+    """Zeppelin's search budget in work units (portfolio/budget.py sizes the candidates; the
+    partitioner's own free rings are charged, never cut): units left and what the search cut.
+    ``units`` None: set at the first ``afford`` from ``ms`` (or the default share of the best
+    prediction then) at ``rate`` units per second.
+
+    >>> b = SearchBudget(units=100.0)
+    >>> b.afford("cp2", 60), b.afford("cp4", 60), b.afford("cp8", 40), b.spent
+    (True, False, True, 100.0)
+    >>> b.cut_budget, b.meta()
+    (['cp4'], {'cut_budget': 'cp4'})
+    """
+    units: Optional[float] = None
+    ms: float = 0.0  # --zeppelin-plan-budget-ms; 0: PLAN_SHARE of the best prediction, >= MIN_BUDGET_MS
+    rate: float = PLAN_RATE_UNITS_PER_S
+    spent: float = 0.0
+    cut_bound: List[str] = field(default_factory=list)
+    cut_budget: List[str] = field(default_factory=list)
+
+    def settle(self, best_s: float) -> float:
+        """The budget in units, fixed at the first call (the best prediction after the partitioner)."""
+        if self.units is None:
+            ms = self.ms if self.ms > 0 else max(MIN_BUDGET_MS, 1e3 * PLAN_SHARE * best_s)
+            self.units = ms * 1e-3 * self.rate
+        return self.units
+
+    def charge(self, units: float) -> None:
+        """Work done that no budget cuts (the partitioner's own variants)."""
+        self.spent += units
+
+    def afford(self, label: str, units: float, best_s: float = float("inf")) -> bool:
+        """Charge ``units`` for ``label`` if they fit what is left; else note the cut and refuse."""
+        if self.spent + units > self.settle(best_s):
+            self.cut_budget.append(label)
+            return False
+        self.spent += units
+        return True
+
+    def skipped(self, label: str) -> None:
+        """``label`` was skipped for its lower bound."""
+        self.cut_bound.append(label)
+
+    def meta(self) -> Dict[str, str]:
+        """The plan's meta notes of what was cut (none where nothing was)."""
+        out = {}
+        if self.cut_bound:
+            out["cut_bound"] = ", ".join(self.cut_bound)
+        if self.cut_budget:
+            out["cut_budget"] = ", ".join(self.cut_budget)
+        return out

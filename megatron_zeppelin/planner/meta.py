@@ -33,6 +33,10 @@ class PlanMeta:
     budget_s: Optional[float] = None
     target: Optional[float] = None
     estimate_s: Optional[float] = None
+    # Zeppelin's search (portfolio/budget.py): the fixed shapes skipped for their lower bound, and
+    # the candidates skipped for --zeppelin-plan-budget-ms (unset: none).
+    cut_bound: str = ""
+    cut_budget: str = ""
     # With --zeppelin-balance-memory (memory_choice.plan_memory_first): the per-rank token cap it was
     # planned under (unset: none, or no plan fit under it).
     token_cap: Optional[int] = None

@@ -28,7 +28,7 @@ import numpy as np
 
 from megatron_zeppelin.spec.config import STRATEGIES
 from megatron_zeppelin.planner.build.assemble import assemble, least_iteration_s, remapped
-from megatron_zeppelin.planner.choice import MEMORY_SLACK, MemoryChoice, faster
+from megatron_zeppelin.planner.choice import MEMORY_SLACK, MemoryChoice, SearchBudget, faster
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.predict import lower_bound
 from megatron_zeppelin.planner.types import Plan, PlanError
@@ -65,6 +65,7 @@ class Search:
     best: Optional[Plan] = None
     lengths: Optional[np.ndarray] = None  # the batch's lengths, int64
     whole_s: Optional[np.ndarray] = None  # each document's attention run whole (cost.doc_attention_np)
+    budget: Optional[SearchBudget] = None  # Zeppelin's: work units left after its partitioner, what it cut
 
     def within(self, factor: float) -> bool:
         """The best plan so far is within ``factor`` x its lower bound."""
@@ -133,6 +134,8 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     arr = np.asarray(lengths, dtype=np.int64)
     search, won, errors = Search(lengths=arr, whole_s=ctx.cost.doc_attention_np(arr)), None, []
     memory = MemoryChoice(ctx) if name == StrategyName.ZEPPELIN else None  # Zeppelin's memory balance
+    if name == StrategyName.ZEPPELIN:
+        search.budget = SearchBudget(ms=ctx.config.plan_budget_ms)
     # A plan up to MEMORY_SLACK slower than the best can still be picked for its memory balance
     reach = 1.0 + (MEMORY_SLACK if memory is not None else 0.0)
     tried: Dict[str, list] = {}  # setting field -> (value, predicted seconds) of each assembled setting
@@ -197,6 +200,8 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
         _, plan, won = memory.pick()
     if won.label:
         plan = replace(plan, meta=replace(plan.meta, variant=won.label))
+    if search.budget is not None and search.budget.meta():  # what the search cut (portfolio/budget.py)
+        plan = replace(plan, meta=replace(plan.meta, **search.budget.meta()))
     for field, got in tried.items():
         plan = replace(plan, meta=replace(plan.meta, **{field + "_predicted_s": tuple(sorted(got))}))
     return plan, won

@@ -33,6 +33,13 @@ class ConfigError(ZeppelinError):
     pass
 
 
+# Work units (planner/portfolio/budget.py) this planner does per second on the host that plans: it
+# converts --zeppelin-plan-budget-ms to units, so the search cuts the same candidates on any machine.
+# Measured on the project's 2-core host: the median over 54 plans of `benchmarks/bench_planner.py
+# --budget-rate --repeats 3 --out results/budget/plan_rate.json` (3.19e4; 2.2e4-1.9e5 by case).
+PLAN_RATE_UNITS_PER_S = 3.2e4
+
+
 @dataclass(frozen=True)
 class ZeppelinConfig:
     balance: bool = False  # --zeppelin-balance: plan every micro-batch with Zeppelin
@@ -57,6 +64,9 @@ class ZeppelinConfig:
     relay_chunk_bytes: Optional[int] = None
     debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
     plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
+    # --zeppelin-plan-budget-ms: what Zeppelin's search may spend after its partitioner (in work
+    # units at PLAN_RATE_UNITS_PER_S); 0 = 10% of the predicted iteration, at least 50 ms
+    plan_budget_ms: float = 0.0
     tp: int = 1  # tensor-parallel size (from Megatron's --tensor-model-parallel-size)
     # activation recompute (from Megatron's --recompute-granularity / --recompute-modules;
     # spec/recompute.py): plans are predicted with the recomputed forward it runs. Given as a
@@ -93,6 +103,9 @@ class ZeppelinConfig:
         if self.relay_chunk_bytes is not None and self.relay_chunk_bytes < 0:
             raise ConfigError(f"--zeppelin-relay-chunk-bytes must be >= 0 (0: unpipelined relays), "
                               f"got {self.relay_chunk_bytes}")
+        if not self.plan_budget_ms >= 0:
+            raise ConfigError(f"--zeppelin-plan-budget-ms must be >= 0 (0: 10% of the predicted iteration), "
+                              f"got {self.plan_budget_ms}")
         if self.tp < 1:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {self.tp}")
         if self.sequence_parallel and self.tp == 1:

@@ -61,7 +61,9 @@ from megatron_zeppelin.planner.choice import MEMORY_SLACK
 from megatron_zeppelin.planner.partitioner.lpt import place_short
 from megatron_zeppelin.planner.strategies import Candidate, Search, pick, strategy
 from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
-from megatron_zeppelin.planner.portfolio.shapes import candidate_placements, placement_key
+from megatron_zeppelin.planner.portfolio.shapes import (candidate_placements, compute_bound, placement_key,
+                                                          ring_chain_bound)
+from megatron_zeppelin.planner.portfolio.budget import placement_units
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
 from megatron_zeppelin.spec.words import DocClass, Link, StrategyName
 
@@ -190,10 +192,18 @@ def _intra(ranks: _Ranks, g: int, sizes, member, need, ok, budget: float):
     """Best intra ring: (resulting max, G, members); the smallest G within ``budget`` if any."""
     best = (_INF, 0, ())
     masked = ranks.masker()
+    whole = None  # each node's loads sorted, where no capacity binds (the usual case): one sort for every G
     for j in np.nonzero(ok)[0].tolist():
         G = int(sizes[j])
-        m = masked(int(need[j])).reshape(-1, g)
-        kth = np.partition(m, G - 1, axis=1)[:, G - 1]  # per node: its G-th smallest load
+        m = masked(int(need[j]))
+        if m is ranks.load_np:
+            m = m.reshape(-1, g)
+            if whole is None:
+                whole = np.sort(m, axis=1)
+            kth = whole[:, G - 1]  # per node: its G-th smallest load (np.partition's, the same value)
+        else:
+            m = m.reshape(-1, g)
+            kth = np.partition(m, G - 1, axis=1)[:, G - 1]  # per node: its G-th smallest load
         v = int(np.argmin(kth))
         res = float(kth[v]) + float(member[j])
         if res == _INF or res >= best[0]:
@@ -300,7 +310,7 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
     once; its remap variants share that."""
     from dataclasses import replace as dc_replace
 
-    seen, placed = [], {}
+    seen, placed, topo = [], {}, ctx.topology
     memo = {} if search.lengths is None else {"arrays": (search.lengths, search.whole_s)}  # the pick's, once
     offs = {}  # free rings: each placement's remap-off candidate, which its time variant is weighed against
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
@@ -318,6 +328,17 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                 seen.append((chosen[0], chosen[1]))
                 pl0 = _placement(memo["batch"][3], ctx, *chosen)  # the lengths as Python ints
                 pl0.remap = False
+                name = f"{rate_kind}/{inter}/{rings}@{chosen[3]['target']}"
+                if rings == "aligned" and _bounded_out(pl0, ctx, search):
+                    if search.budget is not None:
+                        search.budget.skipped(name)
+                    continue
+                if search.budget is not None:  # the partitioner's own rings: charged, never cut
+                    units = placement_units(pl0, topo.world_size, topo.gpus_per_node)
+                    if rings == "free":
+                        search.budget.charge(units)
+                    elif not search.budget.afford(name, units, search.best_s):
+                        continue
                 placed[pk].append((pl0, prepare(ctx, pl0)))
         for pl0, pre in placed[pk]:
             if remap == "off" and id(pl0) in offs:
@@ -331,6 +352,16 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                                                    "/".join(map(str, VARIANTS[off])), prepared=pre)
             yield Candidate(pl, "/".join(map(str, VARIANTS[k])), prepared=pre, versus=versus)
     yield from _fixed_shapes(lengths, ctx, search)  # the baselines' shapes: never predicted slower
+
+
+def _bounded_out(placement: Placement, ctx: PlanContext, search: Search) -> bool:
+    """An aligned-ring placement that cannot be picked: its lower bounds (the fixed shapes' own,
+    portfolio/shapes.py; they hold for any placement, remap off or time-balanced) at or above the
+    best prediction so far plus the memory slack (choice.py), so it need not be prepared."""
+    if search.best is None:
+        return False
+    reach = (1 + MEMORY_SLACK) * search.best_s
+    return compute_bound(placement, ctx) >= reach or ring_chain_bound(placement, ctx) >= reach
 
 
 def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
@@ -347,21 +378,32 @@ def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candida
     above the best so far."""
     from dataclasses import replace as dc_replace
 
+    budget = search.budget
     if search.within(NEAR_BOUND):
+        if budget is not None:
+            budget.skipped("fixed shapes (near the lower bound)")
         return
     # A shape up to MEMORY_SLACK slower than the best may still be faster than the memory-balanced
     # plan the pick takes instead (choice.py), which must then not be above it: so weigh those too.
     reach = (1 + MEMORY_SLACK) * search.best_s
+    if budget is not None:
+        budget.settle(search.best_s)  # the best after the partitioner sets the default budget
     cands, seen = [], set()
-    for bound, label, pl0 in candidate_placements(lengths, ctx, reach):
+    for bound, label, pl0 in candidate_placements(lengths, ctx, reach, budget):
         key = placement_key(pl0)
         if key not in seen:
             seen.add(key)
             cands.append((bound, label, pl0))
     cands.sort(key=lambda c: c[0])
-    for bound, label, pl0 in cands:
+    world, g = ctx.topology.world_size, ctx.topology.gpus_per_node
+    for k, (bound, label, pl0) in enumerate(cands):
         if bound >= (1 + MEMORY_SLACK) * search.best_s:
+            for _, later, _ in cands[k:]:  # sorted: none after it can win either
+                if budget is not None:
+                    budget.skipped(later)
             break
+        if budget is not None and not budget.afford(label, placement_units(pl0, world, g)):
+            continue  # a cheaper shape after it may still fit
         pre = prepare(ctx, pl0)
         off = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)), f"{label}/off",
                         prepared=pre)
@@ -513,6 +555,19 @@ def _greedy(ctx: PlanContext, L_list, whole_list, order, n_long: int, short, th,
     return ring_of, owner, _estimate(ranks, g), spanned_by_hiding
 
 
+def _new_doc(doc, length, cls, ring, owner, bounds, _new=object.__new__) -> DocPlan:
+    """DocPlan(doc, length, cls, ring, owner, bounds) without the frozen dataclass's per-field
+    __setattr__ (one per document of every placement: at 16k documents a tenth of planning); the
+    fields are those of its __init__, so it equals, pickles and hashes the same.
+
+    >>> _new_doc(3, 100, _LOCAL, -1, 2, (0, 100)) == DocPlan(3, 100, _LOCAL, -1, 2, (0, 100))
+    True
+    """
+    d = _new(DocPlan)
+    d.__dict__.update(doc=doc, length=length, cls=cls, ring=ring, owner=owner, bounds=bounds)
+    return d
+
+
 def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
     """Docs and rings; documents on the same ranks and class share one ring (in visiting order: the
     greedy fills ``ring_of`` in that order). ``lengths``: Python ints."""
@@ -524,9 +579,9 @@ def _placement(lengths, ctx, ring_of, owner, th, meta) -> Placement:
             ring_docs.append([])
         ring_docs[ring_id[key]].append(i)
     rings = [Ring(id=k, ranks=key[1], cls=key[0], docs=tuple(ring_docs[k])) for key, k in ring_id.items()]
-    get, local = owner.get, _LOCAL
-    docs = [DocPlan(i, Li, local, -1, o, (0, Li)) if (o := get(i)) is not None else
-            DocPlan(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
+    get, local, new = owner.get, _LOCAL, _new_doc
+    docs = [new(i, Li, local, -1, o, (0, Li)) if (o := get(i)) is not None else
+            new(i, Li, ring_of[i][0], ring_id[ring_of[i]], -1, zigzag_bounds(Li, len(ring_of[i][1])))
             for i, Li in enumerate(lengths)]
     return Placement(docs=docs, rings=rings, thresholds=th, remap=ctx.config.remap,
                      routing=ctx.config.routing_enabled(ctx.topology.nodes), balance_linear=True, meta=meta,

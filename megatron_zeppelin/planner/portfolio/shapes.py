@@ -22,6 +22,7 @@ variant keeps its own kernel).
 
 from __future__ import annotations
 
+import heapq
 from typing import Sequence
 
 import numpy as np
@@ -29,11 +30,12 @@ import numpy as np
 from megatron_zeppelin.planner.baselines.cp_groups import cp_sizes
 from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
 from megatron_zeppelin.planner.baselines.hybrid_dp import plan_hybrid_dp
-from megatron_zeppelin.planner.baselines.static_cp import (cp_assignment, cp_comms, cp_placement, heads_error,
+from megatron_zeppelin.planner.baselines.static_cp import (cp_comms, cp_placement, heads_error,
                                                           hier_problem, hier_splits)
 from megatron_zeppelin.planner.build.assemble import activation_weights, memory_caps
 from megatron_zeppelin.planner.build.levels import linear_level
 from megatron_zeppelin.planner.build.schedule import block_tokens
+from megatron_zeppelin.planner.portfolio.budget import build_units
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.predict import attention_tokens
 from megatron_zeppelin.planner.types import PlanError, ring_documents
@@ -59,6 +61,7 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
     also for batches of up to HYBRID_DOCS documents."""
     world, cost = ctx.topology.world_size, ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
+    order = None
     out = []
     comms = cp_comms(ctx)  # --zeppelin-cp-comm-type: the comm types the static_cp shapes may use
     settings = [(cp, Comm.P2P, f"cp{cp}", 1) for cp in cp_sizes(world) if Comm.P2P in comms or cp == 1]  # cp1: no ring
@@ -86,7 +89,9 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
         if mean >= reach:
             out.append((label, mean, build))
             continue
-        groups = cp_assignment(lengths, world // cp)
+        if order is None:  # longest first, ties by index: one sort for every CP size
+            order = np.argsort(-L, kind="stable").tolist()
+        groups = lpt_groups(order, lengths, world // cp)
         tokens = np.bincount(groups, weights=L, minlength=world // cp) / cp
         own = np.bincount(groups, weights=member, minlength=world // cp) + cost.proj_s_np(tokens)
         again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx, comm, a2a)
@@ -101,6 +106,27 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
         while m >= 1 and gpus_needed(longest, m) <= top and n <= world.bit_length():
             out.append((f"dynamic_cp/{m}", None, (lambda m=m: dynamic_cp_placement(lengths, ctx, m))))
             m, n = m // 2, n + 1
+    return out
+
+
+def lpt_groups(order, lengths: Sequence[int], groups: int) -> list:
+    """static_cp.cp_assignment's groups (each document, longest first, to the group with the fewest
+    tokens; ties: the lower group) from the visiting ``order`` computed once for every CP size:
+    the pre-build bounds packed each size again, and at 16k documents its sort was a tenth of planning.
+
+    >>> from megatron_zeppelin.planner.baselines.static_cp import cp_assignment
+    >>> L = [5, 9, 1, 9, 4, 4, 7]
+    >>> order = sorted(range(len(L)), key=lambda i: (-L[i], i))
+    >>> all(lpt_groups(order, L, k) == cp_assignment(L, k) for k in (1, 2, 3, 4, 8))
+    True
+    """
+    heap = [(0, k) for k in range(groups)]
+    out = [0] * len(lengths)
+    replace_top = heapq.heapreplace  # (tokens, group) pairs are distinct: the least is the same as pop + push
+    for i in order:
+        tok, k = heap[0]
+        out[i] = k
+        replace_top(heap, (tok + lengths[i], k))
     return out
 
 
@@ -133,14 +159,19 @@ def spans_nodes(placement: Placement, ctx: PlanContext) -> bool:
     return any(r.cls == DocClass.INTER for r in placement.rings)
 
 
-def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float = float("inf")):
+def candidate_placements(lengths: Sequence[int], ctx: PlanContext, best_s: float = float("inf"), budget=None):
     """(bound, label, placement) of every fitting fixed shape whose bound is below ``best_s``, routed
     where a ring spans nodes (and the config allows routing) and also unrouted; placements have
-    remap off (the caller adds it)."""
+    remap off (the caller adds it). ``budget`` (portfolio/budget.py): notes the shapes skipped for
+    their bound, and each build is charged (a shape it cannot afford is not built)."""
     from dataclasses import replace
     routing = ctx.config.routing_enabled(ctx.topology.nodes)
     for label, bound, build in fixed_shape_candidates(lengths, ctx, best_s):
         if bound is not None and bound >= best_s:
+            if budget is not None:
+                budget.skipped(label)
+            continue
+        if budget is not None and not budget.afford(label, build_units(len(lengths), ctx.topology.world_size)):
             continue
         try:
             pl = build()
@@ -174,7 +205,7 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
     cost, world = ctx.cost, ctx.topology.world_size
     att = _attention(placement, ctx)
     tokens = attention_tokens(placement.docs, placement.rings, world)
-    own = att + cost.proj_s_np(tokens)
+    own = att + cost.proj_s_np(tokens) + a2a_wait_bound(placement, ctx)
     rate = movable_linear_s(1, cost)  # per token (linear in tokens)
     again, rate_again = recomputed_s(placement, ctx, tokens)
     own, rate = own + again, rate + rate_again
@@ -185,6 +216,86 @@ def compute_bound(placement: Placement, ctx: PlanContext) -> float:
     caps = memory_caps(tokens.astype(np.int64), g, *activation_weights(cost), ctx.capacity)
     return BOUND_SLACK * min(off, capped_level(own.reshape(-1, g), rate, caps.reshape(-1, g),
                                                tokens.reshape(-1, g).sum(axis=1)))
+
+
+def a2a_wait_bound(placement: Placement, ctx: PlanContext) -> np.ndarray:
+    """Per rank, the seconds it waits at least on its a2a (Ulysses) exchanges, all layers, where
+    nothing of its own can run meanwhile: a placement whose every document is on a2a rings of one
+    queue (static_cp's a2a shapes), zeros otherwise. The layer program (program.py) then waits on
+    each of its four exchanges with no compute between post and wait (forward Q/K/V in, output
+    home at the end; backward dO in, dQ/dK/dV home at the end), and predict's ``_exchange`` gives a
+    rank's wait at least latency + the busiest port of each of its messages / bandwidth from its
+    own clock: ports loaded as ``link_ports`` keys them (NVLink per GPU, NIC ports shared by the
+    GPUs wired to one NIC, every network level on the NIC's ports), by every ring of the exchange.
+    Without it an a2a CP 16 or 32 shape on a few documents per rank was bounded at its compute
+    (0.57-0.65 of its prediction) and prepared on every small batch (~0.1 s each at 64 ranks).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context   # 4 Q heads, 2 K/V heads
+    >>> from megatron_zeppelin.planner.baselines.static_cp import cp_placement
+    >>> ctx = toy_context(nodes=2, gpus=2)
+    >>> a = a2a_wait_bound(cp_placement([4000, 4000], ctx, 2, Comm.A2A), ctx)
+    >>> bool((a > 0).all()), bool(a2a_wait_bound(cp_placement([4000, 4000], ctx, 2, Comm.P2P), ctx).any())
+    (True, False)
+    """
+    topo, cost = ctx.topology, ctx.cost
+    world, g = topo.world_size, topo.gpus_per_node
+    rings = [r for r in placement.rings if r.size > 1]
+    out = np.zeros(world)
+    if (not rings or any(r.comm != Comm.A2A for r in rings) or len({r.cls for r in rings}) > 1
+            or any(d.cls == DocClass.LOCAL for d in placement.docs)):
+        return out
+    docs = ring_documents(placement.docs, placement.rings)
+    src, dst, tok, rows = [], [], [], []
+    for r in rings:  # every (member i -> member j) pair: Q/K/V of block i (step 0), output of block j (step 1)
+        G = r.size
+        ranks = np.asarray(r.ranks, dtype=np.int64)
+        sizes = np.asarray(block_tokens(r, docs), dtype=np.float64)
+        i, j = np.nonzero(~np.eye(G, dtype=bool))
+        src.append(ranks[i])
+        dst.append(ranks[j])
+        tok.append(sizes[i])
+        rows.append(np.full(len(i), G, dtype=np.int64))
+    src, dst, tok, G = map(np.concatenate, (src, dst, tok, rows))
+    qb, kvb = cost.model.q_bytes_per_token(cost.tp), cost.kv_bytes_per_token
+    if not qb or np.any((qb + kvb) % G) or np.any(qb % G):
+        return out  # no a2a row sizing (schedule.a2a_row_bytes refuses it)
+    node_s, node_d = src // g, dst // g
+    near = node_s == node_d
+    gmap = np.asarray(topo.gpu_to_nic, dtype=np.int64)
+    nic_s = node_s * topo.nics_per_node + gmap[src % g]
+    nic_d = node_d * topo.nics_per_node + gmap[dst % g]
+    # Link class per message: NVLink inside a node, else the lowest network level holding both nodes
+    pairs = {}
+    for a, b in zip(node_s[~near].tolist(), node_d[~near].tolist()):
+        if (a, b) not in pairs:
+            pairs[(a, b)] = cost.link_of(a * g, b * g)  # a level joins nodes: any of their ranks
+    lat = np.where(near, cost.latency(Link.NVLINK), 0.0)
+    inv = np.where(near, 1.0 / cost.bandwidth(Link.NVLINK), 0.0)
+    far = np.flatnonzero(~near)
+    if len(far):
+        cls = [pairs[(a, b)] for a, b in zip(node_s[far].tolist(), node_d[far].tolist())]
+        lat[far] = [cost.latency(c) for c in cls]
+        inv[far] = [1.0 / cost.bandwidth(c) for c in cls]
+    total = np.zeros(world)
+    # (bytes per token row, sender -> receiver or reversed): forward Q/K/V and output; backward dO and dQ/dK/dV
+    for step, reverse in ((0, False), (1, False), (1, True), (0, True)):
+        nbytes = tok * ((qb + (kvb if step == 0 else 0)) // G)
+        s_rank, d_rank, s_nic, d_nic = (src, dst, nic_s, nic_d) if step == 0 else (dst, src, nic_d, nic_s)
+        if reverse:
+            s_rank, d_rank, s_nic, d_nic = d_rank, s_rank, d_nic, s_nic
+        nv_out = np.bincount(s_rank[near], nbytes[near], minlength=world)
+        nv_in = np.bincount(d_rank[near], nbytes[near], minlength=world)
+        nics = world // g * topo.nics_per_node
+        nic_out = np.bincount(s_nic[~near], nbytes[~near], minlength=nics)
+        nic_in = np.bincount(d_nic[~near], nbytes[~near], minlength=nics)
+        busiest = np.where(near, np.maximum(nv_out[s_rank], nv_in[d_rank]),
+                           np.maximum(nic_out[s_nic], nic_in[d_nic]))
+        t = np.where(nbytes > 0, lat + busiest * inv, 0.0)
+        wait = np.zeros(world)
+        np.maximum.at(wait, s_rank, t)
+        np.maximum.at(wait, d_rank, t)
+        total += wait
+    return total * cost.model.layers
 
 
 def _attention(placement: Placement, ctx: PlanContext, passes=(False, True)):
@@ -351,27 +462,43 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
     far = (min((cost.latency(c) for c in outer), default=0.0),
            1.0 / (spread * max((cost.bandwidth(c) for c in outer), default=float("inf"))))
     docs = ring_documents(placement.docs, placement.rings)
-    kvb, best = cost.kv_bytes_per_token, 0.0
+    kvb, best, g_node = cost.kv_bytes_per_token, 0.0, topo.gpus_per_node
+    nv = (cost.latency(Link.NVLINK), 1.0 / cost.bandwidth(Link.NVLINK))
+    rate = {}  # link class -> (latency, seconds per byte)
     for r in placement.rings:
         g = r.size
         if g < 2 or r.comm != Comm.P2P or not r.docs:
             continue
         hop, direct = [], []  # hop i: member i -> i + 1, (latency, seconds per byte)
+        ranks = r.ranks
         for i in range(g):
-            src, dst = r.ranks[i], r.ranks[(i + 1) % g]
+            src, dst = ranks[i], ranks[(i + 1) % g]
+            if src // g_node == dst // g_node:  # cost.link_of: NVLink inside a node
+                hop.append(nv)
+                direct.append(True)
+                continue
+            if placement.routing:
+                hop.append(far)
+                direct.append(False)
+                continue
             link = cost.link_of(src, dst)
-            routed = placement.routing and link != Link.NVLINK
-            hop.append(far if routed else (cost.latency(link), 1.0 / cost.bandwidth(link)))
-            direct.append(not routed)
+            if link not in rate:
+                rate[link] = (cost.latency(link), 1.0 / cost.bandwidth(link))
+            hop.append(rate[link])
+            direct.append(True)
         tokens = block_tokens(r, docs)
-        total, lat, inv = sum(tokens), sum(h[0] for h in hop), sum(h[1] for h in hop)
-        sent = sum(1 for n in tokens if n)  # an empty block is no message
+        total, lat, inv = sum(tokens), sum([h[0] for h in hop]), sum([h[1] for h in hop])
+        sent = g - tokens.count(0)  # an empty block is no message
         for b, n in enumerate(tokens):
             into = hop[b - 1]  # the hop into member b
             if n:  # block b along the ring: every hop but the one into its owner
-                best = max(best, lat - into[0] + kvb * n * (inv - into[1]))
+                x = lat - into[0] + kvb * n * (inv - into[1])
+                if x > best:
+                    best = x
             if direct[b - 1]:  # member b receives every other (non-empty) block over the hop into it
-                best = max(best, (sent - (n > 0)) * into[0] + kvb * (total - n) * into[1])
+                x = (sent - (n > 0)) * into[0] + kvb * (total - n) * into[1]
+                if x > best:
+                    best = x
     return 2 * cost.model.layers * best
 
 

@@ -1,0 +1,41 @@
+"""Zeppelin's bounded search (planner/portfolio/budget.py): a budget in deterministic work units cuts
+what follows the partitioner, and the plan's meta says what was cut, for its bound or for the budget."""
+
+import numpy as np
+import pytest
+
+from megatron_zeppelin.planner import Planner
+from megatron_zeppelin.spec.config import ConfigError, ZeppelinConfig
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.spec.topology import Topology
+
+
+def _plan(budget_ms: float, n: int = 100, nodes: int = 8):
+    prof = load_profile("a800")
+    topo = Topology(nodes, 8, prof.nics_per_node, prof.gpu_to_nic)
+    lengths = np.random.default_rng(0).lognormal(7.5, 1.3, n).clip(1, 65536).astype(np.int64)
+    planner = Planner(topo, prof, load_model("llama-7b"), ZeppelinConfig(gpus_per_node=8, plan_budget_ms=budget_ms))
+    return planner.plan(lengths)
+
+
+def test_a_small_budget_cuts_after_the_partitioner_and_meta_names_the_cuts():
+    free = _plan(0.0)  # the default: 10% of the predicted iteration, nothing cut on this batch
+    meta = dict(free.meta)
+    assert "cut_budget" not in meta
+    assert "a2a32" in meta["cut_bound"].split(", ")  # its exchanges bound it out (a2a_wait_bound)
+    tight = _plan(0.5)  # 16 units: less than any candidate after the partitioner's own rings
+    cuts = dict(tight.meta)["cut_budget"].split(", ")
+    assert any(c.endswith("aligned@1") for c in cuts) and "a2a8" not in dict(tight.meta).get("cut_bound", "")
+    assert tight.meta.variant.split("/")[2] == "free"  # the paper's partitioner ran and won
+    assert tight.predicted_iteration_s >= free.predicted_iteration_s
+    assert _plan(0.5) == tight  # units, not a clock: the same cuts, the same plan
+
+
+def test_a_budget_that_is_not_hit_changes_nothing():
+    assert _plan(0.0) == _plan(1e6)
+
+
+def test_a_negative_budget_names_its_flag():
+    with pytest.raises(ConfigError, match="--zeppelin-plan-budget-ms"):
+        ZeppelinConfig(plan_budget_ms=-1)
