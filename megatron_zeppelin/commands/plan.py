@@ -22,10 +22,11 @@ from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.token_counts import token_count
 from megatron_zeppelin.data.workloads import describe_batch, describe_source, load_source, sample_batch
 from megatron_zeppelin.reports import plan as report
-from megatron_zeppelin.flags.domain import Domain, build_domain, require_at_least
+from megatron_zeppelin.flags.domain import Domain, require_at_least
 from megatron_zeppelin.flags.workload import add_tp_flag, add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
 from megatron_zeppelin.flags.memory import add_memory_flags, memory_setup
 from megatron_zeppelin.flags.output import check_output_paths
+from megatron_zeppelin.flags.pipeline import add_pipeline_flag, pipeline_domain, pipeline_line
 from megatron_zeppelin.planner.accumulation import JOINT_STRATEGIES, joint_steps
 from megatron_zeppelin.planner.iteration import Iteration
 from megatron_zeppelin.spec.words import Accumulation
@@ -54,6 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--nics-per-node", "--zeppelin-nics-per-node", type=int, default=None,
                    help="NICs per node (default: the profile's)")
     add_tp_flag(g)
+    add_pipeline_flag(g)
     g = p.add_argument_group("planner")
     g.add_argument("--strategy", "--zeppelin-strategy", default="zeppelin", choices=STRATEGIES,
                    help="strategy to show in detail (default zeppelin)")
@@ -113,11 +115,12 @@ def _batch_given(args) -> bool:
 
 
 def plan_iteration(source, tokens: int, first_seed: int, steps: int, context_length: int, plan_lengths, names,
-                   regroup=None):
+                   regroup=None, stages: int = 1):
     """One iteration's steps, each a global micro-batch sampled with the next seed (``first_seed`` ..
     ``first_seed + steps - 1``): (the lengths of each step, {strategy: Iteration, or why not}).
     ``regroup``: {strategy: (step lengths -> (the steps' lengths to plan, the plan_lengths to plan
-    them with))} for the strategies whose documents are assigned to the steps jointly."""
+    them with))} for the strategies whose documents are assigned to the steps jointly. ``stages``:
+    pipeline stages, the steps in 1F1B over them (planner/iteration.py)."""
     regroup = regroup or {}
     sampled = [sample_batch(source, tokens, first_seed + j, max_len=context_length or None) for j in range(steps)]
     groups = [(tuple(n for n in names if n not in regroup), [s.tolist() for s in sampled], plan_lengths)]
@@ -130,7 +133,7 @@ def plan_iteration(source, tokens: int, first_seed: int, steps: int, context_len
         per_step = [plan(ls, group) for ls in step_lists]
         for n in group:
             ps = [plans[n] for plans in per_step]
-            out[n] = next((p for p in ps if isinstance(p, str)), None) or Iteration(tuple(ps))
+            out[n] = next((p for p in ps if isinstance(p, str)), None) or Iteration(tuple(ps), stages=stages)
     return sampled, {n: out[n] for n in names}
 
 
@@ -138,7 +141,7 @@ def run(args) -> int:
     check_output_paths((("--json", args.json), ("--plot", args.plot)))  # before any sampling or planning
     profile = load_profile(args.cluster)
     model = load_model(args.model)
-    dom = build_domain(args, profile, model)
+    dom, stages = pipeline_domain(args, profile, model)  # with stages: one stage's DP ranks
     require_at_least(args, (("ranks", "--ranks", 1), ("cp_size", "--cp-size", 0)))
     topo = dom.topology
     batch_flags = resolve_batch(args, topo.world_size)
@@ -167,7 +170,7 @@ def run(args) -> int:
 
     def one(first_seed):
         return plan_iteration(source, mem.tokens, first_seed, steps, args.context_length, plan_with(config), names,
-                              regroup)
+                              regroup, stages)
     step_lengths, iterations = one(args.seed)
     lengths = step_lengths[0]
     main = iterations[args.strategy]
@@ -187,6 +190,9 @@ def run(args) -> int:
         print(f"batch size: {batch_flags.note}", file=out)
     print(mem.note, file=out)
     report.print_plan(out, main, args.ranks, model, args.tp, mem, args.seed)
+    if stages > 1:
+        print(pipeline_line(stages, len(main.steps), topo.world_size, main.predicted_iteration_s,
+                            main.steps_s / stages, main.allreduce_s), file=out)
     shown = next((n for n in regroup if isinstance(iterations[n], Iteration)), None)
     if shown:
         print(f"accumulation joint: {', '.join(regroup)}'s documents of the {steps} steps assigned to them jointly "
@@ -205,8 +211,12 @@ def run(args) -> int:
     if args.json:
         doc = report.json_document(iterations, main, batch, topo, profile, model, args, mem)
         doc["dataset"] = stats
-        doc["gpus"] = {"total": dom.gpus, "gpus_per_node": dom.gpus_per_node, "tp": dom.tp,
+        doc["gpus"] = {"total": dom.gpus * stages, "gpus_per_node": dom.gpus_per_node, "tp": dom.tp,
                        "domain_ranks": topo.world_size}
+        if stages > 1:
+            doc["pipeline"] = {"stages": stages, "micro_batches": len(main.steps),
+                               "iteration_s": main.predicted_iteration_s, "stage_work_s": main.steps_s / stages,
+                               "bubble_s": main.pipeline_s - main.steps_s / stages}
         if spread:
             doc["seeds"] = {"first": args.seed, "count": args.seeds, "steps_per_iteration": steps,
                             "strategies": spread}

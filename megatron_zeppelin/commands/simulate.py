@@ -5,7 +5,9 @@ With ``--global-batch-size G --micro-batch-size M`` on R ranks an iteration is G
 global micro-batch sampled with the next seed, planned and simulated, then the DP all-reduce once
 (sim/iteration.py ``accumulate``): the iteration Megatron logs; the mean step is printed beside it.
 ``--zeppelin-accumulation joint`` (or ``--strategy zeppelin+joint``) assigns the iteration's documents to
-Zeppelin's steps jointly first (planner/accumulation.py); the baselines keep data order."""
+Zeppelin's steps jointly first (planner/accumulation.py); the baselines keep data order.
+``--pipeline-stages N`` splits the nodes into N stages and runs the steps in 1F1B over them
+(sim/iteration.py ``pipeline``), the bubble printed (flags/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from megatron_zeppelin.spec.config import ACCUMULATION, ROUTING, STRATEGIES, Zep
 from megatron_zeppelin.flags.routing import add_relay_chunk_flag
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.token_counts import token_count
-from megatron_zeppelin.flags.domain import build_domain, require_at_least
+from megatron_zeppelin.flags.domain import require_at_least
 from megatron_zeppelin.flags.workload import add_tp_flag, add_workload_flags, counted_by, dataset_line, resolve_batch, tokenizer_from
 from megatron_zeppelin.flags.memory import AUTO, add_memory_flags, memory_setup
 from megatron_zeppelin.flags.output import check_output_paths
+from megatron_zeppelin.flags.pipeline import add_pipeline_flag, pipeline_domain, pipeline_line
 
 # What the output calls each strategy and ablation step (the --strategy values are the flags' words).
 LABELS = {"zeppelin": "Zeppelin", "packed_dp": "packed DP", "static_cp": "static CP", "allgather_cp": "all-gather CP",
@@ -43,6 +46,7 @@ def add_parser(subparsers):
     p.add_argument("--model", default="llama-7b", help="model preset (llama-3b/7b/13b/30b, tiny) or YAML")
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     add_tp_flag(p)
+    add_pipeline_flag(p)
     p.add_argument("--capacity-tokens", "--zeppelin-capacity-tokens", type=_tokens_or_memory, default=0,
                    help="per-rank token capacity every strategy must fit: a count, or 'memory' (what one GPU "
                         "holds: ZeRO-1, no recompute, 90%% of the profile's memory_GB); 0 = the planner's default")
@@ -104,7 +108,7 @@ def _run_batch(variants, step_lengths, topo, profile, model, config, args) -> di
     """{variant: (Iteration of the steps' plans, the iteration's SimResult)} or {variant: reason} where
     it cannot be planned (--compare only). ``step_lengths``: one batch per gradient-accumulation step."""
     from megatron_zeppelin.planner.iteration import Iteration
-    from megatron_zeppelin.sim.iteration import accumulate
+    from megatron_zeppelin.sim.iteration import pipeline
     from megatron_zeppelin.planner.accumulation import JOINT_STRATEGIES, joint_steps
     from megatron_zeppelin.sim.runs import JOINT
     from megatron_zeppelin.spec.words import Accumulation
@@ -122,7 +126,8 @@ def _run_batch(variants, step_lengths, topo, profile, model, config, args) -> di
                 raise
             out[v] = str(e)
             continue
-        out[v] = (Iteration(tuple(p for p, _ in steps)), accumulate([r for _, r in steps]))
+        stages = getattr(args, "pipeline_stages", 1) or 1  # 1F1B over the stages (accumulate with one)
+        out[v] = (Iteration(tuple(p for p, _ in steps), stages=stages), pipeline([r for _, r in steps], stages))
     return out
 
 
@@ -134,7 +139,7 @@ def run(args) -> int:
 
     check_output_paths((("--json", args.json), ("--gantt", args.gantt)))  # before any sampling or planning
     profile, model = load_profile(args.cluster), load_model(args.model)
-    dom = build_domain(args, profile, model)
+    dom, stages = pipeline_domain(args, profile, model)  # with stages: one stage's DP ranks
     require_at_least(args, (("cp_size", "--cp-size", 0),))
     topo = dom.topology
     b = resolve_batch(args, topo.world_size)
@@ -178,6 +183,9 @@ def run(args) -> int:
         print(f"batch size: {b.note}", file=out)
     print(mem_note, file=out)
     report.print_detail(out, LABELS[args.strategy], it, res, describe_choice(dict(plan.meta)), args)
+    if stages > 1:  # the last stage is the busiest: its share of every layer, and the vocab head
+        print(pipeline_line(stages, k, topo.world_size, res.iteration_s,
+                            (res.forward_s + res.backward_s) / stages + res.head_s, res.allreduce_exposed_s), file=out)
     if args.compare:
         report.print_compare(out, results, LABELS, args.cp_size)
     spread = report.seed_spread([r for _, r in batches], variants) if args.seeds > 1 else None
@@ -195,7 +203,7 @@ def run(args) -> int:
         doc = {"strategy": args.strategy, "cluster": args.cluster, "model": args.model, "tp": args.tp,
                "dataset": args.dataset, "nodes": args.nodes, "gpus": dom.gpus, "batch": batch,
                "plan_digest": plan.digest(), "plan_choice": describe_choice(dict(plan.meta)),
-               "predicted_iteration_s": it.steps_s + res.allreduce_exposed_s,
+               "predicted_iteration_s": report.planner_s(it, res), "pipeline_stages": stages,
                "lower_bound_s": report.lower_bound(it, res), "recompute": recompute, "steps": k,
                "step_digests": [p.digest() for p in it.steps],
                "predicted_step_s": [p.predicted_iteration_s for p in it.steps], **res.to_dict(timeline=True)}

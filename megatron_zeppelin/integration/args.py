@@ -73,9 +73,11 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="a2a+p2p's a2a group size, the a of Megatron's --hierarchical-context-parallel-sizes a p "
                         "(0 = every size dividing the GPUs of a node and the heads).")
     g.add_argument("--zeppelin-accumulation", choices=ACCUMULATION, default="data_order",
-                   help="Documents of a global batch to its micro-batches: data_order (as read), or joint (the "
-                        "planner spreads long documents over the micro-batches; planner/accumulation.py). joint is "
-                        "planned by `zeppelin plan` / `simulate` / `bench`; training runs data_order.")
+                   help="Documents of an iteration's global batch to its micro-batches: data_order (as read), or "
+                        "joint (the planner spreads long documents over the micro-batches, same documents per "
+                        "iteration; planner/accumulation.py; --zeppelin-strategy zeppelin only). Trained by the "
+                        "Megatron-LM entry, planned by `zeppelin plan` / `simulate` / `bench`; `zeppelin train` "
+                        "runs one micro-batch per step and refuses joint.")
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
     g.add_argument("--zeppelin-relay-chunk-bytes", type=int, default=None,
@@ -117,11 +119,6 @@ def check_megatron_args(args) -> None:
     if _get(args, "context_parallel_size", 1) != 1:
         raise ConfigError("--zeppelin-balance plans context parallelism itself: set --context-parallel-size 1 "
                           "(use --zeppelin-cp-size for the static_cp baseline)")
-    if _get(args, "zeppelin_accumulation", "data_order") != "data_order":
-        # the data path hands the trainer one global micro-batch at a time: joint assignment needs
-        # the whole global batch's lengths first
-        raise ConfigError("--zeppelin-accumulation joint is planned by zeppelin plan / simulate / bench only; "
-                          "training reads micro-batches in data order: set --zeppelin-accumulation data_order")
     if _get(args, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         raise ConfigError("--zeppelin-balance does not support virtual pipeline stages: drop "
                           "--num-layers-per-virtual-pipeline-stage")

@@ -169,6 +169,44 @@ class StreamSampler(BatchSampler):
         return key, length
 
 
+class JointBatches:
+    """Global micro-batches ``k`` at a time (one iteration's global batch, as ``batches`` yields them
+    in data order), regrouped by ``order`` and yielded one by one: ``order(lengths)`` takes the k
+    micro-batches' document lengths and returns each new micro-batch's documents as indices into
+    their documents in data order (``--zeppelin-accumulation joint``: planner/accumulation.py
+    ``joint_indices``). An iteration keeps its documents, only which micro-batch holds each changes,
+    and every rank regroups alike (``order`` is a pure function of the lengths). A last, partial
+    iteration is regrouped over the micro-batches it has.
+
+    >>> order = lambda lengths: [[0, 3], [1, 2]]            # as if planned: the two long ones apart
+    >>> list(JointBatches(iter([[9, 1], [2, 8]]), 2, order, lengths_of=list))
+    [[9, 8], [1, 2]]
+    """
+
+    def __init__(self, batches, k: int, order, lengths_of):
+        if k < 1:
+            raise DataError(f"an iteration needs at least one micro-batch, got {k}")
+        self._it, self.k, self._order, self._lengths_of = iter(batches), int(k), order, lengths_of
+        self._ready: List[list] = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self._ready:
+            steps = []
+            for _ in range(self.k):
+                try:
+                    steps.append(next(self._it))
+                except StopIteration:
+                    break
+            if not steps:
+                raise StopIteration
+            docs = [d for s in steps for d in s]
+            self._ready = [[docs[i] for i in m] for m in self._order([list(self._lengths_of(s)) for s in steps])]
+        return self._ready.pop(0)
+
+
 def batch_documents(ds: DocumentDataset, sampler: BatchSampler, step: int) -> List[torch.Tensor]:
     """Token tensors of global micro-batch ``step``: n+1 tokens for a document training n."""
     return [ds.document(d, n + 1) for d, n in sampler.batch(step)]

@@ -23,6 +23,10 @@ Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patche
 - ``--pipeline-model-parallel-size`` > 1 (1F1B): every stage reads the same documents and plans each
   micro-batch itself; ``validate`` turns on Megatron's ``variable_seq_lengths`` shape exchange, and
   plan digests are compared across the stages without blocking the schedule (plan_check.py).
+- ``--zeppelin-accumulation joint``: the iterators read an iteration's k global micro-batches (the
+  documents data_order would train in it) and regroup them by the planner's joint assignment
+  (planner/accumulation.py), each planned with the capacity of a data-order micro-batch; every
+  rank and stage regroups alike (a pure function of the lengths).
 - ``--zeppelin-stock-spec`` (no ``--zeppelin-balance``): Megatron's stock layer spec trained on the
   same document batches, each document its own causal sample (stock_batch.py): the reference the
   Zeppelin runs are checked against.
@@ -221,6 +225,10 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     if getattr(args, "zeppelin_balance", False):
         _stage_check(args)
         cfg, topo, spec = _domain(args)
+        if _joint_applies(cfg):  # an iteration's documents to its micro-batches jointly
+            planner = _run_planner(args, topo, spec, cfg)
+            train = _joint(train, planner, _micro_batches(args, False))
+            valid = valid if valid is None else _joint(valid, planner, _micro_batches(args, True))
         if cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)
             from megatron_zeppelin.integration.plan_ahead import PlanAhead, PlannedBatches
             ahead = args._zeppelin_plan_ahead = PlanAhead(_run_planner(args, topo, spec, cfg),
@@ -228,6 +236,43 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
             train = PlannedBatches(train, ahead, _doc_lengths)
             valid = valid if valid is None else PlannedBatches(valid, ahead, _doc_lengths)
     return train, valid, None
+
+
+def _micro_batches(args, evaluation: bool) -> int:
+    """Global micro-batches Megatron's schedule reads per iteration (forward_step calls), as
+    Megatron counts them: training's (no batch-size ramp-up: validate refuses it), or evaluate()'s."""
+    dp = int(args.data_parallel_size) * int(getattr(args, "gtp_weight_remat_size", 1) or 1)
+    if evaluation:
+        gbs = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
+        mbs = getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size
+    else:
+        gbs, mbs = args.global_batch_size, args.micro_batch_size
+    return max(1, int(gbs) // (int(mbs) * dp))
+
+
+def _joint(batches, planner, k: int):
+    """``batches`` regrouped k at a time by the joint assignment (data.py JointBatches) with the
+    run's cost model and capacity; ``--zeppelin-debug-plan`` prints each regrouping on rank 0."""
+    from megatron_zeppelin.integration.data import JointBatches
+    from megatron_zeppelin.planner.accumulation import document_s, joint_indices
+
+    if k == 1:  # one micro-batch per iteration: nothing to assign
+        return batches
+    world = planner.topology.world_size
+
+    def order(steps):
+        out = joint_indices(steps, planner.cost, planner.config.capacity_tokens, world)
+        if planner.config.debug_plan and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+            docs = [L for s in steps for L in s]
+            work = [[sum(document_s(planner.cost, L) for L in s) for s in steps],
+                    [sum(document_s(planner.cost, docs[i]) for i in m) for m in out]]
+            skew = [max(w) / (sum(w) / len(w)) for w in work]
+            print(f"zeppelin joint: {len(steps)} micro-batches, tokens "
+                  f"{','.join(str(sum(s)) for s in steps)} -> {','.join(str(sum(docs[i] for i in m)) for m in out)}, "
+                  f"predicted work max/mean {skew[0]:.3f} -> {skew[1]:.3f}", flush=True)
+        return out
+
+    return JointBatches(batches, k, order, _doc_lengths)
 
 
 def _stage_check(args):
@@ -284,7 +329,31 @@ def _domain(args):
     cfg = config_from_args(args)
     topo = Topology.from_world(ps.get_data_parallel_world_size(), cfg.gpus_per_node, cfg.nics_per_node,
                                cfg.gpu_nic_map)
-    return cfg, topo, model_spec(args)
+    spec = model_spec(args)
+    if _joint_applies(cfg):
+        cfg = _joint_config(args, topo, spec, cfg)
+    return cfg, topo, spec
+
+
+def _joint_applies(cfg) -> bool:
+    from megatron_zeppelin.planner.accumulation import joint_applies
+    return joint_applies(cfg)
+
+
+def _joint_config(args, topo, spec, cfg):
+    """With joint assignment every micro-batch is planned with the capacity of the largest
+    data-order one (planner/accumulation.py): here each holds exactly a global micro-batch's
+    tokens, so that capacity is the run's; kept on args (the same every step)."""
+    from megatron_zeppelin.planner.accumulation import joint_config
+    from megatron_zeppelin.spec.hardware import load_profile
+
+    tokens = int(args.seq_length) * int(args.micro_batch_size) * topo.world_size
+    key = (cfg, topo, spec, tokens)
+    held = getattr(args, "_zeppelin_joint_config", None)
+    if held is None or held[0] != key:
+        held = (key, joint_config(topo, load_profile(cfg.cluster), spec, cfg, tokens))
+        args._zeppelin_joint_config = held
+    return held[1]
 
 
 def model_spec(args):

@@ -38,7 +38,7 @@ benchmark runs dynamic_cp over the whole global batch, as Megatron's scheduler d
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from megatron_zeppelin.planner.cost.cost_model import CostModel
 from megatron_zeppelin.planner.iteration import Iteration
@@ -60,10 +60,19 @@ def document_s(cost: CostModel, length: int) -> float:
 def assign_micro_batches(steps: Sequence[Sequence[int]], cost: CostModel, room: int,
                          hard_room: int = 0) -> List[List[int]]:
     """The documents of ``steps`` (the data-order micro-batches) in as many micro-batches, assigned
-    jointly (module doc): longest predicted first (ties: longer, then earlier), each to the
-    micro-batch of least predicted seconds (ties: the first) with ``room`` tokens left for it, else
-    to the one with the most room left, if that stays within ``hard_room`` (0: no such limit; else
-    a ValueError). Each micro-batch keeps its documents in data order."""
+    jointly: the lengths of ``assign_indices``'s micro-batches."""
+    docs = [int(L) for s in steps for L in s]
+    return [[docs[i] for i in m] for m in assign_indices(steps, cost, room, hard_room)]
+
+
+def assign_indices(steps: Sequence[Sequence[int]], cost: CostModel, room: int,
+                   hard_room: int = 0) -> List[List[int]]:
+    """Which documents go in which micro-batch, as indices into ``steps``'s documents in data order
+    (micro-batch 0's first, then 1's, ...): longest predicted first (ties: longer, then earlier),
+    each to the micro-batch of least predicted seconds (ties: the first) with ``room`` tokens left
+    for it, else to the one with the most room left, if that stays within ``hard_room`` (0: no
+    such limit; else a ValueError). Each micro-batch keeps its documents in data order (module doc).
+    A training data path moves its documents with these (integration/data.py ``JointBatches``)."""
     docs = [int(L) for s in steps for L in s]
     k = len(steps)
     seconds = {L: document_s(cost, L) for L in set(docs)}
@@ -82,7 +91,33 @@ def assign_micro_batches(steps: Sequence[Sequence[int]], cost: CostModel, room: 
         members[j].append(i)
         load[j] += seconds[L]
         tokens[j] += L
-    return [[docs[i] for i in sorted(m)] for m in members]
+    return [sorted(m) for m in members]
+
+
+def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int, world: int) -> List[List[int]]:
+    """``assign_indices`` of ``steps`` for micro-batches planned with per-rank ``capacity`` tokens
+    on ``world`` ranks: the room of the module doc (the largest data-order micro-batch plus
+    ``TOKEN_SLACK``, within what the domain holds). Raises PlanError where a document fits no
+    micro-batch."""
+    from megatron_zeppelin.planner.types import PlanError
+    largest = max(sum(int(L) for L in s) for s in steps)
+    hard = capacity * world
+    room = min(hard, int(largest * (1.0 + TOKEN_SLACK)))
+    try:
+        return assign_indices(steps, cost, room, hard)
+    except ValueError as e:
+        raise PlanError(f"--zeppelin-accumulation joint: {e} (the domain holds {hard} tokens: raise "
+                        "--zeppelin-capacity-tokens or use --zeppelin-accumulation data_order)") from None
+
+
+def joint_config(topology: Topology, profile: HardwareProfile, model: ModelSpec, config: ZeppelinConfig,
+                 largest: int, cost: Optional[CostModel] = None) -> ZeppelinConfig:
+    """The config a joint micro-batch is planned with: the per-rank capacity the largest data-order
+    micro-batch (``largest`` tokens) had, the set one or the planner's default (``cost``: the run's
+    cost model, else one is built)."""
+    from megatron_zeppelin.planner import make_context
+    ctx = make_context(topology, profile, model, config, total_tokens=largest, cost=cost)
+    return config.with_(capacity_tokens=ctx.capacity)
 
 
 def joint_steps(steps: Sequence[Sequence[int]], topology: Topology, profile: HardwareProfile, model: ModelSpec,
@@ -90,17 +125,17 @@ def joint_steps(steps: Sequence[Sequence[int]], topology: Topology, profile: Har
     """(the micro-batches' lengths assigned jointly, the config to plan each with: the capacity the
     largest data-order micro-batch had). Raises PlanError where a document fits no micro-batch."""
     from megatron_zeppelin.planner import make_context
-    from megatron_zeppelin.planner.types import PlanError
     largest = max(sum(int(L) for L in s) for s in steps)
     ctx = make_context(topology, profile, model, config, total_tokens=largest)
-    hard = ctx.capacity * topology.world_size
-    room = min(hard, int(largest * (1.0 + TOKEN_SLACK)))
-    try:
-        out = assign_micro_batches(steps, ctx.cost, room, hard)
-    except ValueError as e:
-        raise PlanError(f"--zeppelin-accumulation joint: {e} (the domain holds {hard} tokens: raise "
-                        "--zeppelin-capacity-tokens or use --zeppelin-accumulation data_order)") from None
+    docs = [int(L) for s in steps for L in s]
+    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size)]
     return out, config.with_(capacity_tokens=ctx.capacity)
+
+
+def joint_applies(config: ZeppelinConfig, strategy=None) -> bool:
+    """Whether the iteration's micro-batches are assigned jointly: the config asks for it and the
+    strategy (default the config's) takes it (``JOINT_STRATEGIES``)."""
+    return config.accumulation == Accumulation.JOINT and StrategyName(strategy or config.strategy) in JOINT_STRATEGIES
 
 
 def plan_iteration(steps: Sequence[Sequence[int]], topology: Topology, profile: HardwareProfile,
@@ -110,7 +145,7 @@ def plan_iteration(steps: Sequence[Sequence[int]], topology: Topology, profile: 
     takes it (``JOINT_STRATEGIES``); ``stages``: pipeline stages (1F1B over the micro-batches)."""
     from megatron_zeppelin.planner import plan_batch
     name = StrategyName(strategy or config.strategy)
-    if config.accumulation == Accumulation.JOINT and name in JOINT_STRATEGIES and len(steps) > 1:
+    if joint_applies(config, name) and len(steps) > 1:
         steps, config = joint_steps(steps, topology, profile, model, config)
     return Iteration(tuple(plan_batch(list(s), topology, profile, model, config, strategy=name) for s in steps),
                      stages=stages)

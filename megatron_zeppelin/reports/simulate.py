@@ -19,13 +19,16 @@ def _classes(plan) -> str:
 
 
 def lower_bound(it, res) -> float:
-    """The steps' lower bounds plus the all-reduce as the simulator exposes it."""
-    return sum(p.lower_bound_s for p in it.steps) + res.allreduce_exposed_s
+    """The steps' lower bounds (in 1F1B with pipeline stages) plus the all-reduce as the simulator exposes it."""
+    from megatron_zeppelin.planner.iteration import pipeline_s
+    bounds = [p.lower_bound_s for p in it.steps]
+    return (sum(bounds) if it.stages == 1 else pipeline_s(bounds, it.stages)) + res.allreduce_exposed_s
 
 
 def planner_s(it, res) -> float:
-    """The planner's prediction of the iteration: its steps plus the same exposed all-reduce."""
-    return it.steps_s + res.allreduce_exposed_s
+    """The planner's prediction of the iteration: its steps (in 1F1B with pipeline stages) plus the
+    same exposed all-reduce."""
+    return it.pipeline_s + res.allreduce_exposed_s
 
 
 def print_detail(out, label: str, it, res, choice: str, args) -> None:

@@ -98,3 +98,11 @@ def test_pipeline_parallelism_points_at_the_megatron_lm_entry(tmp_path, capsys, 
     assert "--pipeline-model-parallel-size 1" in err and "megatron_zeppelin.integration.pretrain_gpt" in err, err
     sub = build_parser()._subparsers._group_actions[0].choices["train"]
     assert "Megatron-LM entry" in " ".join(sub.format_help().split())
+
+
+def test_joint_accumulation_points_at_the_megatron_lm_entry(tmp_path, capsys):
+    rc, err = _run(tmp_path, capsys, "--zeppelin-balance", "--zeppelin-accumulation", "joint")
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "--zeppelin-accumulation data_order" in err and "megatron_zeppelin.integration.pretrain_gpt" in err, err
+    sub = build_parser()._subparsers._group_actions[0].choices["train"]
+    assert "refuses joint" in " ".join(sub.format_help().split())
