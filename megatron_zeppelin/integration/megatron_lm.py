@@ -319,7 +319,8 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     if cfg.debug_plan and ps.get_data_parallel_rank() == 0:
         remap = any(tuple(a) != tuple(b) for a, b in zip(plan.attention_layout, plan.linear_layout))
         counts = " ".join(f"{c}={n}" for c, n in plan.class_counts().items())
-        print(f"zeppelin plan: {counts} remap={remap}{how}", flush=True)
+        comms = ",".join(sorted({str(r.comm) for r in plan.rings}))  # the rings' exchange kinds
+        print(f"zeppelin plan: {counts} remap={remap}{f' comm={comms}' if comms else ''}{how}", flush=True)
     kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
                              softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),
