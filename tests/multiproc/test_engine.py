@@ -178,7 +178,17 @@ def a2a_cases(world: int):
     p4 = hand_plan([53, 5, 29, 11, 2, 19], t, [(0, 1, 2, 3), 1, (0, 1), (2, 3), 3, (0, 1, 2, 3)], comm="a2a")
     p2 = hand_plan([37, 8, 23, 4], t, [(1, 0), 2, (3, 2), 0], comm="a2a")
     return [("a2a_w4_mha", p4, 4, 4), ("a2a_w4_gqa", p4, 8, 4), ("a2a_w4_gqa_rings2", p2, 4, 2),
-            ("a2a_w4_static_cp", static, 4, 2)]
+            ("a2a_w4_static_cp", static, 4, 2), ("a2a_w4_zeppelin", zeppelin_a2a_plan(), 4, 2)]
+
+
+def zeppelin_a2a_plan():
+    """Zeppelin's own plan whose intra rings run as Ulysses (planner/partitioner/ulysses_rings.py):
+    two long documents on rings of 2, the short ones local (1 node x 4, TOY_MODEL's 4 Q, 2 K/V heads)."""
+    rng = random.Random(0)
+    lengths = [rng.randrange(1000, 6000) for _ in range(2)] + [rng.randrange(1, 300) for _ in range(10)]
+    p = plan_batch(lengths, Topology(1, 4), TOY_PROFILE, TOY_MODEL, ZeppelinConfig(gpus_per_node=4), strategy="zeppelin")
+    assert p.meta.variant.endswith("+a2a") and p.class_counts()["local"] > 0, p.meta
+    return p
 
 
 def _run_a2a(rank, world, cases):
