@@ -427,8 +427,10 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     if cfg.debug_plan and ps.get_data_parallel_rank() == 0:
         remap = any(tuple(a) != tuple(b) for a, b in zip(plan.attention_layout, plan.linear_layout))
         counts = " ".join(f"{c}={n}" for c, n in plan.class_counts().items())
+        comms = ",".join(sorted({str(r.comm) for r in plan.rings}))  # the rings' exchange kinds
         stage = f" stage={ps.get_pipeline_model_parallel_rank()}" if ps.get_pipeline_model_parallel_world_size() > 1 else ""
-        print(f"zeppelin plan: {counts} remap={remap}{how}{stage} digest={plan.digest()}", flush=True)
+        print(f"zeppelin plan: {counts} remap={remap}{f' comm={comms}' if comms else ''}{how}{stage} "
+              f"digest={plan.digest()}", flush=True)
     kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
                              softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),

@@ -43,3 +43,5 @@ class Placement:
     # partitioner, from its owners): ``docs`` are then in document order too. Assembly derives them
     # otherwise (a pass over every document).
     local: Optional[List[DocPlan]] = None
+    # Some DocPlan.padded is set: prediction charges the pad rows (planner/build/padding.py)
+    padded: bool = False

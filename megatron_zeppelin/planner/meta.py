@@ -54,6 +54,8 @@ class PlanMeta:
     max_seqlen_per_dp_cp_rank_predicted_s: Tried = ()
     hdp_rounds: Optional[int] = None
     hdp_round: Optional[int] = None
+    # CP baselines: the multiple TE / Megatron pad each document to (planner/build/padding.py)
+    pad_multiple: Optional[int] = None
     # hybrid_dp: the FLOPs share that sizes its groups.
     flops_share: Optional[float] = None
     # Every strategy: the activation recompute the plan is priced with (spec/recompute.py; unset = none),
@@ -94,7 +96,7 @@ class PlanMeta:
 
 
 _INTS = ("token_cap", "cp_size", "dp_size", "max_seqlen_per_dp_cp_rank", "hdp_rounds", "hdp_round",
-         "q_bytes_per_token")
+         "q_bytes_per_token", "pad_multiple")
 _FLOATS = {"budget_s": ".6g", "estimate_s": ".6g", "flops_share": ".6g", "target": "g"}  # as strategies write them
 _TRIED = ("cp_size_predicted_s", "a2a_cp_size_predicted_s", "max_seqlen_per_dp_cp_rank_predicted_s",
           "a2a_p2p_predicted_s")

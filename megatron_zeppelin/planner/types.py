@@ -63,6 +63,24 @@ class DocPlan:
     ring: int  # index into Plan.rings, -1 for local
     owner: int  # rank for local documents, -1 otherwise
     bounds: Tuple[int, ...]
+    # The length the real system pads this document to (TE's THD CP: a multiple of 2 x cp; Megatron's
+    # dynamic CP: of 2 x DP x CP; planner/build/padding.py), 0 when it runs unpadded. The pad rows are
+    # charged (prediction, simulation, memory: ``charged``), never run: the engine runs the real rows.
+    # 0 is left out of the JSON, so plans without padding keep their digests.
+    padded: int = 0
+
+    def charged(self) -> "DocPlan":
+        """This document as the padded system holds it: ``padded`` tokens in 2G equal chunks (the pad
+        rows at its end, as TE's cu_seqlens_padded put them); itself when unpadded.
+
+        >>> DocPlan(0, 13, DocClass.INTRA, 0, -1, (0, 3, 6, 9, 13), padded=16).charged().bounds
+        (0, 4, 8, 12, 16)
+        """
+        if not self.padded:
+            return self
+        n = len(self.bounds) - 1
+        return DocPlan(self.doc, self.padded, self.cls, self.ring, self.owner,
+                       tuple([j * self.padded // n for j in range(n + 1)]), self.padded)
 
     def member_segments(self, member: int) -> Tuple[Segment, ...]:
         if self.ring < 0:
@@ -312,7 +330,8 @@ def _encode(x):
         return x.to_dict()
     if is_dataclass(x):
         return {f.name: _encode(getattr(x, f.name)) for f in fields(x)
-                if not (f.name == "a2a" and isinstance(x, Ring) and x.a2a == 1)}
+                if not ((f.name == "a2a" and isinstance(x, Ring) and x.a2a == 1)
+                        or (f.name == "padded" and isinstance(x, DocPlan) and not x.padded))}
     if isinstance(x, (tuple, list)):
         return [_encode(v) for v in x]
     if isinstance(x, StrEnum):  # the plain word, so a plan and its JSON round trip compare equal

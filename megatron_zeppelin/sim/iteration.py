@@ -30,6 +30,7 @@ import numpy as np
 
 from megatron_zeppelin.spec.model import ModelSpec
 from megatron_zeppelin.planner.cost.cost_model import CostModel
+from megatron_zeppelin.planner.build.padding import charged_plan
 from megatron_zeppelin.planner.types import Plan
 from megatron_zeppelin.spec.hardware import HardwareProfile
 from megatron_zeppelin.spec.host import HostModel
@@ -104,6 +105,9 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
         raise ZeppelinError(f"unknown layers mode '{opt.layers}' (set --sim-layers to scale or all)")
     topo = plan.topology
     cost = CostModel(model, profile, topo, tp, plan_recompute(plan), sequence_parallel, host)
+    # a padded plan (TE's / Megatron's CP pad rows: planner/build/padding.py) as the real system runs
+    # it, as its prediction charges it; attention_graph (the engine's own rows, validation) does not
+    plan = charged_plan(plan, cost)
     costs = LayerCosts(cost)
     links = LinkTable.of_cost(cost)
     L = model.layers

@@ -29,6 +29,8 @@ A *variant* is a strategy, or one of the paper's ablation steps expressed as a P
 
 - ``static_cp+routing``: TE-style CP with the routing layer on (routing only);
 - ``zeppelin-noremap``: Zeppelin's partitioning and engine without the remapping layer;
+- ``zeppelin-noulysses``: Zeppelin without its own a2a (Ulysses) intra rings
+  (partitioner/ulysses_rings.py): what they add;
 - ``zeppelin``: everything.
 
 Tensor parallelism: the domain is one TP slice, so a node holds gpus_per_node / tp of its ranks and
@@ -72,7 +74,7 @@ from megatron_zeppelin.spec.words import Comm, Link, StrategyName
 
 JOINT = "zeppelin+joint"  # Zeppelin with --zeppelin-accumulation joint (planner/accumulation.py)
 PARTITIONER = "zeppelin-partitioner"  # Zeppelin with the paper's partitioner alone (no portfolio of shapes)
-ABLATIONS = ("static_cp+routing", "zeppelin-noremap", JOINT, PARTITIONER)  # Zeppelin's variants: no baseline
+ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", JOINT, PARTITIONER)  # Zeppelin's variants: no baseline
 VARIANTS = STRATEGIES + ABLATIONS
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
 DEFAULT_BATCHES = 16
@@ -174,6 +176,13 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
         return choose("zeppelin", list(lengths), ctx, _partitioner_only)[0]
     if variant == "zeppelin-noremap":
         return plan_batch(lengths, topo, profile, model, config.with_(remap=False), strategy="zeppelin")
+    if variant == "zeppelin-noulysses":  # Zeppelin's pick without the candidates with a2a intra rings
+        from megatron_zeppelin.planner.partitioner.partition import zeppelin_candidates
+        ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
+
+        def own(lengths, ctx, search):
+            return (c for c in zeppelin_candidates(lengths, ctx, search) if not c.label.endswith("+a2a"))
+        return choose(StrategyName.ZEPPELIN, list(lengths), ctx, own)[0]
     if variant == "static_cp+routing":  # static_cp's candidates with routing on, picked as every strategy's
         ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
 

@@ -138,10 +138,13 @@ def plan_memory_balance(plan, model: ModelSpec, tp: int = 1, recompute=None, seq
     layout's token counts (``imbalance_attention``, ``imbalance_linear``). Memory is what DistCA
     (arXiv 2510.18121) names as the weak side of per-document planning; a ratio of 1 is even."""
     world = len(plan.attention_layout)
-    att = [sum(s.stop - s.start for s in plan.attention_layout[r]) for r in range(world)]
-    lin = [sum(s.stop - s.start for s in plan.linear_layout[r]) for r in range(world)]
+    pad = pad_rows(plan)  # a CP baseline's pad rows (TE / Megatron) are held too; they do not remap
+    att = [sum(s.stop - s.start for s in plan.attention_layout[r]) + pad[r] for r in range(world)]
+    lin = [sum(s.stop - s.start for s in plan.linear_layout[r]) + pad[r] for r in range(world)]
     rows = (lambda n: sp_rows(n, tp)) if sequence_parallel else (lambda n: n)  # SP's pad rows are held too
-    by = [activation_bytes(model, rows(a), rows(b), tp, recompute, sequence_parallel) for a, b in zip(att, lin)]
+    gathered = gathered_kv_bytes(plan, model, tp)
+    by = [activation_bytes(model, rows(a), rows(b), tp, recompute, sequence_parallel) + g
+          for a, b, g in zip(att, lin, gathered)]
 
     def ratio(xs):
         mean = sum(xs) / len(xs)
@@ -149,6 +152,59 @@ def plan_memory_balance(plan, model: ModelSpec, tp: int = 1, recompute=None, seq
 
     return {"bytes": by, "max_bytes": max(by), "imbalance": ratio(by), "imbalance_attention": ratio(att),
             "imbalance_linear": ratio(lin)}
+
+
+def pad_rows(plan) -> list:
+    """Per rank, the pad rows its padded documents add (``DocPlan.padded``: TE's THD CP pads each
+    document to a multiple of 2 x cp, Megatron's dynamic CP to 2 x DP x CP; planner/build/padding.py):
+    each of a document's G members holds padded / G rows, the real ones among them.
+
+    >>> from megatron_zeppelin.planner.baselines.static_cp import cp_placement
+    >>> from megatron_zeppelin.planner.build.assemble import assemble
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> ctx = toy_context(gpus=2)
+    >>> plan = assemble("static_cp", [13, 6], ctx, cp_placement([13, 6], ctx, 2, "p2p"))   # as 16 and 8
+    >>> [plan.tokens(r) for r in range(2)], pad_rows(plan)
+    ([10, 9], [2, 3])
+    """
+    out = [0] * len(plan.attention_layout)
+    for d in plan.docs:
+        if d.padded:
+            ranks = (d.owner,) if d.ring < 0 else plan.rings[d.ring].ranks
+            for i, r in enumerate(ranks):
+                out[r] += d.padded // len(ranks) - sum(s.stop - s.start for s in d.member_segments(i))
+    return out
+
+
+# Transformer Engine's all-gather CP (AttnFuncWithCPAndKVAllGather, Llama 3's design) saves only the
+# rank's own K/V, but each layer's backward holds the whole group's gathered K and V and the
+# whole-length dK and dV before their reduce-scatter (TE d0067d0, pytorch/attention/
+# dot_product_attention/context_parallel.py:3768-3788; the forward's gather, :3217-3218, holds two)
+GATHERED_KV_BUFFERS = 4
+
+
+def gathered_kv_bytes(plan, model, tp: int = 1) -> list:
+    """Per rank, the transient bytes all-gather CP adds to its activation peak: GATHERED_KV_BUFFERS x
+    the whole (padded) sequence of its group's documents x the K/V heads of its TP rank. One layer's
+    at a time (freed before the next), so once, not per layer; 0 for other rings.
+
+    >>> from megatron_zeppelin.planner import plan_batch
+    >>> from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
+    >>> from megatron_zeppelin.spec.config import ZeppelinConfig
+    >>> from megatron_zeppelin.spec.topology import Topology
+    >>> cfg = ZeppelinConfig(gpus_per_node=2, cp_size=2, capacity_tokens=64)
+    >>> p = plan_batch([16, 8], Topology(1, 2), TOY_PROFILE, TOY_MODEL, cfg, strategy="allgather_cp")
+    >>> gathered_kv_bytes(p, TOY_MODEL)   # 4 x 24 tokens x 2 K/V heads x 16 dims x 2 bytes
+    [6144, 6144]
+    """
+    out = [0] * len(plan.attention_layout)
+    per_row = GATHERED_KV_BUFFERS * model.kv_bytes_per_token(tp) // 2  # kv_bytes_per_token counts K and V
+    for ring in plan.rings:
+        if ring.comm == "allgather":
+            whole = sum(plan.docs[d].padded or plan.docs[d].length for d in ring.docs)
+            for r in ring.ranks:
+                out[r] += whole * per_row
+    return out
 
 
 @dataclass(frozen=True)

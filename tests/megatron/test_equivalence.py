@@ -42,6 +42,16 @@ def test_static_cp_a2a_matches_single_process_4_ranks_2x2(reference):
     assert classes.get("comm:a2a", 0) >= 1 and "comm:p2p" not in classes
 
 
+def test_static_cp_a2a_p2p_matches_single_process_4_ranks_2x2(reference):
+    """static_cp in TE's hierarchical a2a+p2p mode (the tiny model's 4 Q and 2 K/V heads split over
+    a2a groups of 2 inside each node, a ring of the 2 groups across the nodes), planned by static_cp."""
+    res = run_distributed(w.zeppelin_run, 4, 1, 2, ["static_cp:a2a+p2p"], STEPS, "real", reference["init"], timeout=300)
+    _check(res, reference, ["static_cp:a2a+p2p"])
+    classes = res[0]["static_cp:a2a+p2p"]["classes"]
+    assert classes.get("comm:a2a+p2p", 0) >= 1 and set(c for c in classes if c.startswith("comm:")) == {"comm:a2a+p2p"}
+    assert classes["inter"] >= 1 and classes["local"] == 0  # the ring of a2a groups crossed the nodes
+
+
 def test_zeppelin_spec_matches_single_process_4_ranks_2x2(reference):
     res = run_distributed(w.zeppelin_run, 4, 1, 2, STRATEGIES, STEPS, "real", reference["init"], timeout=300)
     _check(res, reference)

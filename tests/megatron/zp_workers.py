@@ -103,10 +103,13 @@ def zeppelin_run(rank, world, tp, gpus_per_node, strategies, steps, engine, init
         ddp = wrap_ddp(model)
         opt = make_optimizer([p for p in ddp.parameters()], lr=LR)
         # Small capacity forces zeppelin to split the long documents (intra and inter rings);
-        # static_cp runs every document over fixed CP groups of 2 ("static_cp:a2a": in TE's a2a mode).
+        # static_cp runs every document over fixed CP groups of 2 ("static_cp:a2a": in TE's a2a mode;
+        # "static_cp:a2a+p2p": TE's hierarchical mode, a CP group of 4 as a ring of 2 a2a groups of 2).
         name, _, comm = strategy.partition(":")
+        hier = comm == "a2a+p2p"
         cfg = ZeppelinConfig(strategy=name, gpus_per_node=gpus_per_node, tp=tp, sequence_parallel=sequence_parallel,
-                             capacity_tokens=CAPACITY.get(rt.domain_size, 0) if name == "zeppelin" else 0, cp_size=2,
+                             capacity_tokens=CAPACITY.get(rt.domain_size, 0) if name == "zeppelin" else 0,
+                             cp_size=4 if hier else 2, cp_a2a_size=2 if hier else 0,
                              recompute=recompute, cp_comm=comm or None)
         losses, grads, classes = [], [], {}
         for s in range(steps):

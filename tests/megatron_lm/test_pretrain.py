@@ -104,13 +104,37 @@ def test_zeppelin_matches_stock_spec_2_ranks(data, tmp_path):
     assert not any("planned ahead" in p for p in m.plan_lines(log))  # each batch planned in its step
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["packed_dp", "static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp"])
-def test_baseline_matches_stock_spec(strategy, data, stock4, tmp_path):
+# TE's hierarchical a2a+p2p (static_cp): CP 4 = a2a groups of 2 inside each "node", a ring of the 2
+# groups across them (Megatron's --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2)
+HIER = ["--zeppelin-cp-comm-type", "a2a+p2p", "--zeppelin-cp-size", "4", "--zeppelin-cp-a2a-size", "2"]
+BASELINES = {s: ["--zeppelin-strategy", s] for s in ["packed_dp", "static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp"]}
+BASELINES["static_cp:a2a+p2p"] = ["--zeppelin-strategy", "static_cp"] + HIER
+GQA = ["--group-query-attention", "--num-query-groups", "2"]  # 4 Q heads, 2 K/V heads: each a2a group of 2 splits both
+
+
+def baseline_flags():
     # capacity for the longest document: packed_dp cannot split one (under 80 it refuses, out of memory)
-    flags = ZEPPELIN[:4] + [str(m.MAXPOS)] + ZEPPELIN[5:]
-    run, _ = train(data, tmp_path, strategy, 4, flags + EVAL + ["--zeppelin-strategy", strategy])
+    return ZEPPELIN[:4] + [str(m.MAXPOS)] + ZEPPELIN[5:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", list(BASELINES))
+def test_baseline_matches_stock_spec(strategy, data, stock4, tmp_path):
+    run, log = train(data, tmp_path, strategy.replace(":", "_"), 4, baseline_flags() + EVAL + BASELINES[strategy])
     assert_same(run, stock4[0], range(1, ITERS + 1))
+    if strategy == "static_cp:a2a+p2p":  # every ring ran TE's hierarchical exchange
+        rings = [p for p in m.plan_lines(log) if " comm=" in p]
+        assert rings and all(" comm=a2a+p2p " in p for p in rings), m.plan_lines(log)
+
+
+@pytest.mark.slow
+def test_static_cp_a2a_p2p_gqa_matches_stock_spec(data, tmp_path):
+    """GQA (2 K/V heads for 4 Q heads), as Llama-3 models run: the a2a groups split the K/V heads too."""
+    ref, _ = train(data, tmp_path, "stock_gqa", 4, ["--zeppelin-stock-spec"] + GQA, iters=3)
+    run, log = train(data, tmp_path, "a2a_p2p_gqa", 4, baseline_flags() + GQA + BASELINES["static_cp:a2a+p2p"], iters=3)
+    assert_same(run, ref, range(1, 4))
+    rings = [p for p in m.plan_lines(log) if " comm=" in p]
+    assert rings and all(" comm=a2a+p2p " in p for p in rings), m.plan_lines(log)
 
 
 @pytest.mark.slow

@@ -204,7 +204,17 @@ def a2a_cases(world: int):
     p4 = hand_plan([53, 5, 29, 11, 2, 19], t, [(0, 1, 2, 3), 1, (0, 1), (2, 3), 3, (0, 1, 2, 3)], comm="a2a")
     p2 = hand_plan([37, 8, 23, 4], t, [(1, 0), 2, (3, 2), 0], comm="a2a")
     return [("a2a_w4_mha", p4, 4, 4), ("a2a_w4_gqa", p4, 8, 4), ("a2a_w4_gqa_rings2", p2, 4, 2),
-            ("a2a_w4_static_cp", static, 4, 2)]
+            ("a2a_w4_static_cp", static, 4, 2), ("a2a_w4_zeppelin", zeppelin_a2a_plan(), 4, 2)]
+
+
+def zeppelin_a2a_plan():
+    """Zeppelin's own plan whose intra rings run as Ulysses (planner/partitioner/ulysses_rings.py):
+    two long documents on rings of 2, the short ones local (1 node x 4, TOY_MODEL's 4 Q, 2 K/V heads)."""
+    rng = random.Random(0)
+    lengths = [rng.randrange(1000, 6000) for _ in range(2)] + [rng.randrange(1, 300) for _ in range(10)]
+    p = plan_batch(lengths, Topology(1, 4), TOY_PROFILE, TOY_MODEL, ZeppelinConfig(gpus_per_node=4), strategy="zeppelin")
+    assert p.meta.variant.endswith("+a2a") and p.class_counts()["local"] > 0, p.meta
+    return p
 
 
 def _run_a2a(rank, world, cases):
@@ -249,16 +259,27 @@ def test_engine_a2a_rings_exact(world):
 def hier_cases(world: int):
     """(name, plan, heads, kv_heads): a2a+p2p rings with local documents, GQA (K/V heads < Q heads,
     both split by the a2a group, as TE asserts) and MHA. World 4: groups of 2 over 2 nodes; world
-    8: groups of 2 (a ring of 4 groups) and of 4 (a ring of 2), two rings in one queue."""
+    8: groups of 2 (a ring of 4 groups) and of 4 (a ring of 2), two rings in one queue. Each world also
+    runs a plan static_cp built in this mode (--zeppelin-cp-comm-type a2a+p2p, TOY_MODEL's 4 Q and 2
+    K/V heads), not a hand-built one."""
     if world == 4:  # 2 nodes x 2: groups (0, 1) and (2, 3), the ring of groups across the nodes
         t = Topology(2, 2)
         p = hand_plan([53, 5, 29, 11, 2, 19], t, [(0, 1, 2, 3), 1, (0, 1, 2, 3), 2, 3, (0, 1, 2, 3)],
                       comm="a2a+p2p", a2a=2)
-        return [("hier_w4_gqa", p, 4, 2), ("hier_w4_mha", p, 4, 4)]
+        return [("hier_w4_gqa", p, 4, 2), ("hier_w4_mha", p, 4, 4), ("hier_w4_static_cp", static_hier(t, 4), 4, 2)]
     t = Topology(2, 4)  # 2 nodes x 4: groups of 2 (a ring of 4 groups) and of 4 (a ring of 2)
     lengths, where = [93, 5, 29, 11, 2, 19, 40], [tuple(range(8)), 1, tuple(range(8)), 2, 3, (4, 5, 6, 7), 6]
     return [("hier_w8_a2_gqa", hand_plan(lengths, t, where, comm="a2a+p2p", a2a=2), 4, 2),
-            ("hier_w8_a4_gqa", hand_plan(lengths[:5], t, where[:5], comm="a2a+p2p", a2a=4), 8, 4)]
+            ("hier_w8_a4_gqa", hand_plan(lengths[:5], t, where[:5], comm="a2a+p2p", a2a=4), 8, 4),
+            ("hier_w8_static_cp", static_hier(t, 8), 4, 2)]
+
+
+def static_hier(t: Topology, world: int):
+    """static_cp's own plan in a2a+p2p mode: CP = the whole domain, a2a groups of 2 inside a node."""
+    cfg = ZeppelinConfig(gpus_per_node=t.gpus_per_node, cp_comm="a2a+p2p", cp_size=world, cp_a2a_size=2)
+    p = plan_batch(batch(2, world), t, TOY_PROFILE, TOY_MODEL, cfg, strategy="static_cp")
+    assert p.meta.hierarchical_cp_sizes == f"2 {world // 2}", p.meta
+    return p
 
 
 def hier_step_bytes(plan, rank: int, hq: int, hk: int, d: int = 8, elt: int = 8) -> dict:

@@ -34,9 +34,12 @@ def test_static_cp_fixed_sizes_and_classes():
     lengths = [40, 30, 20, 10, 7, 3]
     p1 = plan(lengths, cp_size=1, capacity_tokens=100)
     assert p1.class_counts() == {"inter": 0, "intra": 0, "local": 6} and not p1.rings
-    p2 = plan(lengths, cp_size=2, capacity_tokens=100)  # 4 DP groups of 2: LPT by tokens: {40}, {30}, {20}, {10, 7, 3}
+    # 4 DP groups of 2: LPT by TE's padded tokens (multiples of 2 x 2: 40, 32, 20, 12, 8, 4): {40}, {30},
+    # {20, 3}, {10, 7}
+    p2 = plan(lengths, cp_size=2, capacity_tokens=100)
     assert [(r.ranks, r.docs, r.cls) for r in p2.rings] == [
-        ((0, 1), (0,), "intra"), ((2, 3), (1,), "intra"), ((4, 5), (2,), "intra"), ((6, 7), (3, 4, 5), "intra")]
+        ((0, 1), (0,), "intra"), ((2, 3), (1,), "intra"), ((4, 5), (2, 5), "intra"), ((6, 7), (3, 4), "intra")]
+    assert [d.padded for d in p2.docs] == [0, 32, 0, 12, 8, 4] and p2.meta.pad_multiple == 4
     p8 = plan(lengths, cp_size=8, capacity_tokens=100)  # one group over both nodes: inter, every document zigzag over 8
     assert [(r.ranks, r.cls) for r in p8.rings] == [(tuple(range(8)), "inter")]
     assert all(d.cls == "inter" and len(d.bounds) == 17 for d in p8.docs)
@@ -44,6 +47,44 @@ def test_static_cp_fixed_sizes_and_classes():
         check_plan(p)
         assert dict(p.meta)["cp_size"] in ("1", "2", "8") and not p.remap
         assert all(o.stage == "direct" for o in p.schedule)  # routing off
+
+
+@pytest.mark.parametrize("comm, cp", [("p2p", 4), ("a2a", 2), ("a2a+p2p", 4), ("allgather", 4)])
+def test_te_padding_is_charged_not_run(comm, cp):
+    """TE's THD CP pads each document to a multiple of 2 x cp (planner/build/padding.py): the plan
+    keeps the real rows (what the engine runs), prediction, simulation and memory charge the padded."""
+    from megatron_zeppelin.planner.baselines.static_cp import cp_placement
+    from megatron_zeppelin.planner.build.assemble import assemble
+    from megatron_zeppelin.sim.iteration import simulate
+    from megatron_zeppelin.spec.memory import plan_memory_balance
+    lengths = [61, 37, 9, 5]  # none a multiple of 2 x cp
+    cfg = ZeppelinConfig(gpus_per_node=4, capacity_tokens=1000)
+    ctx = toy_context(nodes=2, gpus=4, config=cfg, capacity=1000)
+    a2a = 2 if comm == "a2a+p2p" else 1
+    plans = {pad: assemble("static_cp", lengths, ctx, cp_placement(lengths, ctx, cp, comm, a2a, pad=pad))
+             for pad in (False, True)}
+    padded, bare = plans[True], plans[False]
+    assert [d.padded for d in padded.docs] == [-(-L // (2 * cp)) * 2 * cp for L in lengths]
+    assert not any(d.padded for d in bare.docs) and padded.meta.pad_multiple == 2 * cp
+    assert padded.attention_layout == bare.attention_layout and padded.schedule == bare.schedule  # the engine's
+    check_plan(padded)
+    assert padded.predicted_iteration_s > bare.predicted_iteration_s
+    sim = {k: simulate(p, TOY_PROFILE, TOY_MODEL).iteration_s for k, p in plans.items()}
+    assert sim[True] > sim[False]
+    mem = {k: sum(plan_memory_balance(p, TOY_MODEL)["bytes"]) for k, p in plans.items()}
+    assert mem[True] > mem[False]  # the pad rows are held
+
+
+def test_allgather_cp_holds_the_gathered_kv():
+    from megatron_zeppelin.spec.memory import gathered_kv_bytes, plan_memory_balance
+    lengths = [64, 40, 16, 8]
+    ag, p2p = plan(lengths, strategy="allgather_cp", cp_size=4), plan(lengths, strategy="static_cp", cp_size=4,
+                                                                      cp_comm="p2p")
+    assert [(r.ranks, r.docs) for r in ag.rings] == [(r.ranks, r.docs) for r in p2p.rings]
+    extra = gathered_kv_bytes(ag, TOY_MODEL)
+    assert gathered_kv_bytes(p2p, TOY_MODEL) == [0] * 8 and min(extra) > 0
+    ag_mem, p2p_mem = plan_memory_balance(ag, TOY_MODEL)["bytes"], plan_memory_balance(p2p, TOY_MODEL)["bytes"]
+    assert [a - b for a, b in zip(ag_mem, p2p_mem)] == extra
 
 
 def test_allgather_cp_uses_allgather_rings():

@@ -20,7 +20,8 @@ from megatron_zeppelin.spec.topology import Topology
 
 
 def rounds(lengths, gpus, mslpr, min_cp=1, capacity=1 << 40):
-    return dynamic_cp_rounds(lengths, toy_context(gpus=gpus, capacity=capacity), mslpr, min_cp)
+    """The scheduler's rules on the lengths it weighs (unpadded here; the padding: its own test)."""
+    return dynamic_cp_rounds(lengths, toy_context(gpus=gpus, capacity=capacity), mslpr, min_cp, pad=False)
 
 
 def test_megatrons_own_cases():
@@ -143,9 +144,29 @@ def test_order_free_and_deterministic():
     rng = random.Random(4)
     lengths = rng.sample(range(1, 3000), 60)
     ctx = toy_context(nodes=2, gpus=4)
-    a = dynamic_cp_rounds(lengths, ctx, 1000)
-    assert a == dynamic_cp_rounds(lengths, ctx, 1000)
+    a = dynamic_cp_rounds(lengths, ctx, 1000, pad=False)
+    assert a == dynamic_cp_rounds(lengths, ctx, 1000, pad=False)
     perm = list(range(60))
     rng.shuffle(perm)
-    b = dynamic_cp_rounds([lengths[i] for i in perm], ctx, 1000)
+    b = dynamic_cp_rounds([lengths[i] for i in perm], ctx, 1000, pad=False)
     assert [{perm[i]: g for i, g in r.items()} for r in b] == a  # distinct lengths: the same groups
+
+
+def test_megatrons_padding_is_scheduled_and_charged():
+    # Megatron's dynamic CP pads every sample to a multiple of 2 x DP x CP (gpt_dataset.py,
+    # hybrid_context_parallel) and schedules the padded lengths: on 4 ranks the multiple is 8, so
+    # 9 tokens are held as 16 and 1 token as 8.
+    from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement
+    cfg = ZeppelinConfig(gpus_per_node=4, capacity_tokens=64)
+    ctx = make_context(Topology(1, 4), TOY_PROFILE, TOY_MODEL, cfg, total_tokens=10)
+    plans = {pad: assemble("dynamic_cp", [9, 1], ctx, dynamic_cp_placement([9, 1], ctx, 8, pad=pad)) for pad in (0, 1)}
+    assert [d.padded for d in plans[1].docs] == [16, 8] and plans[1].meta.pad_multiple == 8
+    assert [d.padded for d in plans[0].docs] == [0, 0] and plans[0].meta.pad_multiple is None
+    for p in plans.values():  # the same groups; the engine runs the real rows only
+        assert sum(p.tokens(r) for r in range(4)) == 10
+    assert [(r.ranks, r.docs) for r in plans[1].rings] == [(r.ranks, r.docs) for r in plans[0].rings]
+    # the pad rows are computed and exchanged: predicted and simulated slower
+    assert plans[1].predicted_iteration_s > plans[0].predicted_iteration_s
+    from megatron_zeppelin.sim.iteration import simulate
+    sims = {k: simulate(p, TOY_PROFILE, TOY_MODEL).iteration_s for k, p in plans.items()}
+    assert sims[1] > sims[0]

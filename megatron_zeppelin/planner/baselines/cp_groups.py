@@ -22,7 +22,7 @@ A doc -> group map becomes local documents (group of one) and one ring per disti
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.build.layout import zigzag_bounds
@@ -65,9 +65,11 @@ def member_tokens(length: int, g: int) -> List[int]:
 
 
 def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int, ...]], ctx: PlanContext,
-                          comm: str, why: str = "", meta: Dict[str, str] = None) -> Placement:
+                          comm: str, why: str = "", meta: Dict[str, str] = None,
+                          padded: Optional[Sequence[int]] = None) -> Placement:
     """One ring per distinct rank tuple (its documents in index order); groups of one are local.
-    ``why`` explains the classes in the plan's thresholds."""
+    ``why`` explains the classes in the plan's thresholds. ``padded``: per document, the length the
+    real system pads it to (DocPlan.padded: charged, not run; planner/build/padding.py), or None."""
     topo = ctx.topology
     ring_keys = sorted({g for g in groups.values() if len(g) > 1}, key=lambda g: (-len(g), g))
     ring_id = {g: i for i, g in enumerate(ring_keys)}
@@ -75,13 +77,15 @@ def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int
     docs = []
     for i, L in enumerate(lengths):
         g = tuple(groups[i])
+        pad = int(padded[i]) if padded is not None and padded[i] != L else 0
         if len(g) == 1:
-            docs.append(DocPlan(i, int(L), DocClass.LOCAL, -1, g[0], (0, int(L))))
+            docs.append(DocPlan(i, int(L), DocClass.LOCAL, -1, g[0], (0, int(L)), pad))
         else:
             members[g].append(i)
-            docs.append(DocPlan(i, int(L), ring_class(g, topo), ring_id[g], -1, zigzag_bounds(int(L), len(g))))
+            docs.append(DocPlan(i, int(L), ring_class(g, topo), ring_id[g], -1, zigzag_bounds(int(L), len(g)), pad))
     rings = [Ring(ring_id[g], g, ring_class(g, topo), tuple(members[g]), comm) for g in ring_keys]
-    return Placement(docs=docs, rings=rings, thresholds=describe_thresholds(docs, why), meta=dict(meta or {}))
+    return Placement(docs=docs, rings=rings, thresholds=describe_thresholds(docs, why), meta=dict(meta or {}),
+                     padded=any(d.padded for d in docs))
 
 
 def describe_thresholds(docs: Sequence[DocPlan], why: str) -> Thresholds:

@@ -50,16 +50,31 @@ sim/runs.py). ``dynamic_cp_placement`` merges them into one plan, what the engin
 between them): it holds every round at once, so a set capacity binds its sum (assembly), and the
 strategy keeps the settings whose merged plan fits. No routing, no remap.
 
+Padding: Megatron's dynamic CP needs every sample divisible by 2 x DP x CP (x the SP size with
+sequence parallelism: megatron/core/datasets/gpt_dataset.py:62-67, ``hybrid_context_parallel``, at
+d98e8a6), whichever group it lands in, and its scheduler weighs the padded lengths (``padded_seq_len``:
+data_schedule_utils.py:571-607). So the rounds here are scheduled on the documents padded to
+``dcp_pad_multiple`` (gpus_needed, workload, packed length and capacity all count the pad rows), and
+the plan records each padded length (DocPlan.padded): prediction and simulation charge the pad rows
+(planner/build/padding.py), the engine runs the real ones. Zeppelin's dynamic_cp shapes
+(portfolio/shapes.py) run on its own engine and pass ``pad=False``.
+
 Megatron's own cases (tests/unit_tests/test_sequence_packing.py of that commit): on 2 ranks with
 m = 4096, 2048 tokens join the 6144-token document's group of 2 (a group of 1 of its own was
 possible, but would idle a rank and finish later); on 14 ranks, two 50-token documents (m = 100)
 end in one group of all 14 (doubling stops at 8, which cannot grow into the 6 idle ranks):
 
 >>> from megatron_zeppelin.planner.testing import toy_context
->>> dynamic_cp_rounds([6144, 2048], toy_context(gpus=2), mslpr=4096)
+>>> dynamic_cp_rounds([6144, 2048], toy_context(gpus=2), mslpr=4096, pad=False)
 [{0: (0, 1), 1: (0, 1)}]
->>> [sorted(set(r.values())) for r in dynamic_cp_rounds([50, 50], toy_context(gpus=14), mslpr=100)]
+>>> [sorted(set(r.values())) for r in dynamic_cp_rounds([50, 50], toy_context(gpus=14), mslpr=100, pad=False)]
 [[(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)]]
+
+Padded (a multiple of 2 x 4 on 4 ranks), 7 tokens are held as 8:
+
+>>> p = dynamic_cp_placement([7, 30], toy_context(gpus=4), mslpr=16)
+>>> [(d.length, d.padded) for d in p.docs], p.meta["pad_multiple"]
+([(7, 8), (30, 32)], '8')
 """
 
 from __future__ import annotations
@@ -69,6 +84,7 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.strategies import Candidate, strategy
 from megatron_zeppelin.planner.types import PlanError
+from megatron_zeppelin.planner.build.padding import held_capacity, pad_to
 from megatron_zeppelin.planner.baselines.cp_groups import member_tokens, placement_from_groups, setting_candidates
 from megatron_zeppelin.spec.words import Comm, StrategyName
 
@@ -85,6 +101,23 @@ def gpus_needed(length: int, mslpr: int, min_cp: int = 1) -> int:
     while g * mslpr < length:
         g *= 2
     return max(g, min_cp)
+
+
+def dcp_pad_multiple(ctx: PlanContext) -> int:
+    """What Megatron's dynamic CP pads every sample to: 2 x DP x CP (the domain), x TP with sequence
+    parallelism (gpt_dataset.py:62-67).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> dcp_pad_multiple(toy_context(gpus=4))
+    8
+    """
+    return 2 * ctx.topology.world_size * (ctx.cost.tp if ctx.cost.sp and ctx.cost.tp > 1 else 1)
+
+
+def held_lengths(lengths: Sequence[int], ctx: PlanContext, pad: bool) -> List[int]:
+    """The lengths the scheduler weighs: padded to ``dcp_pad_multiple`` (``pad``), or as they are."""
+    m = dcp_pad_multiple(ctx) if pad else 1
+    return [pad_to(L, m) for L in lengths] if m > 1 else [int(L) for L in lengths]
 
 
 def workload(length: int, g: int) -> float:
@@ -228,9 +261,10 @@ def _one_group(samples: Sequence[Sample], world: int, mslpr: int, capacity: int,
 def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> Iterable[Candidate]:
     """Best max_seqlen_per_dp_cp_rank for the batch: the capacity, or a power-of-two fraction of it
     (smaller values split more documents), whichever the cost model predicts fastest."""
-    world, cap = ctx.topology.world_size, ctx.capacity
+    held = held_lengths(lengths, ctx, True)
+    world, cap = ctx.topology.world_size, held_capacity(ctx, held)
     top = 1 << (world.bit_length() - 1)  # largest power-of-two group of the domain
-    floor = -(-max(lengths) // top)
+    floor = -(-max(held) // top)
     cands, m = [], cap
     while m >= max(1, floor) and len(cands) <= world.bit_length():
         cands.append((m, (lambda m=m: dynamic_cp_placement(lengths, ctx, m))))
@@ -241,9 +275,12 @@ def plan_dynamic_cp(lengths: Sequence[int], ctx: PlanContext, search=None) -> It
 
 
 def dynamic_cp_rounds(lengths: Sequence[int], ctx: PlanContext, mslpr: int,
-                      min_cp: int = 1) -> List[Dict[int, Tuple[int, ...]]]:
-    """Megatron's HDP rounds (DefaultDynamicCPScheduler): per round, {document: its rank group}."""
+                      min_cp: int = 1, pad: bool = True) -> List[Dict[int, Tuple[int, ...]]]:
+    """Megatron's HDP rounds (DefaultDynamicCPScheduler): per round, {document: its rank group};
+    ``pad``: scheduled on the padded lengths, as Megatron's (``held_lengths``)."""
     world = ctx.topology.world_size
+    lengths = held_lengths(lengths, ctx, pad)
+    capacity = held_capacity(ctx, lengths) if pad else ctx.capacity  # pad rows held too
     if min_cp < 1 or min_cp & (min_cp - 1) or min_cp > world:
         raise PlanError(f"dynamic_cp: min_dynamic_context_parallel_size {min_cp} must be a power of two "
                         f"of at most the {world} ranks")
@@ -255,11 +292,11 @@ def dynamic_cp_rounds(lengths: Sequence[int], ctx: PlanContext, mslpr: int,
     rounds: List[Dict[int, Tuple[int, ...]]] = []
     shares = _Shares()
     while samples:
-        groups, samples = hdp_round(samples, world, mslpr, ctx.capacity, min_cp, shares)
+        groups, samples = hdp_round(samples, world, mslpr, capacity, min_cp, shares)
         for grp in groups:  # a doubled group re-splits its documents: its members' exact tokens again
-            if max(grp.tok) > ctx.capacity:
+            if max(grp.tok) > capacity:
                 raise PlanError(f"dynamic_cp: HDP round {len(rounds)} holds {max(grp.tok)} tokens on a rank of "
-                                f"group {grp.ranks} > capacity {ctx.capacity}: raise --zeppelin-capacity-tokens")
+                                f"group {grp.ranks} > capacity {capacity}: raise --zeppelin-capacity-tokens")
         rounds.append({i: grp.ranks for grp in groups for i, _ in grp.docs})
     return rounds
 
@@ -269,27 +306,36 @@ def _why(mslpr: int, rounds: int) -> str:
             f"on a larger group where that shortens the round; balanced per round over {rounds} HDP round(s)")
 
 
-def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int, min_cp: int = 1) -> Placement:
+def _pad_meta(ctx: PlanContext, pad: bool) -> Dict[str, str]:
+    m = dcp_pad_multiple(ctx) if pad else 1
+    return {"pad_multiple": str(m)} if m > 1 else {}
+
+
+def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int, min_cp: int = 1,
+                         pad: bool = True) -> Placement:
     """All rounds merged into one plan (a rank runs its rounds one after another, no barrier
     between them): the strategy's plan, what the engine executes for ``--zeppelin-strategy dynamic_cp``."""
-    rounds = dynamic_cp_rounds(lengths, ctx, mslpr, min_cp)
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr, min_cp, pad)
     groups = {i: b for rnd in rounds for i, b in rnd.items()}
     return placement_from_groups(lengths, groups, ctx, Comm.P2P, _why(mslpr, len(rounds)),
-                                 {"hdp_rounds": str(len(rounds)), "max_seqlen_per_dp_cp_rank": str(mslpr)})
+                                 {"hdp_rounds": str(len(rounds)), "max_seqlen_per_dp_cp_rank": str(mslpr),
+                                  **_pad_meta(ctx, pad)}, held_lengths(lengths, ctx, pad) if pad else None)
 
 
 def round_placements(lengths: Sequence[int], ctx: PlanContext, mslpr: int,
-                     min_cp: int = 1) -> List[Tuple[List[int], Placement]]:
+                     min_cp: int = 1, pad: bool = True) -> List[Tuple[List[int], Placement]]:
     """Megatron's execution: each HDP round is its own micro-batch (its sub-samples only), run after
     the previous one with a DP x CP barrier between them. Per round: (the batch's document indices
     in it, its placement over those documents, renumbered 0..n-1)."""
     out = []
-    rounds = dynamic_cp_rounds(lengths, ctx, mslpr, min_cp)
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr, min_cp, pad)
+    held = held_lengths(lengths, ctx, pad)
     for k, rnd in enumerate(rounds):
         docs = sorted(rnd)
         sub = [int(lengths[i]) for i in docs]
         groups = {n: rnd[i] for n, i in enumerate(docs)}
         out.append((docs, placement_from_groups(sub, groups, ctx, Comm.P2P, _why(mslpr, len(rounds)),
                                                 {"hdp_round": str(k), "hdp_rounds": str(len(rounds)),
-                                                 "max_seqlen_per_dp_cp_rank": str(mslpr)})))
+                                                 "max_seqlen_per_dp_cp_rank": str(mslpr), **_pad_meta(ctx, pad)},
+                                                [held[i] for i in docs] if pad else None)))
     return out

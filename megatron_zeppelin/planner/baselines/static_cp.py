@@ -33,12 +33,16 @@ predicted-fastest is kept (``meta['cp_size']``, the rings' ``comm``; the p2p can
 are in ``meta['cp_size_predicted_s']``, the a2a ones' in ``meta['a2a_cp_size_predicted_s']``).
 Routing and remap are off: stock Megatron has neither.
 
-Example: 4 ranks, CP 2: groups (0, 1) and (2, 3); lengths 8, 6, 4 pack as {8} and {6, 4}.
+Every document is padded to a multiple of 2 x cp, as TE's THD CP needs (planner/build/padding.py
+names the sources): packing, capacity and price count the pad rows, the engine runs the real rows.
+
+Example: 4 ranks, CP 2: groups (0, 1) and (2, 3); lengths 8, 6, 4, padded to 8, 8, 4, pack as
+{8, 4} and {6}.
 
 >>> from megatron_zeppelin.planner.testing import toy_context
 >>> p = cp_placement([8, 6, 4], toy_context(gpus=4), cp=2, comm="p2p")
->>> [(r.ranks, r.cls, r.docs) for r in p.rings]
-[((0, 1), 'intra', (0,)), ((2, 3), 'intra', (1, 2))]
+>>> [(r.ranks, r.cls, r.docs) for r in p.rings], [d.padded for d in p.docs]
+([((0, 1), 'intra', (0, 2)), ((2, 3), 'intra', (1,))], [0, 8, 0])
 >>> p.docs[0].bounds   # 8 tokens in 2*2 zigzag chunks
 (0, 2, 4, 6, 8)
 """
@@ -52,13 +56,27 @@ from typing import Iterable, Sequence
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.strategies import Candidate, strategy
 from megatron_zeppelin.planner.types import PlanError
+from megatron_zeppelin.planner.build.padding import cp_pad_multiple, held_capacity, pad_to
 from megatron_zeppelin.planner.baselines.cp_groups import aligned_blocks, cp_sizes, placement_from_groups, rank_tokens, setting_candidates
 from megatron_zeppelin.spec.words import Comm, StrategyName
 
 
-def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str, a2a: int = 1) -> Placement:
+def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str, a2a: int = 1,
+                 pad: bool = True) -> Placement:
     """Every document over its CP group of ``cp`` consecutive ranks; groups packed by tokens;
-    ``a2a``: the a2a group size of an a2a+p2p run."""
+    ``a2a``: the a2a group size of an a2a+p2p run. ``pad``: each document padded to a multiple of
+    2 x cp (x TP with sequence parallelism) as TE's THD CP needs (planner/build/padding.py, its
+    sources): the packing, the capacity check and the price count the padded tokens, the engine runs
+    the real ones. Zeppelin's shapes (portfolio/shapes.py) run on its own engine: pad=False.
+
+    >>> from megatron_zeppelin.planner.testing import toy_context   # 13 pads to 16: 8 tokens a rank
+    >>> from megatron_zeppelin.spec.config import ZeppelinConfig
+    >>> cfg = ZeppelinConfig(gpus_per_node=2, capacity_tokens=7)
+    >>> cp_placement([13], toy_context(gpus=2, capacity=7, config=cfg), cp=2, comm="p2p")
+    Traceback (most recent call last):
+    ...
+    megatron_zeppelin.planner.errors.PlanError: CP size 2: rank 0 would hold 8 tokens (with TE's padding to a multiple of 4) > capacity 7 (raise --zeppelin-capacity-tokens or --zeppelin-cp-size)
+    """
     world = ctx.topology.world_size
     if cp < 1 or world % cp:
         raise PlanError(f"CP size {cp} does not divide the domain of {world} ranks "
@@ -70,11 +88,15 @@ def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str, a
         if why:
             raise PlanError(why)
     blocks = aligned_blocks(cp, world)
-    groups = {i: blocks[k] for i, k in enumerate(cp_assignment(lengths, len(blocks)))}
-    tok = rank_tokens(lengths, groups, world)
+    multiple = cp_pad_multiple(cp, ctx.cost.tp, ctx.cost.sp) if pad else 1
+    held = [pad_to(L, multiple) for L in lengths] if multiple > 1 else lengths  # what is packed and held
+    groups = {i: blocks[k] for i, k in enumerate(cp_assignment(held, len(blocks)))}
+    tok = rank_tokens(held, groups, world)
     worst = max(range(world), key=lambda r: (tok[r], -r))
-    if tok[worst] > ctx.capacity:
-        raise PlanError(f"CP size {cp}: rank {worst} would hold {tok[worst]} tokens > capacity {ctx.capacity} "
+    cap = held_capacity(ctx, held) if multiple > 1 else ctx.capacity
+    if tok[worst] > cap:
+        padding = f" (with TE's padding to a multiple of {multiple})" if multiple > 1 else ""
+        raise PlanError(f"CP size {cp}: rank {worst} would hold {tok[worst]} tokens{padding} > capacity {cap} "
                         f"(raise --zeppelin-capacity-tokens or --zeppelin-cp-size)")
     kind = {Comm.P2P: "TE p2p", Comm.A2A: "TE a2a (Ulysses)", Comm.ALLGATHER: "Llama-3 all-gather",
             Comm.A2A_P2P: f"TE a2a+p2p ({a2a} x {cp // max(a2a, 1)})"}[Comm(comm)]
@@ -83,7 +105,9 @@ def cp_placement(lengths: Sequence[int], ctx: PlanContext, cp: int, comm: str, a
     meta = {"cp_size": str(cp), "dp_size": str(world // cp)}
     if comm == Comm.A2A_P2P:
         meta["hierarchical_cp_sizes"] = f"{a2a} {cp // a2a}"
-    pl = placement_from_groups(lengths, groups, ctx, comm, why, meta)
+    if multiple > 1:
+        meta["pad_multiple"] = str(multiple)
+    pl = placement_from_groups(lengths, groups, ctx, comm, why, meta, held if multiple > 1 else None)
     if comm == Comm.A2A_P2P:
         pl.rings = [replace(r, a2a=a2a) for r in pl.rings]
     return pl

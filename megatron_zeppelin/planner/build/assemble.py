@@ -19,6 +19,7 @@ import numpy as np
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.build.layout import attention_layout
 from megatron_zeppelin.planner.build.levels import linear_level, smallest_level
+from megatron_zeppelin.planner.build.padding import charged_docs, charged_ops
 from megatron_zeppelin.planner.cost.predict import attention_tokens, lower_bound, predict, ring_costs
 from megatron_zeppelin.planner.program import local_arrays
 from megatron_zeppelin.planner.build.remap import remap_flows, remap_moves
@@ -69,6 +70,12 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of, cost.model.q_bytes_per_token(cost.tp))
     if placement.routing:
         ops = route_schedule(ops, topo, cost, ctx.config)
+    if placement.padded:  # priced as the real system runs it: pad rows computed, exchanged, held
+        cdocs = charged_docs(docs)
+        cops = charged_ops(rings, cdocs, cost, ctx.config, placement.routing)
+        arrays = local_arrays(cdocs)
+        tokens = tuple(attention_tokens(cdocs, rings, topo.world_size, arrays).astype(np.int64).tolist())
+        return Prepared(rings, docs, att, ops, ring_costs(cdocs, rings, cops, cost, arrays), tokens)
     arrays = local_arrays(docs, local)  # the attention tokens and the ring costs both read them
     tokens = tuple(attention_tokens(docs, rings, topo.world_size, arrays).astype(np.int64).tolist())
     return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost, arrays), tokens)
@@ -139,6 +146,10 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
     fits = ctx.capacity if ctx.memory_first else ctx.config.capacity_tokens
     if fits:  # a set capacity is memory: every strategy must fit it
         _check_fits(strategy, att, lin, fits)
+        worst = max(range(topo.world_size), key=lambda r: (pre.att_tokens[r], -r))
+        if placement.padded and pre.att_tokens[worst] > fits:  # its pad rows are held too
+            raise PlanError(f"{strategy} runs out of memory: rank {worst} holds {pre.att_tokens[worst]} tokens with "
+                            f"their padding > capacity {fits} (--zeppelin-capacity-tokens)")
     return Plan(strategy=strategy, topology=topo, lengths=tuple(map(int, lengths)), docs=docs,
                 rings=rings, attention_layout=att, linear_layout=lin, remap=tuple(moves),
                 schedule=tuple(ops), cost=rank_cost,

@@ -61,6 +61,7 @@ from megatron_zeppelin.planner.choice import MEMORY_SLACK
 from megatron_zeppelin.planner.partitioner.lpt import place_short
 from megatron_zeppelin.planner.strategies import Candidate, Search, pick, strategy
 from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
+from megatron_zeppelin.planner.partitioner.ulysses_rings import with_a2a_rings
 from megatron_zeppelin.planner.portfolio.shapes import (candidate_placements, compute_bound, placement_key,
                                                           ring_chain_bound)
 from megatron_zeppelin.planner.portfolio.budget import placement_units
@@ -339,8 +340,11 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                         search.budget.charge(units)
                     elif not search.budget.afford(name, units, search.best_s):
                         continue
-                placed[pk].append((pl0, prepare(ctx, pl0)))
-        for pl0, pre in placed[pk]:
+                placed[pk].append((pl0, prepare(ctx, pl0), ""))
+                ul = with_a2a_rings(pl0, ctx)  # its intra rings that run faster as Ulysses (ulysses_rings.py)
+                if ul is not None:
+                    placed[pk].append((ul, prepare(ctx, ul), "+a2a"))
+        for pl0, pre, kind in placed[pk]:
             if remap == "off" and id(pl0) in offs:
                 yield offs.pop(id(pl0))
                 continue
@@ -349,8 +353,8 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
             if remap == "time" and rings == "free":  # its off variant comes later in VARIANTS for sure
                 off = VARIANTS.index((rate_kind, inter, rings, "off"))
                 versus = offs[id(pl0)] = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)),
-                                                   "/".join(map(str, VARIANTS[off])), prepared=pre)
-            yield Candidate(pl, "/".join(map(str, VARIANTS[k])), prepared=pre, versus=versus)
+                                                   "/".join(map(str, VARIANTS[off])) + kind, prepared=pre)
+            yield Candidate(pl, "/".join(map(str, VARIANTS[k])) + kind, prepared=pre, versus=versus)
     yield from _fixed_shapes(lengths, ctx, search)  # the baselines' shapes: never predicted slower
 
 

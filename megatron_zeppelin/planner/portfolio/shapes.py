@@ -82,7 +82,7 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
         # best; the MLP then runs wherever it runs best in its node (the remap moves it inside
         # nodes). Bounds the plan before it is built.
         member = member_attention(cost, L, np.full(len(L), cp), comm, a2a=a2a)
-        build = (lambda cp=cp, comm=comm, a2a=a2a: cp_placement(lengths, ctx, cp, comm, a2a))
+        build = (lambda cp=cp, comm=comm, a2a=a2a: cp_placement(lengths, ctx, cp, comm, a2a, pad=False))  # own engine: no TE pad
         # The busiest node's level is at least the mean over ranks: every member's documents, all
         # projections, recompute and MLP (0.999: the water level rounds node tokens)
         mean = 0.999 * BOUND_SLACK * _mean_work(L, member, cp, ctx, comm, a2a)
@@ -104,7 +104,7 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
         top = 1 << (world.bit_length() - 1)
         m, longest, n = ctx.capacity, max(lengths), 0
         while m >= 1 and gpus_needed(longest, m) <= top and n <= world.bit_length():
-            out.append((f"dynamic_cp/{m}", None, (lambda m=m: dynamic_cp_placement(lengths, ctx, m))))
+            out.append((f"dynamic_cp/{m}", None, (lambda m=m: dynamic_cp_placement(lengths, ctx, m, pad=False))))
             m, n = m // 2, n + 1
     return out
 
