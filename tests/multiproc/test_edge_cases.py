@@ -13,7 +13,7 @@ Each batch runs under every strategy that applies (zeppelin, static_cp with TE's
 allgather_cp, dynamic_cp, packed_dp, hybrid_dp), on one node (intra rings) and on two (inter rings),
 and routed: the two-node plans again with every NIC message of >= 1 byte split over the NICs by the
 planner's routing pass (dispatch -> transfer -> combine). All cases of a topology run in one spawn.
-The Megatron-LM training-loop side of the same cases is tests/megatron_lm/test_edge_cases.py.
+The Megatron-LM training-loop side of the same cases is tests/megatron_lm/test_pretrain_edge_cases.py.
 """
 
 import math
