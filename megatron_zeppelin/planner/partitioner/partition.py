@@ -36,14 +36,15 @@ Worked example (toy model, 1 node x 4 GPUs): a rank's budget is 0.255 ms; the 80
 document costs 0.72 ms whole, so the greedy puts it on a ring (of 4: members of a 3-ring would
 exceed the budget, as smaller chunks run slower); the 5000-token one (0.29 ms) exceeds the budget
 too and takes a 3-ring; the short ones fill rank 3, the least loaded (LPT). That plan is predicted
-at 0.421 ms; the fixed-shape candidate CP 4 (every document on one zigzag ring of 4, static_cp's
-shape, candidates.py) at 0.402 ms, so on this tiny batch the latter wins: Zeppelin never predicts
+at 0.403 ms; the fixed-shape candidate CP 4 (every document on one zigzag ring of 4, static_cp's
+shape, portfolio/shapes.py) at 0.402 ms, and TE's a2a+p2p over the same 4 ranks (a2a in pairs, a
+ring of the 2 pairs) at 0.379 ms, so on this tiny batch the last wins: Zeppelin never predicts
 slower than a baseline's shape.
 
 >>> from megatron_zeppelin.planner.testing import toy_context
 >>> p = plan_zeppelin([8000, 5000, 300, 200, 100, 90], toy_context(nodes=1, gpus=4))
->>> p.meta["variant"], [(r.ranks, r.docs) for r in p.rings]
-('cp4/off', [((0, 1, 2, 3), (0, 1, 2, 3, 4, 5))])
+>>> p.meta["variant"], [(r.ranks, r.docs, r.comm) for r in p.rings]
+('a2a+p2p2x2/off', [((0, 1, 2, 3), (0, 1, 2, 3, 4, 5), 'a2a+p2p')])
 """
 
 from __future__ import annotations
