@@ -264,6 +264,12 @@ every rank: a plan over it is out of memory. The lower bound: every document's a
 all linear work and (with TP) the TP all-reduces' bandwidth, and the least recompute, perfectly
 balanced, all other communication hidden.
 
+Iterations of several micro-batches (a study's `global_batch_tokens`: Megatron's --global-batch-size, each
+micro-batch a batch of either regime, gradient-accumulated: a rank's time is the sum over its
+micro-batches, then the gradient reduce) are summarised apart, as *global batches with gradient
+accumulation*, and those split into pipeline stages (`pipeline`, 1F1B) apart again: a rank's imbalance
+partly averages out over its micro-batches, so they are never mixed into the one-micro-batch summaries.
+
 The baselines, and the source each follows: `packed_dp`, Megatron-LM's packed sequences over plain
 DP; `static_cp`, Transformer Engine's p2p context parallelism (DualChunkSwap zigzag halves) over
 Megatron's `--context-parallel-size` groups; `allgather_cp`, the all-gather CP of the Llama 3 paper
