@@ -113,7 +113,7 @@ def _fmt(x, spec=".2f") -> str:
 
 
 def print_summary(out, summaries: dict) -> None:
-    from megatron_zeppelin.sim.matrix import baselines
+    from megatron_zeppelin.sim.matrix import ablations, baselines
     for study, s in summaries.items():
         print(f"\nstudy {study}: Zeppelin's speedup (baseline's mean iteration over the run / Zeppelin's)", file=out)
         print(f"  {'baseline':<20}{'deployed: mean':>15}{'min':>7}{'max':>7}{'configs':>8}{'losses':>7}{'OOM':>5}"
@@ -123,6 +123,10 @@ def print_summary(out, summaries: dict) -> None:
             print(f"  {b:<20}{_fmt(d['mean_speedup']):>15}{_fmt(d['min_speedup']):>7}{_fmt(d['max_speedup']):>7}"
                   f"{d['configs']:8d}{len(d['losses']):7d}{x['out_of_memory']:5d}{_fmt(o['mean_speedup']):>14}"
                   f"{_fmt(o['min_speedup']):>7}{_fmt(o['max_speedup']):>7}{len(o['losses']):7d}", file=out)
+        for b, x in ablations(s["summary"]).items():  # Zeppelin's own variants, apart from the baselines
+            d = x["deployed"]
+            print(f"  Zeppelin's variant {b}: Zeppelin's speedup over it mean {_fmt(d['mean_speedup'])}, "
+                  f"min {_fmt(d['min_speedup'])}, max {_fmt(d['max_speedup'])} ({d['configs']} configs)", file=out)
         lb = s["summary"].get("zeppelin_lower_bound")
         if lb:
             print(f"  Zeppelin / lower bound: mean {lb['mean']:.3f}, max {lb['max']:.3f}", file=out)

@@ -117,17 +117,37 @@ def _rounded(x):
     return x
 
 
-REGIMES = (("memory-bound batches (every GPU holds what its memory allows)",
-            lambda r: r.get("regime") == "memory"),
-           ("a set number of tokens per GPU (with the fastest activation recompute that fits)",
-            lambda r: r.get("regime", "fixed") != "memory"))
+def _one_micro_batch(r) -> bool:
+    from megatron_zeppelin.reports.headline import accumulated, pipelined
+    return not accumulated(r) and not pipelined(r)
+
+
+def _accumulated(r) -> bool:
+    from megatron_zeppelin.reports.headline import accumulated, pipelined
+    return accumulated(r) and not pipelined(r)
+
+
+def _pipelined(r) -> bool:
+    from megatron_zeppelin.reports.headline import pipelined
+    return pipelined(r)
+
+
+# One summary per regime, each run in exactly one: an iteration of several micro-batches is a regime of
+# its own (a rank's imbalance partly averages out over them), never mixed into the one-micro-batch ones.
+REGIMES = (("global batches with gradient accumulation (several micro-batches per iteration)", _accumulated),
+           ("pipeline stages (1F1B, several micro-batches per iteration)", _pipelined),
+           ("memory-bound batches (every GPU holds what its memory allows; one micro-batch per iteration)",
+            lambda r: _one_micro_batch(r) and r.get("regime") == "memory"),
+           ("a set number of tokens per GPU (with the fastest activation recompute that fits; one micro-batch "
+            "per iteration)", lambda r: _one_micro_batch(r) and r.get("regime", "fixed") != "memory"))
 
 
 def _doc(matrix: str, records) -> dict:
-    """The report's results document: the runs, the overall summary (every study but the ablations,
-    whose baselines are not at their best setting, those planning Zeppelin with
-    --zeppelin-balance-memory, a different Zeppelin, and runs planned with a perturbed profile), one
-    summary per regime, and per study."""
+    """The report's results document: the runs, the headline (reports/headline.py), the overall
+    summary (every study but the ablations, whose baselines are not at their best setting, those
+    planning Zeppelin with --zeppelin-balance-memory, a different Zeppelin, and runs planned with a
+    perturbed profile), one summary per regime, and per study."""
+    from megatron_zeppelin.reports.headline import headline
     from megatron_zeppelin.sim.matrix import summarize, summarize_by_study
     best = [r for r in records if not r["study"].startswith("ablation") and not r.get("balance_memory")
             and not r.get("profile_error")]  # a run planned with a wrong profile (robustness) is its own study
@@ -137,7 +157,7 @@ def _doc(matrix: str, records) -> dict:
         part = [r for r in best if member(r)]
         if part:
             regimes[title] = summarize(part)
-    return {"matrix": matrix, "summary": overall["summary"], "balance": overall["balance"],
+    return {"matrix": matrix, "headline": headline(best), "summary": overall["summary"], "balance": overall["balance"],
             "regimes": regimes, "studies": summarize_by_study(records), "runs": records}
 
 
@@ -243,6 +263,12 @@ ring-split document's core attention repeats its K/V ring exchanges, a local doc
 every rank: a plan over it is out of memory. The lower bound: every document's attention whole,
 all linear work and (with TP) the TP all-reduces' bandwidth, and the least recompute, perfectly
 balanced, all other communication hidden.
+
+Iterations of several micro-batches (a study's `global_batch_tokens`: Megatron's --global-batch-size, each
+micro-batch a batch of either regime, gradient-accumulated: a rank's time is the sum over its
+micro-batches, then the gradient reduce) are summarised apart, as *global batches with gradient
+accumulation*, and those split into pipeline stages (`pipeline`, 1F1B) apart again: a rank's imbalance
+partly averages out over its micro-batches, so they are never mixed into the one-micro-batch summaries.
 
 The baselines, and the source each follows: `packed_dp`, Megatron-LM's packed sequences over plain
 DP; `static_cp`, Transformer Engine's p2p context parallelism (DualChunkSwap zigzag halves) over

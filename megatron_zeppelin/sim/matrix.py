@@ -361,10 +361,23 @@ def _best_baseline(dep: Dict[str, List[Tuple[str, float]]], orc: Dict[str, List[
 
 
 def baselines(summary: Dict) -> Dict[str, Dict]:
-    """The per-baseline entries of a summary (without ``zeppelin_lower_bound``, nor the partitioner
-    alone: a Zeppelin ablation the attribution table shows, not a baseline)."""
-    from megatron_zeppelin.sim.runs import PARTITIONER
-    return {k: v for k, v in summary.items() if k not in ("zeppelin_lower_bound", PARTITIONER)}
+    """The per-baseline entries of a summary: the strategies and ``best_baseline``, without
+    ``zeppelin_lower_bound`` nor Zeppelin's own variants (sim/runs.py ABLATIONS: zeppelin+joint, the
+    partitioner alone, no Ulysses, no remap, static_cp+routing), which :func:`ablations` gives.
+
+    >>> s = {"static_cp": 1, BEST: 2, "zeppelin+joint": 3, "zeppelin-noremap": 4, "zeppelin_lower_bound": 5}
+    >>> sorted(baselines(s)), sorted(ablations(s))
+    (['best_baseline', 'static_cp'], ['zeppelin+joint', 'zeppelin-noremap'])
+    """
+    from megatron_zeppelin.sim.runs import ABLATIONS
+    return {k: v for k, v in summary.items() if k not in ("zeppelin_lower_bound",) + ABLATIONS}
+
+
+def ablations(summary: Dict) -> Dict[str, Dict]:
+    """The entries of a summary for Zeppelin's own variants (sim/runs.py ABLATIONS): Zeppelin's
+    speedup over each, what the part it lacks is worth, never counted as a baseline."""
+    from megatron_zeppelin.sim.runs import ABLATIONS
+    return {k: v for k, v in summary.items() if k in ABLATIONS}
 
 
 def summarize_by_study(records: Sequence[Dict]) -> Dict[str, Dict]:

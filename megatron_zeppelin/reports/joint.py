@@ -1,0 +1,44 @@
+"""Zeppelin's joint assignment of a global batch's documents to its micro-batches (``zeppelin+joint``,
+planner/accumulation.py) against per-micro-batch planning in data order (``zeppelin``), on the same runs.
+
+>>> def rec(key, v, t):
+...     return {"key": key, "study": "accumulation", "variant": v, "iteration_s": t, "error": ""}
+>>> runs = [rec("a", "zeppelin", 2.0), rec("a", "zeppelin+joint", 1.6), rec("b", "zeppelin", 1.0),
+...         rec("b", "zeppelin+joint", 1.0), rec("c", "zeppelin", 1.0)]
+>>> s = joint_speedups(runs, "accumulation")
+>>> s["mean_speedup"], s["min_speedup"], s["max_speedup"], s["configs"], s["faster"]
+(1.125, 1.0, 1.25, 2, 1)
+>>> joint_line(runs, "accumulation")[1][-92:]
+'ean 1.125x, min 1.000x, max 1.250x, geomean 1.118x over 2 configurations; joint faster in 1.'
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+
+def joint_speedups(runs: Sequence[Dict], study: str) -> Optional[Dict]:
+    """Over ``study``'s configurations that completed both: data order's mean iteration over joint's
+    (mean, geomean, min, max, configs; ``faster``: where joint is faster, as the summary counts losses)."""
+    from megatron_zeppelin.sim.matrix import _stats
+    from megatron_zeppelin.sim.runs import JOINT
+    ok = {(r["key"], r["variant"]): r for r in runs
+          if r["study"] == study and not r.get("error") and r.get("iteration_s")}
+    pairs = [(k, z["iteration_s"] / ok[(k, JOINT)]["iteration_s"])
+             for (k, v), z in sorted(ok.items()) if v == "zeppelin" and (k, JOINT) in ok]
+    if not pairs:
+        return None
+    s = _stats(pairs)
+    s["faster"] = sum(x > 1.0 for _, x in pairs)
+    return s
+
+
+def joint_line(runs: Sequence[Dict], study: str) -> List[str]:
+    """The study section's line on joint assignment (none where the study did not run both)."""
+    s = joint_speedups(runs, study)
+    if not s:
+        return []
+    return ["", f"`zeppelin+joint` vs `zeppelin`: joint assignment's speedup over data order (data order's mean "
+                f"iteration / joint's) mean {s['mean_speedup']:.3f}x, min {s['min_speedup']:.3f}x, max "
+                f"{s['max_speedup']:.3f}x, geomean {s['geomean_speedup']:.3f}x over {s['configs']} configurations; "
+                f"joint faster in {s['faster']}."]

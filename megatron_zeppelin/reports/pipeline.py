@@ -1,0 +1,89 @@
+"""A pipeline study's table (issue 52): per pipeline size, Zeppelin's speedup over every baseline and
+over the best deployed baseline of each configuration, planned in data order (``zeppelin``) and
+jointly (``zeppelin+joint``), on the same runs (sim/iteration.py ``pipeline``: 1F1B stages, each
+micro-batch planned on one stage's DP ranks).
+
+>>> def rec(key, pp, v, t):
+...     return {"key": key, "study": "pipeline", "pipeline": pp, "ranks": 16 // pp, "variant": v,
+...             "iteration_s": t, "error": ""}
+>>> runs = [rec("a", 1, "zeppelin", 1.0), rec("a", 1, "zeppelin+joint", 0.8), rec("a", 1, "packed_dp", 1.2),
+...         rec("a", 1, "static_cp", 1.6), rec("b", 2, "zeppelin", 2.0), rec("b", 2, "packed_dp", 3.0)]
+>>> t = pipeline_table(runs, "pipeline")
+>>> t[2]
+'| 1 | 16 | 1 | 1.20x / 1.50x | 1.60x / 2.00x | 1.20x / 1.50x (min 1.20x, max 1.20x) | 1.250x |'
+>>> t[3]
+'| 2 | 8 | 1 | 1.50x | - | 1.50x (min 1.50x, max 1.50x) | - |'
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence
+
+
+def is_pipeline_study(runs: Sequence[Dict], study: str) -> bool:
+    """A study some of whose runs have pipeline stages."""
+    return any(r["study"] == study and int(r.get("pipeline", 1) or 1) > 1 for r in runs)
+
+
+def _mean(xs: List[float]) -> Optional[float]:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _x(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def pipeline_table(runs: Sequence[Dict], study: str) -> List[str]:
+    """Rows per pipeline size: its DP ranks per stage, configurations, then Zeppelin's mean speedup
+    over each baseline and over the best deployed baseline per configuration, "data order / joint"."""
+    from megatron_zeppelin.sim.runs import ABLATIONS, JOINT
+    by: Dict[int, Dict[str, Dict[str, Dict]]] = defaultdict(lambda: defaultdict(dict))
+    for r in runs:
+        if r["study"] == study and not r.get("error") and r.get("iteration_s"):
+            by[int(r.get("pipeline", 1) or 1)][r["key"]][r["variant"]] = r
+    bases = sorted({v for p in by.values() for vs in p.values() for v in vs
+                    if v != "zeppelin" and v not in ABLATIONS})
+    rows = []
+    for pp in sorted(by):
+        cells: Dict[str, Dict[str, List[float]]] = {b: {"zeppelin": [], JOINT: []} for b in bases + ["best"]}
+        ranks = sorted({vs["zeppelin"].get("ranks") for vs in by[pp].values() if "zeppelin" in vs} - {None})
+        joint = []
+        configs = 0
+        for vs in by[pp].values():
+            if "zeppelin" not in vs:
+                continue
+            configs += 1
+            if JOINT in vs:
+                joint.append(vs["zeppelin"]["iteration_s"] / vs[JOINT]["iteration_s"])
+            best = min((vs[b]["iteration_s"] for b in bases if b in vs), default=None)
+            for z in ("zeppelin", JOINT):
+                if z not in vs:
+                    continue
+                for b in bases:
+                    if b in vs:
+                        cells[b][z].append(vs[b]["iteration_s"] / vs[z]["iteration_s"])
+                if best is not None:
+                    cells["best"][z].append(best / vs[z]["iteration_s"])
+
+        def cell(b: str) -> str:
+            d, j = _mean(cells[b]["zeppelin"]), _mean(cells[b][JOINT])
+            return _x(d) + (f" / {_x(j)}" if j is not None else "")
+        best = cells["best"]["zeppelin"]
+        span = f" (min {_x(min(best))}, max {_x(max(best))})" if best else ""
+        rows.append([str(pp), "/".join(str(x) for x in ranks) or "-", str(configs)] + [cell(b) for b in bases]
+                    + [cell("best") + span, f"{_mean(joint):.3f}x" if joint else "-"])
+    head = (["PP", "DP ranks per stage", "configs"] + [f"over {b}" for b in bases]
+            + ["over the best deployed baseline", "joint's speedup over data order"])
+    return (["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def pipeline_section(runs: Sequence[Dict], study: str) -> List[str]:
+    """The study section's pipeline part (none for a study without pipeline stages)."""
+    if not is_pipeline_study(runs, study):
+        return []
+    return ["", "By pipeline size (1F1B; a stage's time is its slowest DP rank's, the bubble included): Zeppelin's "
+                "mean speedup over each baseline's iteration as deployed, and over the best deployed baseline of "
+                "each configuration, as `data order / joint` (`zeppelin` / `zeppelin+joint`):", ""] + \
+        pipeline_table(runs, study)
