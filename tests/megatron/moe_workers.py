@@ -46,8 +46,9 @@ def moe_run(rank, world, gpus_per_node, strategies, steps, init_state, balancing
     local = m.experts // ep
     topo = Topology.from_world(rt.domain_size, gpus_per_node)
     # Slow GEMMs make the MLP side worth balancing on these tiny batches, so the plans of steps 0
-    # and 1 remap (on the stock h200 profile the remap's latency outweighs a 64-wide MLP).
-    profile = replace(load_profile("h200"), gemm_tflops=0.01)
+    # and 1 remap (on the stock h200 profile the remap's latency outweighs a 64-wide MLP; at 0.01
+    # TFLOP/s the a2a shapes, which balance tokens themselves, win since the GPU cost terms).
+    profile = replace(load_profile("h200"), gemm_tflops=0.001)
     out = {}
     for strategy in strategies:
         model = build_model(m, device=rt.device, ep=ep, moe_balancing=balancing, moe_aux_loss_coeff=aux_coeff)
