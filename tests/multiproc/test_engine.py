@@ -244,14 +244,18 @@ def a2a_step_bytes(plan, rank: int, hq: int, hk: int, d: int = 8, elt: int = 8) 
 def test_engine_a2a_rings_exact(world):
     cases = a2a_cases(world)
     assert all(p.rings and {r.comm for r in p.rings} == {"a2a"} for _, p, _, _ in cases)
-    results = run_distributed(_run_a2a, world, cases, timeout=240)
+    _check_head_sharded(cases, run_distributed(_run_a2a, world, cases, timeout=240), a2a_step_bytes)
+
+
+def _check_head_sharded(cases, results, step_bytes):
+    """Every rank's float64 errors within tolerance, shapes right, and bytes per step the Plan's."""
     for ci, (name, plan, hq, hk) in enumerate(cases):
         for rank, res in enumerate(results):
             cname, r = res[ci]
             assert cname == name and r["tokens"] == plan.tokens(rank)
             assert max(r["out"], r["dq"], r["dk"], r["dv"]) <= TOL[torch.float64], (name, rank, r)
             assert all(r[k + "_shape_ok"] for k in ("out", "dq", "dk", "dv"))
-            assert r["counters"] == a2a_step_bytes(plan, rank, hq, hk), (name, rank)
+            assert r["counters"] == step_bytes(plan, rank, hq, hk), (name, rank)
 
 
 # --- a2a+p2p (TE's hierarchical CP) rings: all-to-all over heads inside a2a groups, a zigzag ring of
@@ -317,11 +321,4 @@ def test_engine_a2a_p2p_rings_exact(world):
         return
     cases = hier_cases(world)
     assert all({r.comm for r in p.rings} == {"a2a+p2p"} for _, p, _, _ in cases)
-    results = run_distributed(_run_a2a, world, cases, timeout=300)
-    for ci, (name, plan, hq, hk) in enumerate(cases):
-        for rank, res in enumerate(results):
-            cname, r = res[ci]
-            assert cname == name and r["tokens"] == plan.tokens(rank)
-            assert max(r["out"], r["dq"], r["dk"], r["dv"]) <= TOL[torch.float64], (name, rank, r)
-            assert all(r[k + "_shape_ok"] for k in ("out", "dq", "dk", "dv"))
-            assert r["counters"] == hier_step_bytes(plan, rank, hq, hk), (name, rank)
+    _check_head_sharded(cases, run_distributed(_run_a2a, world, cases, timeout=300), hier_step_bytes)
