@@ -15,7 +15,6 @@ of both ranks (4 zigzag chunks), document 1 local on rank 1.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
@@ -286,7 +285,11 @@ class Plan:
         return cls.from_dict(json.loads(s))
 
     def digest(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+        """16 hex digits over the plan's content in a compact binary form (plan_digest.py: every field
+        enters; no JSON rendering), computed once per plan object (not pickled: a receiver's check
+        hashes what it received)."""
+        from megatron_zeppelin.planner.plan_digest import plan_digest  # it reads this module's types
+        return self.derived("digest", lambda: plan_digest(self))
 
     def first_difference(self, other: "Plan") -> Optional[str]:
         """Path of the first field where two plans differ (None if equal), for mismatch errors."""
