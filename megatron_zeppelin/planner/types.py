@@ -26,6 +26,7 @@ from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.spec.words import CLASSES, LINKS, Comm, DocClass, Layout, Link, Stage, StrategyName
 from megatron_zeppelin.planner.errors import PlanError  # noqa: F401 (re-exported: its users import it from here)
 from megatron_zeppelin.planner.meta import PlanMeta
+from megatron_zeppelin.planner.plan_digest import plan_digest
 
 
 @dataclass(frozen=True, order=True)
@@ -288,7 +289,6 @@ class Plan:
         """16 hex digits over the plan's content in a compact binary form (plan_digest.py: every field
         enters; no JSON rendering), computed once per plan object (not pickled: a receiver's check
         hashes what it received)."""
-        from megatron_zeppelin.planner.plan_digest import plan_digest  # it reads this module's types
         return self.derived("digest", lambda: plan_digest(self))
 
     def first_difference(self, other: "Plan") -> Optional[str]:
