@@ -16,12 +16,14 @@ ring's documents in order, chunk i before chunk 2G-1-i), then local documents in
 
 from __future__ import annotations
 
+from functools import lru_cache
 from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron_zeppelin.planner.types import DocPlan, Ring, Segment, ring_documents
 from megatron_zeppelin.spec.words import DocClass
 
+@lru_cache(maxsize=1 << 16)  # pure: a plan's CP shapes bound and build each (length, size) two or three times
 def zigzag_bounds(length: int, ring_size: int) -> Tuple[int, ...]:
     n = 2 * ring_size
     return tuple([(j * length) // n for j in range(n + 1)])  # a list first: half a generator's cost
