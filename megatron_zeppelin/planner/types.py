@@ -15,7 +15,6 @@ of both ranks (4 zigzag chunks), document 1 local on rank 1.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
@@ -27,6 +26,7 @@ from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.spec.words import CLASSES, LINKS, Comm, DocClass, Layout, Link, Stage, StrategyName
 from megatron_zeppelin.planner.errors import PlanError  # noqa: F401 (re-exported: its users import it from here)
 from megatron_zeppelin.planner.meta import PlanMeta
+from megatron_zeppelin.planner.plan_digest import plan_digest
 
 
 @dataclass(frozen=True, order=True)
@@ -304,7 +304,10 @@ class Plan:
         return cls.from_dict(json.loads(s))
 
     def digest(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+        """16 hex digits over the plan's content in a compact binary form (plan_digest.py: every field
+        enters; no JSON rendering), computed once per plan object (not pickled: a receiver's check
+        hashes what it received)."""
+        return self.derived("digest", lambda: plan_digest(self))
 
     def first_difference(self, other: "Plan") -> Optional[str]:
         """Path of the first field where two plans differ (None if equal), for mismatch errors."""

@@ -113,9 +113,10 @@ def test_the_compute_bound_counts_the_recomputed_forward():
 @pytest.mark.parametrize("cluster,model,nodes,n,mu,config", CASES)
 def test_the_pre_build_cp_bounds_are_below_the_built_placements_bound(cluster, model, nodes, n, mu, config):
     """fixed_shape_candidates' bound of a CP size (before its placement is built; its mean-work bound
-    when that alone reaches ``reach``) is below compute_bound of the built placement: a CP shape it
-    skips could not have been picked."""
-    from megatron_zeppelin.planner.portfolio.shapes import compute_bound, fixed_shape_candidates
+    when that alone reaches ``reach``) is below the bound candidate_placements gives the built
+    placement (compute_bound, and its rings' chains): a CP shape it skips could not have been picked."""
+    from megatron_zeppelin.planner.portfolio.shapes import (compute_bound, fixed_shape_candidates, ring_chain_bound,
+                                                            spans_nodes)
     from megatron_zeppelin.planner.types import PlanError
     lengths = np.random.default_rng(n).lognormal(mu, 1.3, n).clip(1, 65536).astype(np.int64).tolist()
     ctx = _context(cluster, model, nodes, lengths, **config)
@@ -128,6 +129,42 @@ def test_the_pre_build_cp_bounds_are_below_the_built_placements_bound(cluster, m
             pl = build()
         except PlanError:
             continue
-        assert bound <= compute_bound(replace(pl, remap=False, balance_linear=False, routing=False), ctx), label
+        off = replace(pl, remap=False, balance_linear=False, routing=False)
+        # its rings' chains too (cp_chain_bound): the same value as once built, the lesser of the
+        # unrouted and the routed variant where candidate_placements weighs both
+        chains = [ring_chain_bound(off, ctx)]
+        if spans_nodes(off, ctx) and ctx.config.routing_enabled(ctx.topology.nodes):
+            chains.append(ring_chain_bound(replace(off, routing=True), ctx))
+        assert bound <= max(compute_bound(off, ctx), min(chains)), label
         checked += 1
     assert checked  # documents of a few tokens: most CP sizes hold more ranks than tokens
+
+
+@pytest.mark.parametrize("cluster,model,nodes,n,mu,config", CASES)
+def test_the_pre_build_chain_bound_is_the_built_rings_chain_bound(cluster, model, nodes, n, mu, config):
+    """cp_chain_bound, from a CP size's groups before the build, is exactly ring_chain_bound of the
+    placement cp_placement builds from them (unrouted, and routed where its rings span nodes)."""
+    from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement
+    from megatron_zeppelin.planner.portfolio.shapes import chain_bound, cp_chain_bound, ring_chain_bound
+    from megatron_zeppelin.planner.types import PlanError
+    from megatron_zeppelin.spec.words import Comm
+    lengths = np.random.default_rng(n).lognormal(mu, 1.3, n).clip(1, 65536).astype(np.int64).tolist()
+    ctx = _context(cluster, model, nodes, lengths, **config)
+    world, g = ctx.topology.world_size, ctx.topology.gpus_per_node
+    checked = 0
+    for cp in (2, 4, 8, 16, 32):
+        if world % cp:
+            continue
+        groups = cp_assignment(lengths, world // cp)
+        try:
+            pl = cp_placement(lengths, ctx, cp, Comm.P2P)
+        except PlanError:
+            assert cp_chain_bound(np.asarray(lengths), groups, cp, ctx) == 0.0
+            continue
+        want = ring_chain_bound(pl, ctx)
+        if cp > g and ctx.config.routing_enabled(ctx.topology.nodes):
+            want = min(want, ring_chain_bound(replace(pl, routing=True), ctx))
+        assert cp_chain_bound(np.asarray(lengths), groups, cp, ctx) == want, cp
+        checked += 1
+    assert checked
+    assert chain_bound([], False, ctx) == 0.0

@@ -20,7 +20,7 @@ Within a layer any direction is allowed; (a) still forbids cycles there.
   reader is megatron's adapter for data/: it lives in integration/ because it imports megatron
   (inside its function, when a Megatron indexed dataset is read), and it imports nothing of the
   package but errors, so data/ may read through it without reaching the rest of integration/.
-- the planner, in its own order: the Plan (planner.errors, meta, types, program); pricing and
+- the planner, in its own order: the Plan (planner.errors, meta, plan_digest, types, program); pricing and
   building a Plan (cost/, build/, context: the prediction prices the remap's layout, assembly calls
   the prediction, so they are one layer); the pick's comparisons (planner.choice: ties and the
   memory rule); the strategies' protocol, registry and pick (planner.strategies); the baselines;
@@ -58,7 +58,7 @@ ROOT = Path(megatron_zeppelin.__file__).resolve().parent
 LAYERS: List[List[str]] = [
     ["", "errors", "spec", "presets"],
     ["data", "integration.indexed_lengths"],
-    ["planner.errors", "planner.meta", "planner.types", "planner.program"],
+    ["planner.errors", "planner.meta", "planner.plan_digest", "planner.types", "planner.program"],
     ["planner.cost", "planner.build", "planner.context", "planner.testing"],
     ["planner.choice"],
     ["planner.strategies"],

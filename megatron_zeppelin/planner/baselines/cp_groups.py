@@ -10,7 +10,7 @@ group of at most ``gpus_per_node`` ranks stays inside one node:
 >>> ring_class((0, 1, 2, 3), Topology(2, 4)), ring_class((0, 1, 2, 3, 4, 5, 6, 7), Topology(2, 4))
 ('intra', 'inter')
 >>> member_tokens(10, 2)   # zigzag bounds (0, 2, 5, 7, 10): member 0 holds 2+3, member 1 holds 3+2
-[5, 5]
+(5, 5)
 
 A doc -> group map becomes local documents (group of one) and one ring per distinct group:
 
@@ -22,6 +22,7 @@ A doc -> group map becomes local documents (group of one) and one ring per disti
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from megatron_zeppelin.planner.context import Placement, PlanContext
@@ -56,12 +57,13 @@ def ring_class(ranks: Sequence[int], topo) -> str:
     return DocClass.INTRA if topo.same_node(min(ranks), max(ranks)) else DocClass.INTER
 
 
-def member_tokens(length: int, g: int) -> List[int]:
+@lru_cache(maxsize=1 << 16)  # pure: every CP shape of a batch (and its bound) asks for the same (length, g)
+def member_tokens(length: int, g: int) -> Tuple[int, ...]:
     """Exact tokens each of ``g`` zigzag members holds (chunks i and 2g-1-i, no padding)."""
     if g == 1:
-        return [length]
+        return (length,)
     b = zigzag_bounds(length, g)
-    return [b[i + 1] - b[i] + b[2 * g - i] - b[2 * g - 1 - i] for i in range(g)]
+    return tuple([b[i + 1] - b[i] + b[2 * g - i] - b[2 * g - 1 - i] for i in range(g)])
 
 
 def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int, ...]], ctx: PlanContext,

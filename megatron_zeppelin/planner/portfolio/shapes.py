@@ -23,6 +23,7 @@ variant keeps its own kernel).
 from __future__ import annotations
 
 import heapq
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -96,7 +97,10 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
         own = np.bincount(groups, weights=member, minlength=world // cp) + cost.proj_s_np(tokens)
         again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx, comm, a2a)
         rows = node_rows(np.repeat(own + again, cp), np.repeat(tokens, cp), ctx, rate_again)
-        out.append((label, BOUND_SLACK * (1 - 1e-9) * water_level(*rows), build))  # (1 - 1e-9: sums in another order)
+        bound = BOUND_SLACK * (1 - 1e-9) * water_level(*rows)  # (1 - 1e-9: sums in another order)
+        if comm == Comm.P2P and cp > 1 and bound < reach:  # its rings' chains, exactly as once built
+            bound = max(bound, cp_chain_bound(L, groups, cp, ctx))
+        out.append((label, bound, build))
     small = len(lengths) <= SMALL_BATCH * world
     if small or len(lengths) <= HYBRID_DOCS:
         out.append(("hybrid_dp", None, lambda: plan_hybrid_dp(lengths, ctx)))
@@ -127,6 +131,34 @@ def lpt_groups(order, lengths: Sequence[int], groups: int) -> list:
         tok, k = heap[0]
         out[i] = k
         replace_top(heap, (tok + lengths[i], k))
+    return out
+
+
+def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext) -> float:
+    """``ring_chain_bound`` of the CP shape of size ``cp`` whose documents go to ``groups`` (aligned
+    blocks of consecutive ranks, as cp_placement builds it), routed or not as candidate_placements
+    would weigh it (the lesser), before the build: the same value, so a shape whose chains alone
+    cannot beat the best so far is never built (on small batches CP 16-64 over NICs: their builds
+    and bounds were most of the search). 0 where the build would refuse the shape (over capacity).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement
+    >>> ctx, L = toy_context(nodes=2, gpus=2), [4000, 3000, 500]
+    >>> cp_chain_bound(np.asarray(L), cp_assignment(L, 2), 2, ctx) == ring_chain_bound(cp_placement(L, ctx, 2, Comm.P2P), ctx)
+    True
+    """
+    topo, n_groups = ctx.topology, ctx.topology.world_size // cp
+    bounds = (np.arange(2 * cp + 1, dtype=np.int64) * np.asarray(L, dtype=np.int64)[:, None]) // (2 * cp)
+    chunks = np.diff(bounds, axis=1)  # zigzag_bounds' chunks; member i holds chunks i and 2cp-1-i
+    tok = np.zeros((n_groups, cp), dtype=np.int64)
+    np.add.at(tok, np.asarray(groups, dtype=np.int64), chunks[:, :cp] + chunks[:, :cp - 1:-1])
+    if tok.max(initial=0) > ctx.capacity:
+        return 0.0
+    used = np.flatnonzero(np.bincount(groups, minlength=n_groups))
+    rings = [(tuple(range(k * cp, (k + 1) * cp)), tok[k].tolist()) for k in used.tolist()]
+    out = chain_bound(rings, False, ctx)
+    if cp > topo.gpus_per_node and ctx.config.routing_enabled(topo.nodes):  # its rings span nodes
+        out = min(out, chain_bound(rings, True, ctx))
     return out
 
 
@@ -312,8 +344,10 @@ def _attention(placement: Placement, ctx: PlanContext, passes=(False, True)):
         if pairs:
             member = member_attention(cost, [L for L, _ in pairs], [r.size for _, r in pairs], comm, passes,
                                       [r.a2a for _, r in pairs])
-            for (_, r), t in zip(pairs, member.tolist()):
-                att[list(r.ranks)] += t
+            # each member adds its documents' shares in pair order (np.add.at: unbuffered, in index
+            # order), the same float additions as one ``att[ranks] += t`` per pair, without the loop
+            idx = np.fromiter(chain.from_iterable(r.ranks for _, r in pairs), dtype=np.int64)
+            np.add.at(att, idx, np.repeat(member, [r.size for _, r in pairs]))
     return att
 
 
@@ -456,28 +490,33 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
     >>> ring_chain_bound(cp_placement([4000, 4000], ctx, 1, Comm.P2P), ctx)  # no ring, no chain
     0.0
     """
+    docs = ring_documents(placement.docs, placement.rings)
+    return chain_bound([(r.ranks, block_tokens(r, docs)) for r in placement.rings
+                        if r.size >= 2 and r.comm == Comm.P2P and r.docs], placement.routing, ctx)
+
+
+def chain_bound(rings, routing: bool, ctx: PlanContext) -> float:
+    """``ring_chain_bound`` of zigzag rings given as (ranks, tokens of each member's block), routed
+    or not: the same arithmetic for a built placement and for a CP shape's groups before it is
+    built (``cp_chain_bound``), so both give the same value."""
     cost, topo = ctx.cost, ctx.topology
     outer = [c for c in cost.link_classes if c != Link.NVLINK]
-    spread = topo.nics_per_node if placement.routing else 1
+    spread = topo.nics_per_node if routing else 1
     far = (min((cost.latency(c) for c in outer), default=0.0),
            1.0 / (spread * max((cost.bandwidth(c) for c in outer), default=float("inf"))))
-    docs = ring_documents(placement.docs, placement.rings)
     kvb, best, g_node = cost.kv_bytes_per_token, 0.0, topo.gpus_per_node
     nv = (cost.latency(Link.NVLINK), 1.0 / cost.bandwidth(Link.NVLINK))
     rate = {}  # link class -> (latency, seconds per byte)
-    for r in placement.rings:
-        g = r.size
-        if g < 2 or r.comm != Comm.P2P or not r.docs:
-            continue
+    for ranks, tokens in rings:
+        g = len(ranks)
         hop, direct = [], []  # hop i: member i -> i + 1, (latency, seconds per byte)
-        ranks = r.ranks
         for i in range(g):
             src, dst = ranks[i], ranks[(i + 1) % g]
             if src // g_node == dst // g_node:  # cost.link_of: NVLink inside a node
                 hop.append(nv)
                 direct.append(True)
                 continue
-            if placement.routing:
+            if routing:
                 hop.append(far)
                 direct.append(False)
                 continue
@@ -486,7 +525,6 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
                 rate[link] = (cost.latency(link), 1.0 / cost.bandwidth(link))
             hop.append(rate[link])
             direct.append(True)
-        tokens = block_tokens(r, docs)
         total, lat, inv = sum(tokens), sum([h[0] for h in hop]), sum([h[1] for h in hop])
         sent = g - tokens.count(0)  # an empty block is no message
         for b, n in enumerate(tokens):
