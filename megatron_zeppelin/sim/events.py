@@ -45,6 +45,8 @@ import numpy as np
 from megatron_zeppelin.sim.network import fair_shares
 
 DELAY, FLOW, WORK = 0, 1, 2  # WORK: compute sharing the host CPU (nbytes = core-seconds)
+_FAIR: list = [None, {}]  # the last run's capacities, {its active link groups: their rates}
+_FAIR_MAX = 20_000
 
 
 @dataclass
@@ -156,9 +158,12 @@ class TaskGraph:
         moved: List[float] = []  # rates x 1e-12
         groups: Dict[tuple, int] = {}  # links -> active flows on them (they share one rate)
         dirty = False
-        # The fair rates are a function of the active flows' links alone, and a graph's pattern of
-        # concurrent flows recurs (every ring step, every layer): computed once each.
-        fair: Dict[frozenset, Dict[tuple, float]] = {}
+        # The fair rates are a function of the active flows' links alone, and a pattern of
+        # concurrent flows recurs (every ring step, every batch's plans on the same links): computed
+        # once each, kept across runs on the same capacities (bounded: a few hundred MB at most).
+        if _FAIR[0] != cap or len(_FAIR[1]) > _FAIR_MAX:
+            _FAIR[:] = [cap, {}]
+        fair = _FAIR[1]
 
         def ready(i: int, t: float):
             start[i] = t
