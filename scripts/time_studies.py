@@ -3,6 +3,11 @@
     .venv/bin/python scripts/time_studies.py run smoke sample moe       # runs each, one at a time
     .venv/bin/python scripts/time_studies.py estimate results/bench/*.json
     .venv/bin/python scripts/time_studies.py profile main a800 llama-7b prolong64k 2   # cProfile one run
+    .venv/bin/python scripts/time_studies.py --out results/simspeed/timings.json --label after run smoke main:1/12
+
+``--out PATH`` writes another timings file; ``--label L`` records ``run``'s rows under ``measured_L``
+(e.g. before / after a change: run it with PYTHONPATH on each tree); a study ``S:K/N`` runs only its
+shard K of N (`zeppelin bench --shard K/N`), recorded as ``S:K/N``.
 
 ``run`` runs `zeppelin bench --studies S --json results/attrib/timing/S.json` for each study S (with
 `nice -n 10`) and records its wall-clock and CPU seconds (the child's user + system time: on a
@@ -24,6 +29,7 @@ import time
 from collections import defaultdict
 
 OUT = "results/attrib/timings.json"
+LABEL = None  # --label: run's rows go to measured_LABEL
 
 
 def _load():
@@ -44,18 +50,21 @@ def _save(doc):
 def run(studies):
     doc = _load()
     exe = os.path.join(os.path.dirname(sys.executable), "zeppelin")
+    rows = doc.setdefault("measured" if LABEL is None else f"measured_{LABEL}", {})
     for s in studies:
-        path = f"results/attrib/timing/{s}.json"
+        study, _, shard = s.partition(":")
+        path = os.path.join(os.path.dirname(OUT), "timing" if LABEL is None else f"timing-{LABEL}",
+                            s.replace(":", "-").replace("/", "-of-") + ".json")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        subprocess.run(["nice", "-n", "10", exe, "bench", "--studies", s, "--no-progress", "--json", path],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["nice", "-n", "10", exe, "bench", "--studies", study, "--no-progress", "--json", path]
+                       + (["--shard", shard] if shard else []), check=True, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - t
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         with open(path) as f:
             n = len({r["key"] for r in json.load(f)["runs"]})
-        doc["measured"][s] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "configurations": n,
+        rows[s] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "configurations": n,
                               "load_average_1m_after": round(os.getloadavg()[0], 1)}
         print(f"{s}: {wall:.0f} s wall, {cpu:.0f} s CPU, {n} configurations")
         _save(doc)
@@ -108,4 +117,10 @@ def profile(argv):
 
 
 if __name__ == "__main__":
+    while sys.argv[1].startswith("--"):  # --out PATH, --label L
+        if sys.argv[1] == "--out":
+            OUT = sys.argv[2]
+        else:
+            LABEL = sys.argv[2]
+        del sys.argv[1:3]
     {"run": run, "estimate": estimate, "profile": profile}[sys.argv[1]](sys.argv[2:])

@@ -3,7 +3,7 @@
 A *delay* takes fixed seconds once its predecessors are done (compute kernels; each rank's compute
 stream is a chain of delays, so its kernels run one at a time in program order). A *flow* waits its
 link latency, then moves its bytes over two links at the max-min fair rate it gets among all flows
-active at the same time (network.fair_rates); rates are recomputed whenever a flow starts or ends.
+active at the same time (network.fair_shares); rates are recomputed whenever a flow starts or ends.
 A delay of 0 seconds is a join (e.g. "all of this rank's messages of a step are done").
 A *work* task is a compute kernel on a shared host CPU (host.py): its seconds are one core's work,
 done at the max-min fair rate it gets on two resources, its rank's core (capacity 1) and the host
@@ -34,14 +34,19 @@ capacity 2) each run at half a core:
 from __future__ import annotations
 
 import heapq
+from math import inf, nan
+from itertools import repeat
+from operator import le, mul, sub, truediv
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from megatron_zeppelin.sim.network import fair_rates, pad_links
+from megatron_zeppelin.sim.network import fair_shares
 
 DELAY, FLOW, WORK = 0, 1, 2  # WORK: compute sharing the host CPU (nbytes = core-seconds)
+_FAIR: list = [None, {}]  # the last run's capacities, {its active link groups: their rates}
+_FAIR_MAX = 20_000
 
 
 @dataclass
@@ -135,74 +140,97 @@ class TaskGraph:
         return self.nbytes[i] if self.kind[i] == WORK else self.dur[i]
 
     def run(self, capacity: np.ndarray) -> RunResult:
+        # Plain Python floats and lists: a layer's graph has thousands of events over a few dozen
+        # active flows, where numpy's per-call overhead would dominate. Every time and byte count is
+        # computed with the same float operations, in the same order, as element-wise numpy would.
         n = len(self.kind)
-        start = np.full(n, np.nan)
-        end = np.full(n, np.nan)
+        kind, dur, nbytes, links, succ = self.kind, self.dur, self.nbytes, self.links, self.succ
+        start = [nan] * n
+        end = [nan] * n
         npred = list(self.npred)
         heap: List[Tuple[float, int, int]] = []  # (time, task, what) what: 0 = delay done, 1 = flow starts moving
-        act_ids: List[int] = []
-        act_rem: List[float] = []
-        rates = np.zeros(0)
+        cap = capacity.tolist()
+        act: List[int] = []  # active flows (and work): their links, bytes left, rates, 1e-9 x bytes
+        act_links: List[tuple] = []
+        rem: List[float] = []
+        rates: List[float] = []
+        tiny: List[float] = []
+        moved: List[float] = []  # rates x 1e-12
+        groups: Dict[tuple, int] = {}  # links -> active flows on them (they share one rate)
         dirty = False
-        # The fair rates are a function of the active flows' links (in order) alone, and a graph's
-        # pattern of concurrent flows recurs (every ring step, every layer): computed once each.
-        fair: dict = {}
+        # The fair rates are a function of the active flows' links alone, and a pattern of
+        # concurrent flows recurs (every ring step, every batch's plans on the same links): computed
+        # once each, kept across runs on the same capacities (bounded: a few hundred MB at most).
+        if _FAIR[0] != cap or len(_FAIR[1]) > _FAIR_MAX:
+            _FAIR[:] = [cap, {}]
+        fair = _FAIR[1]
 
         def ready(i: int, t: float):
             start[i] = t
-            heapq.heappush(heap, (t + self.dur[i], i, 0 if self.kind[i] == DELAY else 1))  # flow or work: shared
+            heapq.heappush(heap, (t + dur[i], i, 0 if kind[i] == DELAY else 1))  # flow or work: shared
 
         for i in range(n):
             if npred[i] == 0:
                 ready(i, 0.0)
         t = 0.0
         done = 0
-        while heap or act_ids:
-            if dirty:
-                key = tuple([self.links[i] for i in act_ids])
-                rates = fair.get(key)
-                if rates is None:  # never written in place below: a cached array can be shared
-                    rates = fair[key] = fair_rates(*pad_links(list(key), capacity))
-                dirty = False
-            t_flow = np.inf
-            if act_ids:
-                rem = np.array(act_rem)
-                left = rem / rates
-                t_flow = t + float(left.min())
-            t_heap = heap[0][0] if heap else np.inf
-            t_new = min(t_flow, t_heap)
+        while heap or act:
+            t_new = heap[0][0] if heap else inf
             finished: List[int] = []
-            if act_ids:
+            if act:
+                if dirty:
+                    key = frozenset(groups.items())
+                    share = fair.get(key)
+                    if share is None:
+                        share = fair[key] = fair_shares(groups, cap)
+                    rates = list(map(share.__getitem__, act_links))
+                    moved = list(map(mul, rates, repeat(1e-12, len(rates))))
+                    dirty = False
+                t_flow = t + min(map(truediv, rem, rates))
+                if t_flow < t_new:
+                    t_new = t_flow
                 dt = t_new - t
-                rem = rem - rates * dt
-                # flows that end now (relative tolerance: they were due within rounding of t_new)
-                fin = rem <= np.maximum(1e-9 * np.array([self.nbytes[i] for i in act_ids]), rates * 1e-12)
-                if fin.any():
-                    finished = [act_ids[k] for k in np.flatnonzero(fin)]
-                    keep = np.flatnonzero(~fin)
-                    act_ids = [act_ids[k] for k in keep]
-                    act_rem = [float(rem[k]) for k in keep]
-                    rates = rates[keep]
+                rem = list(map(sub, rem, map(mul, rates, repeat(dt, len(rates)))))  # r - q * dt
+                # flows that end now: bytes left within rounding of 0, relative to their size (tiny)
+                # or to what they move in 1e-12 s
+                if any(map(le, rem, tiny)) or any(map(le, rem, moved)):
+                    fin = [k for k, (r, a, b) in enumerate(zip(rem, tiny, moved)) if r <= a or r <= b]
+                    gone = set(fin)
+                    for k in fin:
+                        i = act[k]
+                        finished.append(i)
+                        ls = links[i]
+                        if groups[ls] == 1:
+                            del groups[ls]
+                        else:
+                            groups[ls] -= 1
+                    keep = [k for k in range(len(act)) if k not in gone]
+                    act = [act[k] for k in keep]
+                    act_links = [act_links[k] for k in keep]
+                    tiny = [tiny[k] for k in keep]
+                    rem = [rem[k] for k in keep]
                     dirty = True
-                else:
-                    act_rem = rem.tolist()
             t = t_new
             while heap and heap[0][0] <= t:
                 _, i, what = heapq.heappop(heap)
                 if what == 0:
                     finished.append(i)
                 else:
-                    act_ids.append(i)
-                    act_rem.append(self.nbytes[i])
-                    rates = np.append(rates, 0.0)
+                    ls = links[i]
+                    act.append(i)
+                    act_links.append(ls)
+                    tiny.append(1e-9 * nbytes[i])
+                    rem.append(nbytes[i])
+                    groups[ls] = groups.get(ls, 0) + 1
                     dirty = True
             for i in finished:
                 end[i] = t
                 done += 1
-                for s in self.succ[i]:
+                for s in succ[i]:
                     npred[s] -= 1
                     if npred[s] == 0:
                         ready(s, t)
         if done != n:
             raise RuntimeError(f"task graph has a cycle or dangling dependency: {n - done} of {n} tasks never ran")
-        return RunResult(start, end, float(np.nanmax(end)) if n else 0.0)
+        end_a = np.array(end, dtype=float)
+        return RunResult(np.array(start, dtype=float), end_a, float(np.nanmax(end_a)) if n else 0.0)

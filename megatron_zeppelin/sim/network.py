@@ -126,6 +126,53 @@ def fair_rates(flow_links: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     return rate
 
 
+def fair_shares(groups: Mapping[Tuple[int, ...], int], capacity: Sequence[float]) -> Dict[Tuple[int, ...], float]:
+    """``fair_rates`` for the event loop: {links: the rate of each of its flows} for ``groups``
+    {a flow's links: how many active flows use them}; links are unpadded tuples (``capacity[l]``).
+    Flows on the same links get the same rate, so progressive filling runs per group (a handful),
+    in plain Python (the loop calls it thousands of times per layer on a few dozen flows, where
+    numpy's per-call overhead dominates). Every float is computed as ``fair_rates`` computes it
+    (per-link counts are exact integers; a flow's rate is the sum of the increments of the rounds it
+    stayed unfrozen, added in the same order), so the rates are bit-identical
+    (tests/unit/test_sim_core.py compares them).
+
+    >>> fair_shares({(0, 1): 1, (0, 2): 1, (3, 4): 1}, [10.0] * 5) == {(0, 1): 5.0, (0, 2): 5.0, (3, 4): 10.0}
+    True
+    >>> r = fair_shares({(0, 1): 3, (0, 3): 1}, [10.0, 10.0, 10.0, 2.0])   # 3 flows share the 8 left on link 0
+    >>> r[(0, 3)], round(r[(0, 1)], 6)
+    (2.0, 2.666667)
+    """
+    cnt: Dict[int, int] = {}  # unfrozen flows per link
+    users: Dict[int, list] = {}  # link -> the groups through it
+    for ls, m in groups.items():
+        for l in ls:
+            cnt[l] = cnt.get(l, 0) + m
+            users.setdefault(l, []).append(ls)
+    rem = {l: capacity[l] for l in cnt}
+    rate: Dict[Tuple[int, ...], float] = {}
+    level = 0.0  # every unfrozen flow's rate: the increments so far
+    while cnt:
+        inc = min([rem[l] / c for l, c in cnt.items()])
+        level += inc
+        full = []
+        for l, c in cnt.items():
+            r = rem[l] = rem[l] - inc * c
+            if r <= 1e-9 * capacity[l]:  # saturated at this level (ties together)
+                full.append(l)
+        for l in full:  # freeze the flows through a full link
+            for ls in users[l]:
+                if ls not in rate:
+                    rate[ls] = level
+                    m = groups[ls]
+                    for x in ls:
+                        c = cnt[x] - m
+                        if c:
+                            cnt[x] = c
+                        else:
+                            del cnt[x]
+    return rate
+
+
 UNBOUNDED = 1e300  # capacity of the padding link: never the bottleneck, never full
 
 
