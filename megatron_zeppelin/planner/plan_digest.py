@@ -33,7 +33,7 @@ from operator import attrgetter
 import numpy as np
 
 _SEG = attrgetter("doc", "start", "stop")
-_DOC = attrgetter("doc", "length", "ring", "owner")
+_DOC = attrgetter("doc", "length", "ring", "owner", "padded")
 _RING = attrgetter("id", "a2a")
 _OP_INTS = attrgetter("step", "ring", "block", "msg_src", "msg_dst", "src", "dst", "start", "stop", "nbytes", "nic")
 _COST = attrgetter("attention_s", "linear_s", "comm_exposed_s", "remap_s")
@@ -85,7 +85,7 @@ def plan_digest(plan) -> str:
     h.floats("scalars", (plan.lower_bound_s, plan.allreduce_s))
     h.ints("lengths", plan.lengths, 1)
     docs = plan.docs
-    h.ints("docs", map(_DOC, docs), 4)
+    h.ints("docs", map(_DOC, docs), 5)
     h.words("docs.cls", (d.cls for d in docs))
     h.ints("docs.bounds.n", (len(d.bounds) for d in docs), 1)
     h.ints("docs.bounds", chain.from_iterable(d.bounds for d in docs), 1)

@@ -157,7 +157,7 @@ def test_the_pre_build_chain_bound_is_the_built_rings_chain_bound(cluster, model
             continue
         groups = cp_assignment(lengths, world // cp)
         try:
-            pl = cp_placement(lengths, ctx, cp, Comm.P2P)
+            pl = cp_placement(lengths, ctx, cp, Comm.P2P, pad=False)  # Zeppelin's shape: its own engine, no TE pad
         except PlanError:
             assert cp_chain_bound(np.asarray(lengths), groups, cp, ctx) == 0.0
             continue

@@ -144,7 +144,7 @@ def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext) -> float:
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement
     >>> ctx, L = toy_context(nodes=2, gpus=2), [4000, 3000, 500]
-    >>> cp_chain_bound(np.asarray(L), cp_assignment(L, 2), 2, ctx) == ring_chain_bound(cp_placement(L, ctx, 2, Comm.P2P), ctx)
+    >>> cp_chain_bound(np.asarray(L), cp_assignment(L, 2), 2, ctx) == ring_chain_bound(cp_placement(L, ctx, 2, Comm.P2P, pad=False), ctx)
     True
     """
     topo, n_groups = ctx.topology, ctx.topology.world_size // cp
