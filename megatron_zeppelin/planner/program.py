@@ -299,6 +299,43 @@ def chunk_cuts(start: int, stop: int, per_row: int, chunk_bytes: int) -> List[Tu
     return out
 
 
+class RowsHeld:
+    """Row ranges of messages that arrived at ranks, each with a value (a wave, an arrival time):
+    ``latest`` is the greatest value of the ranges that contain [a, b), as a scan of them all would
+    give. Chunked pieces arrive as disjoint ranges in row order, and a relay forwards exactly a range
+    that arrived, so the range itself answers; only otherwise (overlaps, empty rows, a sub-range) is
+    the scan run (it was quadratic in a message's chunks: most of a routed plan's preparation).
+
+    >>> h = RowsHeld()
+    >>> h.add("m", 0, 5, 1.0); h.add("m", 5, 9, 2.0)
+    >>> h.latest("m", 5, 9, 0.0), h.latest("m", 6, 8, 0.0), h.latest("m", 0, 9, 0.0), h.latest("x", 0, 1, -1)
+    (2.0, 2.0, 0.0, -1)
+    """
+
+    __slots__ = ("_ranges", "_exact", "_top", "_disjoint")
+
+    def __init__(self):
+        self._ranges: Dict[object, List[Tuple[int, int, float]]] = {}
+        self._exact: Dict[Tuple, float] = {}
+        self._top: Dict[object, int] = {}  # per key: the greatest stop so far
+        self._disjoint: Dict[object, bool] = {}  # per key: every range began at or after the stops before it
+
+    def add(self, key, a: int, b: int, value) -> None:
+        self._ranges.setdefault(key, []).append((a, b, value))
+        top = self._top.get(key)
+        self._disjoint[key] = self._disjoint.get(key, True) and a < b and (top is None or a >= top)
+        self._top[key] = b if top is None else max(top, b)
+        k = (key, a, b)
+        self._exact[k] = value if k not in self._exact else max(self._exact[k], value)
+
+    def latest(self, key, a: int, b: int, default):
+        if a < b and self._disjoint.get(key, False):
+            got = self._exact.get((key, a, b))
+            if got is not None:
+                return max(default, got)
+        return max([default] + [v for a0, b0, v in self._ranges.get(key, ()) if a0 <= a and b <= b0])
+
+
 def step_order(hops: Sequence[Tuple], reverse: bool = False) -> Tuple[List[int], List[int]]:
     """The order in which one exchange's hops run, and each hop's chunk index: the one order the
     executor posts them in (distributed/executor.py), the prediction times them in
@@ -331,14 +368,14 @@ def step_order(hops: Sequence[Tuple], reverse: bool = False) -> Tuple[List[int],
             for c, i in enumerate(sorted(idx, key=lambda i: (hops[i][4], i))):
                 chunk[i] = c
     wave = [0] * len(hops)
-    held: Dict[Tuple, List[Tuple[int, int, int]]] = {}  # (message, rank) -> (start, stop, wave) arrived there
+    held = RowsHeld()  # (message, rank) -> the rows arrived there, with their waves
     for i in sorted(range(len(hops)), key=lambda i: (phase[hops[i][0]], i)):
         st, src, dst, msg, a, b, relayed = hops[i]
         w = chunk[i] + phase[st]
         if relayed:
-            w = max([w] + [x + 1 for a0, b0, x in held.get((msg, src), ()) if a0 <= a and b <= b0])
+            w = max(w, held.latest((msg, src), a, b, -1) + 1)
         wave[i] = w
-        held.setdefault((msg, dst), []).append((a, b, w))
+        held.add((msg, dst), a, b, w)
     order = sorted(range(len(hops)), key=lambda i: (wave[i], phase[hops[i][0]], i))
     return order, chunk
 
