@@ -312,28 +312,39 @@ class RowsHeld:
     (2.0, 2.0, 0.0, -1)
     """
 
-    __slots__ = ("_ranges", "_exact", "_top", "_disjoint")
+    __slots__ = ("_ranges", "_index")
 
     def __init__(self):
         self._ranges: Dict[object, List[Tuple[int, int, float]]] = {}
-        self._exact: Dict[Tuple, float] = {}
-        self._top: Dict[object, int] = {}  # per key: the greatest stop so far
-        self._disjoint: Dict[object, bool] = {}  # per key: every range began at or after the stops before it
+        # per key looked up: [ranges indexed so far, exact range -> value, greatest stop, disjoint so far]
+        self._index: Dict[object, list] = {}
 
-    def add(self, key, a: int, b: int, value) -> None:
-        self._ranges.setdefault(key, []).append((a, b, value))
-        top = self._top.get(key)
-        self._disjoint[key] = self._disjoint.get(key, True) and a < b and (top is None or a >= top)
-        self._top[key] = b if top is None else max(top, b)
-        k = (key, a, b)
-        self._exact[k] = value if k not in self._exact else max(self._exact[k], value)
+    def add(self, key, a: int, b: int, value) -> None:  # most ranges are never looked up: just kept
+        got = self._ranges.get(key)
+        if got is None:
+            self._ranges[key] = [(a, b, value)]
+        else:
+            got.append((a, b, value))
 
     def latest(self, key, a: int, b: int, default):
-        if a < b and self._disjoint.get(key, False):
-            got = self._exact.get((key, a, b))
+        ranges = self._ranges.get(key)
+        if not ranges:
+            return default
+        ix = self._index.get(key)
+        if ix is None:
+            ix = self._index[key] = [0, {}, None, True]
+        n, exact, top, disjoint = ix
+        for a0, b0, v in ranges[n:]:  # index what arrived since the last look
+            disjoint = disjoint and a0 < b0 and (top is None or a0 >= top)
+            top = b0 if top is None else max(top, b0)
+            got = exact.get((a0, b0))
+            exact[(a0, b0)] = v if got is None else max(got, v)
+        ix[0], ix[2], ix[3] = len(ranges), top, disjoint
+        if a < b and disjoint:
+            got = exact.get((a, b))
             if got is not None:
                 return max(default, got)
-        return max([default] + [v for a0, b0, v in self._ranges.get(key, ()) if a0 <= a and b <= b0])
+        return max([default] + [v for a0, b0, v in ranges if a0 <= a and b <= b0])
 
 
 def step_order(hops: Sequence[Tuple], reverse: bool = False) -> Tuple[List[int], List[int]]:

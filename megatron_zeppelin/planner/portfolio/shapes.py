@@ -64,7 +64,7 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
     world, cost = ctx.topology.world_size, ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
     order = None
-    out = []
+    out, packed, held = [], {}, {}
     comms = cp_comms(ctx)  # --zeppelin-cp-comm-type: the comm types the static_cp shapes may use
     settings = [(cp, Comm.P2P, f"cp{cp}", 1) for cp in cp_sizes(world) if Comm.P2P in comms or cp == 1]  # cp1: no ring
     for cp in cp_sizes(world):
@@ -93,14 +93,16 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
             continue
         if order is None:  # longest first, ties by index: one sort for every CP size
             order = np.argsort(-L, kind="stable").tolist()
-        groups = lpt_groups(order, lengths, world // cp)
+        if cp not in packed:  # one packing per CP size: its p2p, a2a and a2a+p2p shapes share it
+            packed[cp] = lpt_groups(order, lengths, world // cp)
+        groups = packed[cp]
         tokens = np.bincount(groups, weights=L, minlength=world // cp) / cp
         own = np.bincount(groups, weights=member, minlength=world // cp) + cost.proj_s_np(tokens)
         again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx, comm, a2a)
         rows = node_rows(np.repeat(own + again, cp), np.repeat(tokens, cp), ctx, rate_again)
         bound = BOUND_SLACK * (1 - 1e-9) * water_level(*rows)  # (1 - 1e-9: sums in another order)
         if comm in (Comm.P2P, Comm.A2A_P2P) and cp > 1 and bound < reach:  # its rings' chains, exactly as once built
-            bound = max(bound, cp_chain_bound(L, groups, cp, ctx, a2a))
+            bound = max(bound, cp_chain_bound(L, groups, cp, ctx, a2a, held))
         out.append((label, bound, build))
     small = len(lengths) <= SMALL_BATCH * world
     if small or len(lengths) <= HYBRID_DOCS:
@@ -135,7 +137,7 @@ def lpt_groups(order, lengths: Sequence[int], groups: int) -> list:
     return out
 
 
-def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext, a2a: int = 1) -> float:
+def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext, a2a: int = 1, memo=None) -> float:
     """``ring_chain_bound`` of the CP shape of size ``cp`` (p2p, or a2a+p2p in a2a groups of ``a2a``)
     whose documents go to ``groups`` (aligned
     blocks of consecutive ranks, as cp_placement builds it), routed or not as candidate_placements
@@ -150,10 +152,14 @@ def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext, a2a: int = 
     True
     """
     topo, n_groups = ctx.topology, ctx.topology.world_size // cp
-    bounds = (np.arange(2 * cp + 1, dtype=np.int64) * np.asarray(L, dtype=np.int64)[:, None]) // (2 * cp)
-    chunks = np.diff(bounds, axis=1)  # zigzag_bounds' chunks; member i holds chunks i and 2cp-1-i
-    tok = np.zeros((n_groups, cp), dtype=np.int64)
-    np.add.at(tok, np.asarray(groups, dtype=np.int64), chunks[:, :cp] + chunks[:, :cp - 1:-1])
+    memo = {} if memo is None else memo  # per CP size (same groups): each member's tokens
+    if cp not in memo:
+        bounds = (np.arange(2 * cp + 1, dtype=np.int64) * np.asarray(L, dtype=np.int64)[:, None]) // (2 * cp)
+        chunks = np.diff(bounds, axis=1)  # zigzag_bounds' chunks; member i holds chunks i and 2cp-1-i
+        tok = np.zeros((n_groups, cp), dtype=np.int64)
+        np.add.at(tok, np.asarray(groups, dtype=np.int64), chunks[:, :cp] + chunks[:, :cp - 1:-1])
+        memo[cp] = tok
+    tok = memo[cp]
     if tok.max(initial=0) > ctx.capacity:
         return 0.0
     used = np.flatnonzero(np.bincount(groups, minlength=n_groups))
@@ -163,10 +169,10 @@ def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext, a2a: int = 
                             for c in hier_chains(tuple(range(k * cp, (k + 1) * cp)), tok[k].tolist(), a2a, kvb)],
                            False, ctx)
     rings = [(tuple(range(k * cp, (k + 1) * cp)), tok[k].tolist(), kvb, "p2p") for k in used.tolist()]
-    out = chain_bound(rings, False, ctx)
+    routed = float("inf")
     if cp > topo.gpus_per_node and ctx.config.routing_enabled(topo.nodes):  # its rings span nodes
-        out = min(out, chain_bound(rings, True, ctx))
-    return out
+        routed = chain_bound(rings, True, ctx)
+    return min(chain_bound(rings, False, ctx, above=routed), routed)
 
 
 def member_attention(cost, lengths, rings, comm=Comm.P2P, passes=(False, True), a2a=1) -> np.ndarray:
@@ -523,11 +529,12 @@ def hier_chains(ranks, tokens, a: int, kvb: int, queue: str = "inter") -> list:
     return [(tuple(ranks[b * a + j] for b in range(p)), sup, kvb // a, (queue, "a2a+p2p", p)) for j in range(a)]
 
 
-def chain_bound(rings, routing: bool, ctx: PlanContext) -> float:
+def chain_bound(rings, routing: bool, ctx: PlanContext, above: float = float("inf")) -> float:
     """``ring_chain_bound`` of zigzag rings given as (ranks, tokens of each member's block, bytes
     per token: K/V of the heads the ring carries), routed
     or not: the same arithmetic for a built placement and for a CP shape's groups before it is
-    built (``cp_chain_bound``), so both give the same value."""
+    built (``cp_chain_bound``), so both give the same value. ``above``: a caller that takes the lesser
+    of this and ``above`` (the routed chain) needs no more than that: the port term is left out there."""
     cost, topo = ctx.cost, ctx.topology
     outer = [c for c in cost.link_classes if c != Link.NVLINK]
     spread = topo.nics_per_node if routing else 1
@@ -566,7 +573,7 @@ def chain_bound(rings, routing: bool, ctx: PlanContext) -> float:
                 x = (sent - (n > 0)) * into[0] + kvb * (total - n) * into[1]
                 if x > best:
                     best = x
-    if not routing:
+    if not routing and 2 * cost.model.layers * best < above:  # (at or above ``above``: a caller's min drops it)
         best = max(best, shared_port_chain(rings, ctx))
     return 2 * cost.model.layers * best
 
