@@ -299,6 +299,54 @@ def chunk_cuts(start: int, stop: int, per_row: int, chunk_bytes: int) -> List[Tu
     return out
 
 
+class RowsHeld:
+    """Row ranges of messages that arrived at ranks, each with a value (a wave, an arrival time):
+    ``latest`` is the greatest value of the ranges that contain [a, b), as a scan of them all would
+    give. Chunked pieces arrive as disjoint ranges in row order, and a relay forwards exactly a range
+    that arrived, so the range itself answers; only otherwise (overlaps, empty rows, a sub-range) is
+    the scan run (it was quadratic in a message's chunks: most of a routed plan's preparation).
+
+    >>> h = RowsHeld()
+    >>> h.add("m", 0, 5, 1.0); h.add("m", 5, 9, 2.0)
+    >>> h.latest("m", 5, 9, 0.0), h.latest("m", 6, 8, 0.0), h.latest("m", 0, 9, 0.0), h.latest("x", 0, 1, -1)
+    (2.0, 2.0, 0.0, -1)
+    """
+
+    __slots__ = ("_ranges", "_index")
+
+    def __init__(self):
+        self._ranges: Dict[object, List[Tuple[int, int, float]]] = {}
+        # per key looked up: [ranges indexed so far, exact range -> value, greatest stop, disjoint so far]
+        self._index: Dict[object, list] = {}
+
+    def add(self, key, a: int, b: int, value) -> None:  # most ranges are never looked up: just kept
+        got = self._ranges.get(key)
+        if got is None:
+            self._ranges[key] = [(a, b, value)]
+        else:
+            got.append((a, b, value))
+
+    def latest(self, key, a: int, b: int, default):
+        ranges = self._ranges.get(key)
+        if not ranges:
+            return default
+        ix = self._index.get(key)
+        if ix is None:
+            ix = self._index[key] = [0, {}, None, True]
+        n, exact, top, disjoint = ix
+        for a0, b0, v in ranges[n:]:  # index what arrived since the last look
+            disjoint = disjoint and a0 < b0 and (top is None or a0 >= top)
+            top = b0 if top is None else max(top, b0)
+            got = exact.get((a0, b0))
+            exact[(a0, b0)] = v if got is None else max(got, v)
+        ix[0], ix[2], ix[3] = len(ranges), top, disjoint
+        if a < b and disjoint:
+            got = exact.get((a, b))
+            if got is not None:
+                return max(default, got)
+        return max([default] + [v for a0, b0, v in ranges if a0 <= a and b <= b0])
+
+
 def step_order(hops: Sequence[Tuple], reverse: bool = False) -> Tuple[List[int], List[int]]:
     """The order in which one exchange's hops run, and each hop's chunk index: the one order the
     executor posts them in (distributed/executor.py), the prediction times them in
@@ -331,14 +379,14 @@ def step_order(hops: Sequence[Tuple], reverse: bool = False) -> Tuple[List[int],
             for c, i in enumerate(sorted(idx, key=lambda i: (hops[i][4], i))):
                 chunk[i] = c
     wave = [0] * len(hops)
-    held: Dict[Tuple, List[Tuple[int, int, int]]] = {}  # (message, rank) -> (start, stop, wave) arrived there
+    held = RowsHeld()  # (message, rank) -> the rows arrived there, with their waves
     for i in sorted(range(len(hops)), key=lambda i: (phase[hops[i][0]], i)):
         st, src, dst, msg, a, b, relayed = hops[i]
         w = chunk[i] + phase[st]
         if relayed:
-            w = max([w] + [x + 1 for a0, b0, x in held.get((msg, src), ()) if a0 <= a and b <= b0])
+            w = max(w, held.latest((msg, src), a, b, -1) + 1)
         wave[i] = w
-        held.setdefault((msg, dst), []).append((a, b, w))
+        held.add((msg, dst), a, b, w)
     order = sorted(range(len(hops)), key=lambda i: (wave[i], phase[hops[i][0]], i))
     return order, chunk
 

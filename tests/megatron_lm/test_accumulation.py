@@ -62,6 +62,7 @@ def _check_regrouped(log, ref_log, stage=None):
     assert all("planned ahead" in p for p in m.plan_lines(log)), m.plan_lines(log)
 
 
+@pytest.mark.slow  # the PP 2 x DP 2 case below runs the same regrouping in the default run
 def test_joint_equals_data_order_dp4(data, tmp_path):
     log, ref_log = _both(data, tmp_path, 4, 4, [])
     _check_regrouped(log, ref_log)

@@ -144,14 +144,14 @@ def test_the_pre_build_cp_bounds_are_below_the_built_placements_bound(cluster, m
 def test_the_pre_build_chain_bound_is_the_built_rings_chain_bound(cluster, model, nodes, n, mu, config):
     """cp_chain_bound, from a CP size's groups before the build, is exactly ring_chain_bound of the
     placement cp_placement builds from them (unrouted, and routed where its rings span nodes)."""
-    from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement
+    from megatron_zeppelin.planner.baselines.static_cp import cp_assignment, cp_placement, hier_problem, hier_splits
     from megatron_zeppelin.planner.portfolio.shapes import chain_bound, cp_chain_bound, ring_chain_bound
     from megatron_zeppelin.planner.types import PlanError
     from megatron_zeppelin.spec.words import Comm
     lengths = np.random.default_rng(n).lognormal(mu, 1.3, n).clip(1, 65536).astype(np.int64).tolist()
     ctx = _context(cluster, model, nodes, lengths, **config)
     world, g = ctx.topology.world_size, ctx.topology.gpus_per_node
-    checked = 0
+    checked = hier = 0
     for cp in (2, 4, 8, 16, 32):
         if world % cp:
             continue
@@ -166,5 +166,12 @@ def test_the_pre_build_chain_bound_is_the_built_rings_chain_bound(cluster, model
             want = min(want, ring_chain_bound(replace(pl, routing=True), ctx))
         assert cp_chain_bound(np.asarray(lengths), groups, cp, ctx) == want, cp
         checked += 1
+        for a in hier_splits(ctx, cp):  # TE's a2a+p2p: the rings of its groups' members, never routed
+            if hier_problem(ctx, cp, a):
+                continue
+            built = cp_placement(lengths, ctx, cp, Comm.A2A_P2P, a, pad=False)
+            assert cp_chain_bound(np.asarray(lengths), groups, cp, ctx, a) == ring_chain_bound(built, ctx), (cp, a)
+            hier += 1
     assert checked
+    assert hier or world < 4
     assert chain_bound([], False, ctx) == 0.0

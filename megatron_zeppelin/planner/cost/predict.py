@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron_zeppelin.spec.topology import link_ports
 from megatron_zeppelin.planner.cost.cost_model import LINEAR_PASSES, CostModel
 from megatron_zeppelin.planner.cost.moe_cost import moe_pass_s
-from megatron_zeppelin.planner.program import AttentionWork, Compute, Post, attention_program, local_arrays, step_order
+from megatron_zeppelin.planner.program import (AttentionWork, Compute, Post, RowsHeld, attention_program, local_arrays,
+                                               step_order)
 from megatron_zeppelin.planner.build.remap import linear_tokens
 from megatron_zeppelin.planner.types import CommOp, DocPlan, Move, RankCost, Ring, Segment, ring_documents
 from megatron_zeppelin.spec.words import MIRROR, Link, Stage
@@ -94,14 +95,14 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
     for h in hops:
         own.setdefault(h[1], c[h[1]])
         own.setdefault(h[2], c[h[2]])
-    arrived: Dict[Tuple, List[Tuple[int, int, float]]] = defaultdict(list)  # (message, rank) -> pieces
+    arrived = RowsHeld()  # (message, rank) -> the pieces arrived there, with their arrival times
     relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
     last: Dict[Tuple, float] = {}  # per chunked piece and hop: when its previous chunk got through
     for src, dst, lat, sec, src_own, dst_own, piece, chain in prep:
         ready = c[src]
         if not src_own:  # a relayed piece: when it arrived here, after the relay's previous forward
             key, a, b = piece
-            ready = max([t for a0, b0, t in arrived[(key, src)] if a0 <= a and b <= b0] + [ready])
+            ready = arrived.latest((key, src), a, b, ready)
             ready = max(ready, relay_post.get(src, ready))
             relay_post[src] = ready
         t0 = max(ready, c[dst])
@@ -113,7 +114,7 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
         if chain is not None:
             last[chain] = t
         if piece is not None:
-            arrived[(piece[0], dst)].append((piece[1], piece[2], t))
+            arrived.add((piece[0], dst), piece[1], piece[2], t)
             if arrive is not None and dst_own and t > arrive.get(piece[0], -1.0):
                 arrive[piece[0]] = t
         if src_own and t > own[src]:

@@ -65,7 +65,7 @@ from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppel
 from megatron_zeppelin.planner.partitioner.ulysses_rings import with_a2a_rings
 from megatron_zeppelin.planner.portfolio.shapes import (candidate_placements, compute_bound, placement_key,
                                                           ring_chain_bound)
-from megatron_zeppelin.planner.portfolio.budget import placement_units
+from megatron_zeppelin.planner.portfolio.budget import chunk_rows_of, placement_units
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
 from megatron_zeppelin.spec.words import DocClass, Link, StrategyName
 
@@ -336,7 +336,7 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                         search.budget.skipped(name)
                     continue
                 if search.budget is not None:  # the partitioner's own rings: charged, never cut
-                    units = placement_units(pl0, topo.world_size, topo.gpus_per_node)
+                    units = placement_units(pl0, topo.world_size, topo.gpus_per_node, chunk_rows_of(ctx))
                     if rings == "free":
                         search.budget.charge(units)
                     elif not search.budget.afford(name, units, search.best_s):
@@ -400,14 +400,14 @@ def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candida
             seen.add(key)
             cands.append((bound, label, pl0))
     cands.sort(key=lambda c: c[0])
-    world, g = ctx.topology.world_size, ctx.topology.gpus_per_node
+    world, g, rows = ctx.topology.world_size, ctx.topology.gpus_per_node, chunk_rows_of(ctx)
     for k, (bound, label, pl0) in enumerate(cands):
         if bound >= (1 + MEMORY_SLACK) * search.best_s:
             for _, later, _ in cands[k:]:  # sorted: none after it can win either
                 if budget is not None:
                     budget.skipped(later)
             break
-        if budget is not None and not budget.afford(label, placement_units(pl0, world, g)):
+        if budget is not None and not budget.afford(label, placement_units(pl0, world, g, rows)):
             continue  # a cheaper shape after it may still fit
         pre = prepare(ctx, pl0)
         off = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)), f"{label}/off",

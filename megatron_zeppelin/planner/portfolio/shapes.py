@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from itertools import chain
-from typing import Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from megatron_zeppelin.planner.portfolio.budget import build_units
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.predict import attention_tokens
 from megatron_zeppelin.planner.types import PlanError, ring_documents
+from megatron_zeppelin.spec.topology import link_ports
 from megatron_zeppelin.spec.words import Comm, DocClass, Link
 
 
@@ -63,7 +64,7 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
     world, cost = ctx.topology.world_size, ctx.cost
     L = np.asarray(lengths, dtype=np.int64)
     order = None
-    out = []
+    out, packed, held = [], {}, {}
     comms = cp_comms(ctx)  # --zeppelin-cp-comm-type: the comm types the static_cp shapes may use
     settings = [(cp, Comm.P2P, f"cp{cp}", 1) for cp in cp_sizes(world) if Comm.P2P in comms or cp == 1]  # cp1: no ring
     for cp in cp_sizes(world):
@@ -92,14 +93,16 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
             continue
         if order is None:  # longest first, ties by index: one sort for every CP size
             order = np.argsort(-L, kind="stable").tolist()
-        groups = lpt_groups(order, lengths, world // cp)
+        if cp not in packed:  # one packing per CP size: its p2p, a2a and a2a+p2p shapes share it
+            packed[cp] = lpt_groups(order, lengths, world // cp)
+        groups = packed[cp]
         tokens = np.bincount(groups, weights=L, minlength=world // cp) / cp
         own = np.bincount(groups, weights=member, minlength=world // cp) + cost.proj_s_np(tokens)
         again, rate_again = _recomputed_share(L, groups, cp, tokens, ctx, comm, a2a)
         rows = node_rows(np.repeat(own + again, cp), np.repeat(tokens, cp), ctx, rate_again)
         bound = BOUND_SLACK * (1 - 1e-9) * water_level(*rows)  # (1 - 1e-9: sums in another order)
-        if comm == Comm.P2P and cp > 1 and bound < reach:  # its rings' chains, exactly as once built
-            bound = max(bound, cp_chain_bound(L, groups, cp, ctx))
+        if comm in (Comm.P2P, Comm.A2A_P2P) and cp > 1 and bound < reach:  # its rings' chains, exactly as once built
+            bound = max(bound, cp_chain_bound(L, groups, cp, ctx, a2a, held))
         out.append((label, bound, build))
     small = len(lengths) <= SMALL_BATCH * world
     if small or len(lengths) <= HYBRID_DOCS:
@@ -134,8 +137,9 @@ def lpt_groups(order, lengths: Sequence[int], groups: int) -> list:
     return out
 
 
-def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext) -> float:
-    """``ring_chain_bound`` of the CP shape of size ``cp`` whose documents go to ``groups`` (aligned
+def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext, a2a: int = 1, memo=None) -> float:
+    """``ring_chain_bound`` of the CP shape of size ``cp`` (p2p, or a2a+p2p in a2a groups of ``a2a``)
+    whose documents go to ``groups`` (aligned
     blocks of consecutive ranks, as cp_placement builds it), routed or not as candidate_placements
     would weigh it (the lesser), before the build: the same value, so a shape whose chains alone
     cannot beat the best so far is never built (on small batches CP 16-64 over NICs: their builds
@@ -148,18 +152,27 @@ def cp_chain_bound(L: np.ndarray, groups, cp: int, ctx: PlanContext) -> float:
     True
     """
     topo, n_groups = ctx.topology, ctx.topology.world_size // cp
-    bounds = (np.arange(2 * cp + 1, dtype=np.int64) * np.asarray(L, dtype=np.int64)[:, None]) // (2 * cp)
-    chunks = np.diff(bounds, axis=1)  # zigzag_bounds' chunks; member i holds chunks i and 2cp-1-i
-    tok = np.zeros((n_groups, cp), dtype=np.int64)
-    np.add.at(tok, np.asarray(groups, dtype=np.int64), chunks[:, :cp] + chunks[:, :cp - 1:-1])
+    memo = {} if memo is None else memo  # per CP size (same groups): each member's tokens
+    if cp not in memo:
+        bounds = (np.arange(2 * cp + 1, dtype=np.int64) * np.asarray(L, dtype=np.int64)[:, None]) // (2 * cp)
+        chunks = np.diff(bounds, axis=1)  # zigzag_bounds' chunks; member i holds chunks i and 2cp-1-i
+        tok = np.zeros((n_groups, cp), dtype=np.int64)
+        np.add.at(tok, np.asarray(groups, dtype=np.int64), chunks[:, :cp] + chunks[:, :cp - 1:-1])
+        memo[cp] = tok
+    tok = memo[cp]
     if tok.max(initial=0) > ctx.capacity:
         return 0.0
     used = np.flatnonzero(np.bincount(groups, minlength=n_groups))
-    rings = [(tuple(range(k * cp, (k + 1) * cp)), tok[k].tolist()) for k in used.tolist()]
-    out = chain_bound(rings, False, ctx)
+    kvb = ctx.cost.kv_bytes_per_token
+    if a2a > 1:  # a2a+p2p: the rings of its groups, never routed (candidate_placements)
+        return chain_bound([c for k in used.tolist()
+                            for c in hier_chains(tuple(range(k * cp, (k + 1) * cp)), tok[k].tolist(), a2a, kvb)],
+                           False, ctx)
+    rings = [(tuple(range(k * cp, (k + 1) * cp)), tok[k].tolist(), kvb, "p2p") for k in used.tolist()]
+    routed = float("inf")
     if cp > topo.gpus_per_node and ctx.config.routing_enabled(topo.nodes):  # its rings span nodes
-        out = min(out, chain_bound(rings, True, ctx))
-    return out
+        routed = chain_bound(rings, True, ctx)
+    return min(chain_bound(rings, False, ctx, above=routed), routed)
 
 
 def member_attention(cost, lengths, rings, comm=Comm.P2P, passes=(False, True), a2a=1) -> np.ndarray:
@@ -491,23 +504,46 @@ def ring_chain_bound(placement: Placement, ctx: PlanContext) -> float:
     0.0
     """
     docs = ring_documents(placement.docs, placement.rings)
-    return chain_bound([(r.ranks, block_tokens(r, docs)) for r in placement.rings
-                        if r.size >= 2 and r.comm == Comm.P2P and r.docs], placement.routing, ctx)
+    kvb, chains = ctx.cost.kv_bytes_per_token, []
+    for r in placement.rings:
+        if r.size < 2 or not r.docs:
+            continue
+        if r.comm == Comm.P2P:
+            chains.append((r.ranks, block_tokens(r, docs), kvb, (r.cls, "p2p")))
+        elif r.comm == Comm.A2A_P2P:
+            chains += hier_chains(r.ranks, block_tokens(r, docs), r.a2a, kvb, r.cls)
+    return chain_bound(chains, placement.routing, ctx)
 
 
-def chain_bound(rings, routing: bool, ctx: PlanContext) -> float:
-    """``ring_chain_bound`` of zigzag rings given as (ranks, tokens of each member's block), routed
+def hier_chains(ranks, tokens, a: int, kvb: int, queue: str = "inter") -> list:
+    """The zigzag rings inside an a2a+p2p ring of ``ranks`` in a2a groups of ``a`` (schedule.py's
+    ring_messages): for each head group j, the ring of the groups' j-th members passing each
+    group's tokens (the sum of its members' blocks) at K/V bytes of 1/a of the heads, as
+    (ranks, tokens, bytes per token, kind: their exchange, per queue and ring of p groups) for chain_bound.
+
+    >>> hier_chains((0, 1, 2, 3), [5, 6, 7, 8], 2, 16)
+    [((0, 2), [11, 15], 8, ('inter', 'a2a+p2p', 2)), ((1, 3), [11, 15], 8, ('inter', 'a2a+p2p', 2))]
+    """
+    p = len(ranks) // a
+    sup = [sum(tokens[b * a:(b + 1) * a]) for b in range(p)]
+    return [(tuple(ranks[b * a + j] for b in range(p)), sup, kvb // a, (queue, "a2a+p2p", p)) for j in range(a)]
+
+
+def chain_bound(rings, routing: bool, ctx: PlanContext, above: float = float("inf")) -> float:
+    """``ring_chain_bound`` of zigzag rings given as (ranks, tokens of each member's block, bytes
+    per token: K/V of the heads the ring carries), routed
     or not: the same arithmetic for a built placement and for a CP shape's groups before it is
-    built (``cp_chain_bound``), so both give the same value."""
+    built (``cp_chain_bound``), so both give the same value. ``above``: a caller that takes the lesser
+    of this and ``above`` (the routed chain) needs no more than that: the port term is left out there."""
     cost, topo = ctx.cost, ctx.topology
     outer = [c for c in cost.link_classes if c != Link.NVLINK]
     spread = topo.nics_per_node if routing else 1
     far = (min((cost.latency(c) for c in outer), default=0.0),
            1.0 / (spread * max((cost.bandwidth(c) for c in outer), default=float("inf"))))
-    kvb, best, g_node = cost.kv_bytes_per_token, 0.0, topo.gpus_per_node
+    best, g_node = 0.0, topo.gpus_per_node
     nv = (cost.latency(Link.NVLINK), 1.0 / cost.bandwidth(Link.NVLINK))
     rate = {}  # link class -> (latency, seconds per byte)
-    for ranks, tokens in rings:
+    for ranks, tokens, kvb, *_ in rings:
         g = len(ranks)
         hop, direct = [], []  # hop i: member i -> i + 1, (latency, seconds per byte)
         for i in range(g):
@@ -537,7 +573,67 @@ def chain_bound(rings, routing: bool, ctx: PlanContext) -> float:
                 x = (sent - (n > 0)) * into[0] + kvb * (total - n) * into[1]
                 if x > best:
                     best = x
+    if not routing and 2 * cost.model.layers * best < above:  # (at or above ``above``: a caller's min drops it)
+        best = max(best, shared_port_chain(rings, ctx))
     return 2 * cost.model.layers * best
+
+
+PORT_CHAIN_CELLS = 1 << 20  # steps x hops of the rings up to which shared_port_chain is worked out
+
+
+def shared_port_chain(rings, ctx: PlanContext) -> float:
+    """The chain of the hops into each member again, for hops over the network: the rings post
+    step s together (program.py: one exchange per queue and step), and predict.py's ``_exchange``
+    gives each op latency + the busiest of its ports' bytes *of that exchange* / bandwidth, so GPUs
+    that share a NIC share its port at every step (a800: two GPUs a NIC). Unrouted rings of one kind
+    (all a queue's zigzag rings are one exchange a step; an a2a+p2p ring's rings of groups are
+    another), each given as (ranks, tokens, bytes per token, kind); 0 where the steps x hops exceed
+    PORT_CHAIN_CELLS (the bound is only weaker without it).
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> ctx = toy_context(nodes=2, gpus=2, nics=1)   # both GPUs of a node on one NIC
+    >>> one = shared_port_chain([((0, 2), [1000, 1000], 16, "p2p")], ctx)
+    >>> two = shared_port_chain([((0, 2), [1000, 1000], 16, "p2p"), ((1, 3), [1000, 1000], 16, "p2p")], ctx)
+    >>> bool(two > one > 0)   # the second ring's messages share the NIC ports of the first's
+    True
+    """
+    cost, topo = ctx.cost, ctx.topology
+    kinds: Dict[object, list] = {}
+    for ring in rings:
+        if len(ring[0]) >= 2:
+            kinds.setdefault(ring[3] if len(ring) > 3 else "p2p", []).append(ring)
+    best = 0.0
+    for group in kinds.values():
+        steps = max(len(r[0]) for r in group) - 1
+        if steps * sum(len(r[0]) for r in group) > PORT_CHAIN_CELLS:
+            continue
+        port_id: Dict[tuple, int] = {}
+        lat, inv, ports, sizes = [], [], [], []  # per network hop into a member
+        for ranks, tokens, kvb, *_ in group:
+            g = len(ranks)
+            for b in range(g):
+                src, dst = ranks[b - 1], ranks[b]
+                if topo.same_node(src, dst):
+                    continue
+                link = cost.link_of(src, dst)
+                q = [port_id.setdefault(k, len(port_id)) for k in link_ports(link, src, dst, -1, topo)]
+                ports.append(q + [-1] * (4 - len(q)))  # -1: the all-zero column appended below
+                lat.append(cost.latency(link))
+                inv.append(1.0 / cost.bandwidth(link))
+                row = np.zeros(steps)
+                row[:g - 1] = [kvb * tokens[(b - 1 - s) % g] for s in range(g - 1)]  # member b-1 passes block b-1-s
+                sizes.append(row)
+        if not lat:
+            continue
+        ports_a, sizes_a = np.asarray(ports), np.asarray(sizes)  # (hops, 4), (hops, steps)
+        load = np.zeros((len(port_id) + 1, steps))
+        for j in range(ports_a.shape[1]):
+            np.add.at(load, ports_a[:, j], sizes_a)
+        load[-1] = 0.0
+        busiest = load[ports_a].max(axis=1)  # (hops, steps)
+        x = np.where(sizes_a > 0, np.asarray(lat)[:, None] + busiest * np.asarray(inv)[:, None], 0.0).sum(axis=1)
+        best = max(best, float(x.max()))
+    return best
 
 
 def placement_key(placement: Placement) -> tuple:
