@@ -6,7 +6,8 @@ is pure. Planning a batch costs seconds of CPU (a pure-Python planner), receivin
 tens of milliseconds (unpickle, then the digest check; benchmarks/bench_plan_share.py). So the
 domain's rank 0 plans (on its plan-ahead worker: the spawned process of plan_process.py, or a
 thread) and broadcasts each Plan's bytes over a gloo group made for this alone at start-up
-(:func:`share_group`: it never queues behind, or shares NCCL streams with, the step's collectives).
+(:func:`share_group`: it never queues behind, or shares NCCL streams with, the step's collectives;
+only the sharing thread uses it, since two threads' collectives on one group could pair up wrongly).
 Each rank unpickles what it got and checks that the Plan hashes to the digest the planning rank sent
 (plan_check's comparison across the domain still runs where it ran before).
 
