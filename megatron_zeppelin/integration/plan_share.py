@@ -208,9 +208,11 @@ class SharedPlanAhead:
 
     def _broken(self, job: _Job, e: Exception) -> str:
         """The message every batch from ``job`` on fails with, on this rank."""
-        what, text = describe(job.n, job.key), f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        lines = str(e).strip().splitlines()
+        what, text = describe(job.n, job.key), f"{type(e).__name__}: {lines[0] if lines else ''}"
         if self.share.planning:
-            return f"the broadcast of {what} from this rank to ranks {list(self.share.ranks)} failed ({text})"
+            return (f"planning rank {self.share.rank}: the broadcast of {what} to ranks {list(self.share.ranks)} "
+                    f"failed ({text})")
         timed_out = "timed out" in str(e).lower() or "timeout" in str(e).lower()
         how = f"within the group's timeout of {self.share.timeout_s:.0f} s" if timed_out else "(the broadcast broke: did it exit?)"
         return f"rank {self.share.rank} received no Plan for {what} from {self._who()} {how}: {text}"
