@@ -23,7 +23,8 @@ import argparse
 
 from megatron_zeppelin.attention.kernels.select import BACKENDS as ATTENTION_KERNELS
 from megatron_zeppelin.integration.plan_ahead import Worker
-from megatron_zeppelin.spec.config import ACCUMULATION, ROUTING, STRATEGIES, ConfigError, ZeppelinConfig
+from megatron_zeppelin.spec.config import (ACCUMULATION, PLAN_SHARING, ROUTING, STRATEGIES, ConfigError, PlanSharing,
+                                           ZeppelinConfig)
 from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.token_counts import token_count
 
@@ -94,6 +95,11 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Megatron-LM entry, with plan-ahead: plan in a spawned process (default: planning never "
                         "holds the training process's GIL) or on a thread of it. Where no process can start, "
                         "it says so once and plans on a thread.")
+    g.add_argument("--zeppelin-plan-sharing", default=None, choices=PLAN_SHARING,
+                   help="Megatron-LM entry: one-per-domain = the domain's rank 0 plans each batch and broadcasts the "
+                        "Plan over a gloo group of its own (the others unpickle it and check its digest); every-rank "
+                        "= each rank plans it. Default: one-per-domain with plan-ahead (the broadcast is hidden with "
+                        "the planning), every-rank with --no-zeppelin-plan-ahead.")
     g.add_argument("--zeppelin-plan-budget-ms", type=float, default=0.0,
                    help="Time Zeppelin's search may spend after its partitioner, on the baselines' shapes and "
                         "aligned rings, in deterministic work units (the same plan on any machine; plan.meta "
@@ -136,6 +142,22 @@ def check_megatron_args(args) -> None:
         raise ConfigError("--zeppelin-balance needs --no-rope-fusion (per-token RoPE positions of the plan)")
 
 
+def _plan_sharing(args) -> str:
+    """--zeppelin-plan-sharing, or its default: one-per-domain where planning is ahead of the step
+    (a receiving rank pays tens of ms to unpickle and check a Plan, against the seconds of planning
+    it, and the broadcast is hidden with the planning), every-rank where the step plans (sharing
+    would add the broadcast and the unpickling to the step).
+
+    >>> p = add_zeppelin_args(argparse.ArgumentParser())
+    >>> [_plan_sharing(p.parse_args(f)) for f in ([], ["--no-zeppelin-plan-ahead"])]
+    ['one-per-domain', 'every-rank']
+    """
+    given = _get(args, "zeppelin_plan_sharing", None)
+    if given is not None:
+        return given
+    return (PlanSharing.ONE_PER_DOMAIN if _get(args, "zeppelin_plan_ahead", True) else PlanSharing.EVERY_RANK).value
+
+
 def config_from_args(args) -> ZeppelinConfig:
     """ZeppelinConfig from parsed flags (Megatron's or `zeppelin train`'s)."""
     import os
@@ -157,6 +179,7 @@ def config_from_args(args) -> ZeppelinConfig:
         relay_chunk_bytes=_get(args, "zeppelin_relay_chunk_bytes", None),
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
         plan_ahead=bool(_get(args, "zeppelin_plan_ahead", True)),
+        plan_sharing=_plan_sharing(args),
         accumulation=_get(args, "zeppelin_accumulation", "data_order"),
         plan_budget_ms=float(_get(args, "zeppelin_plan_budget_ms", 0.0)),
         tp=tp,

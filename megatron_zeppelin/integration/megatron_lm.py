@@ -15,8 +15,9 @@ Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patche
   documents cut at ``--max-position-embeddings`` (so one document may span ranks: the planner
   splits it over a ring); use with ``--dataloader-type external``. Resuming continues where the saved run stopped (the
   order depends on (seed, step) only; a step is one global micro-batch).
-- ``forward_step(data_iterator, model)``: plan the batch (every rank, same plan; planned while the
-  previous batch trained, plan_ahead.py, unless --no-zeppelin-plan-ahead), build this rank's
+- ``forward_step(data_iterator, model)``: plan the batch (planned while the previous batch trained,
+  plan_ahead.py, unless --no-zeppelin-plan-ahead; by the domain's rank 0, which broadcasts the Plan,
+  plan_share.py, unless --zeppelin-plan-sharing every-rank: then every rank, same plan), build this rank's
   tensors, run the model; the loss function returns Megatron's per-token triple (sum, tokens,
   report) after Megatron's NaN / Inf / spiky-loss checks, so ``--calculate-per-token-loss``
   divides by the domain's token count.
@@ -229,13 +230,49 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
             planner = _run_planner(args, topo, spec, cfg)
             train = _joint(train, planner, _micro_batches(args, False))
             valid = valid if valid is None else _joint(valid, planner, _micro_batches(args, True))
+        share = _share_group(args, cfg)
+        if cfg.plan_ahead or share is not None:
+            ahead = args._zeppelin_plan_ahead = _plan_ahead(args, _run_planner(args, topo, spec, cfg), share)
         if cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)
-            from megatron_zeppelin.integration.plan_ahead import PlanAhead, PlannedBatches
-            ahead = args._zeppelin_plan_ahead = PlanAhead(_run_planner(args, topo, spec, cfg),
-                                                          worker=getattr(args, "zeppelin_plan_ahead_worker", "process"))
+            from megatron_zeppelin.integration.plan_ahead import PlannedBatches
             train = PlannedBatches(train, ahead, _doc_lengths)
             valid = valid if valid is None else PlannedBatches(valid, ahead, _doc_lengths)
     return train, valid, None
+
+
+def _share_group(args, cfg):
+    """With --zeppelin-plan-sharing one-per-domain, this rank's domain (its DP group) as a gloo
+    group of its own (plan_share.py), made once, here, where every rank arrives together, and kept
+    on args; None with every-rank, or where a domain has one rank. Its timeout covers a batch's
+    planning and the worker's start-up besides Megatron's own: a receiving rank waits in the
+    broadcast while the planning rank plans."""
+    from datetime import timedelta
+
+    from megatron.core import parallel_state as ps
+
+    from megatron_zeppelin.integration import plan_process
+    from megatron_zeppelin.integration.plan_share import share_group
+    from megatron_zeppelin.spec.config import PlanSharing
+
+    if cfg.plan_sharing is not PlanSharing.ONE_PER_DOMAIN:
+        return None
+    if getattr(args, "_zeppelin_share_group", None) is None:
+        timeout = timedelta(minutes=args.distributed_timeout_minutes,
+                            seconds=plan_process.PLAN_TIMEOUT_S + plan_process.START_TIMEOUT_S)
+        ranks = torch.distributed.get_process_group_ranks(ps.get_data_parallel_group())
+        args._zeppelin_share_group = share_group(ranks, timeout)
+    return args._zeppelin_share_group
+
+
+def _plan_ahead(args, planner, share):
+    """The run's planning worker: every rank's own (plan_ahead.PlanAhead), or its domain's
+    planning rank's, shared (plan_share.SharedPlanAhead)."""
+    worker = getattr(args, "zeppelin_plan_ahead_worker", "process")
+    if share is None:
+        from megatron_zeppelin.integration.plan_ahead import PlanAhead
+        return PlanAhead(planner, worker=worker)
+    from megatron_zeppelin.integration.plan_share import SharedPlanAhead
+    return SharedPlanAhead(planner, share, worker=worker)
 
 
 def _micro_batches(args, evaluation: bool) -> int:
@@ -414,6 +451,8 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     if ahead is not None and ahead.planner is planner:  # planned while the previous batch trained
         plan = ahead.take(_doc_lengths(docs))
         how = f" {'planned ahead' if ahead.ahead else 'planned in the step'}, waited {1e3 * ahead.waited_s:.1f} ms"
+        share = getattr(ahead, "share", None)
+        how += f", shared by rank {share.src}" if share is not None else ""
     else:
         plan, how = planner.plan(_doc_lengths(docs)), ""
     if cfg.debug_plan or not getattr(forward_step, "_checked", False):

@@ -30,7 +30,7 @@ import queue
 import sys
 import time
 import types
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 START_TIMEOUT_S = 120.0  # spawn, import the planner, unpickle it (a loaded host imports slowly)
 PLAN_TIMEOUT_S = 600.0  # one batch planned (128k documents plan in seconds: this only stops a hang)
@@ -58,19 +58,22 @@ class PlanProcess:
     (or raises the planner's own error for it); ``drop(seq)`` tells the worker to skip a batch
     (and every earlier one) it has not begun; ``close()`` stops and joins it."""
 
-    def __init__(self, planner, start_timeout_s: float = START_TIMEOUT_S, plan_timeout_s: float = PLAN_TIMEOUT_S):
+    def __init__(self, planner, start_timeout_s: float = START_TIMEOUT_S, plan_timeout_s: float = PLAN_TIMEOUT_S,
+                 digests: bool = False):
+        """``digests``: the worker also sends each Plan's digest (plan_share.py broadcasts it with
+        the Plan's bytes; hashing there keeps it off the training process)."""
         import multiprocessing as mp
 
         self.start_timeout_s, self.plan_timeout_s = start_timeout_s, plan_timeout_s
         self._seq = 0
-        self._replies: Dict[int, Tuple[str, bytes]] = {}  # answered, not yet taken (raw bytes)
+        self._replies: Dict[int, Tuple[str, bytes, str]] = {}  # answered, not yet taken (raw bytes, digest)
         self._ready = False
         try:
             ctx = mp.get_context("spawn")
             self._requests, self._answers = ctx.Queue(), ctx.Queue()
             self._floor = ctx.RawValue("q", -1)  # batches numbered <= floor were dropped: skip them
             self._proc = ctx.Process(target=_serve, name="zeppelin-plan-ahead",
-                                     args=(planner, self._requests, self._answers, self._floor, os.getpid()),
+                                     args=(planner, self._requests, self._answers, self._floor, os.getpid(), digests),
                                      daemon=True)  # never outlives the run, even one that skips close()
             with _main_hidden():
                 self._proc.start()  # pickles the planner: a planner that does not pickle fails here
@@ -95,27 +98,34 @@ class PlanProcess:
 
     def result(self, seq: int, key: Sequence[int]):
         """The Plan of batch ``seq`` (its lengths ``key``, for the error messages)."""
-        asked = time.monotonic()
-        while seq not in self._replies:
-            try:
-                msg = self._answers.get(timeout=POLL_S)
-            except queue.Empty:
-                self._check(seq, key, asked)
-                continue
-            self._keep(msg)
-        kind, payload = self._replies.pop(seq)
+        kind, payload, _ = self.result_bytes(seq, key)
         obj = pickle.loads(payload)
         if kind == "error":
             raise obj
         return obj
 
+    def result_bytes(self, seq: int, key: Sequence[int], stop: Optional[Callable[[], bool]] = None):
+        """Batch ``seq``'s answer as it came: ("plan", pickled Plan, its digest or "") or ("error",
+        pickled exception, ""); None if ``stop()`` turns true first (checked every ``POLL_S``)."""
+        asked = time.monotonic()
+        while seq not in self._replies:
+            try:
+                msg = self._answers.get(timeout=POLL_S)
+            except queue.Empty:
+                if stop is not None and stop():
+                    return None
+                self._check(seq, key, asked)
+                continue
+            self._keep(msg)
+        return self._replies.pop(seq)
+
     def _keep(self, msg) -> None:
         if msg[0] == "ready":
             self._ready = True
             return
-        kind, got, payload = msg
+        kind, got, payload, digest = msg
         if got > self._floor.value:  # a dropped batch's answer is nobody's
-            self._replies[got] = (kind, payload)
+            self._replies[got] = (kind, payload, digest)
 
     def _check(self, seq: int, key, asked: float) -> None:
         now = time.monotonic()
@@ -179,11 +189,11 @@ def _main_hidden():
             sys.modules["__main__"] = main
 
 
-def _serve(planner, requests, answers, floor, parent: int) -> None:
-    """The worker: plan each request in order, answer with the pickled Plan (or the pickled
-    error), until the stop message or the parent's death. It is a process of its own, so its
-    garbage collector can stay off while it plans (the planner allocates many objects and no
-    cycles) and run between batches."""
+def _serve(planner, requests, answers, floor, parent: int, digests: bool = False) -> None:
+    """The worker: plan each request in order, answer with the pickled Plan (and its digest, with
+    ``digests``) or the pickled error, until the stop message or the parent's death. It is a
+    process of its own, so its garbage collector can stay off while it plans (the planner
+    allocates many objects and no cycles) and run between batches."""
     gc.disable()
     answers.put(("ready",))
     while True:
@@ -199,9 +209,11 @@ def _serve(planner, requests, answers, floor, parent: int) -> None:
         if seq <= floor.value:  # dropped before it began
             continue
         try:
-            answers.put(("plan", seq, pickle.dumps(planner.plan(list(key)), protocol=pickle.HIGHEST_PROTOCOL)))
+            plan = planner.plan(list(key))
+            answers.put(("plan", seq, pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL),
+                         plan.digest() if digests else ""))
         except Exception as e:  # the planner's error for this batch: raised where the step takes it
-            answers.put(("error", seq, _pickled_error(e)))
+            answers.put(("error", seq, _pickled_error(e), ""))
         gc.collect()
     answers.cancel_join_thread()  # exit now, even if nobody reads what is left
 

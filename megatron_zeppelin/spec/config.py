@@ -19,10 +19,21 @@ from megatron_zeppelin.spec.recompute import Recompute
 from megatron_zeppelin.spec.words import Accumulation, Comm, Routing, StrategyName
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Optional, Tuple
 
 ROUTING = tuple(r.value for r in Routing)  # the plain words: --zeppelin-routing's choices
 ACCUMULATION = tuple(a.value for a in Accumulation)  # --zeppelin-accumulation's choices
+
+
+
+class PlanSharing(StrEnum):
+    """Who plans each global micro-batch (``--zeppelin-plan-sharing``; integration/plan_share.py)."""
+    EVERY_RANK = "every-rank"  # every rank of the domain plans it (the same plan: planning is pure)
+    ONE_PER_DOMAIN = "one-per-domain"  # the domain's rank 0 plans it and broadcasts the Plan
+
+
+PLAN_SHARING = tuple(m.value for m in PlanSharing)  # --zeppelin-plan-sharing's choices
 
 # What --zeppelin-strategy accepts, in the order of tables and --compare: the words of StrategyName
 # (spec/words.py). The planner's registry (planner/strategies.py) holds one strategy under each name.
@@ -64,6 +75,9 @@ class ZeppelinConfig:
     relay_chunk_bytes: Optional[int] = None
     debug_plan: bool = False  # --zeppelin-debug-plan: compare plan digests across ranks every step
     plan_ahead: bool = True  # --zeppelin-plan-ahead / --no-zeppelin-plan-ahead: plan batch k+1 while k trains
+    # --zeppelin-plan-sharing: every rank plans each batch, or one rank per domain plans and
+    # broadcasts it (the flag's default follows --zeppelin-plan-ahead: integration/args.py)
+    plan_sharing: PlanSharing = PlanSharing.ONE_PER_DOMAIN
     # --zeppelin-plan-budget-ms: what Zeppelin's search may spend after its partitioner (in work
     # units at PLAN_RATE_UNITS_PER_S); 0 = 10% of the predicted iteration, at least 50 ms
     plan_budget_ms: float = 0.0
@@ -116,6 +130,10 @@ class ZeppelinConfig:
             raise ConfigError(f"unknown accumulation '{self.accumulation}' (set --zeppelin-accumulation to one of "
                               f"{', '.join(ACCUMULATION)})")
         object.__setattr__(self, "accumulation", Accumulation(self.accumulation))
+        if self.plan_sharing not in PLAN_SHARING:
+            raise ConfigError(f"unknown plan sharing '{self.plan_sharing}' (set --zeppelin-plan-sharing to one of "
+                              f"{', '.join(PLAN_SHARING)})")
+        object.__setattr__(self, "plan_sharing", PlanSharing(self.plan_sharing))
         object.__setattr__(self, "gpu_nic_map", tuple(int(x) for x in self.gpu_nic_map))
         object.__setattr__(self, "recompute", Recompute.parse(self.recompute))
 
