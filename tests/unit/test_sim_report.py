@@ -67,6 +67,27 @@ def test_speedup_bars_stack_wide_studies(tmp_path):
     assert three[0] > 2.5 * one[0] and three[1] < 1.2 * one[1]  # three panels high, as wide as one
 
 
+def test_speedup_bars_keep_zeppelins_variants_apart(tmp_path):
+    """Zeppelin's own variants (joint assignment, the partitioner alone) are drawn in a panel of their
+    own below the baselines', never as bars beside them: the same study with them is two panels high."""
+    import matplotlib.image as mpimg
+
+    from megatron_zeppelin.plots.matrix import speedup_bars
+
+    def recs(variants):
+        return [{"study": "s", "key": f"k{i}", "label": f"config {i}", "variant": v, "iteration_s": t}
+                for i in range(4) for v, t in (("zeppelin", 1.0), *variants)]
+    base = (("static_cp", 1.2), ("hybrid_dp", 1.1))
+    heights = {}
+    for name, variants in (("bases", base), ("both", base + (("zeppelin+joint", 0.9), ("zeppelin-partitioner", 1.3))),
+                           ("only_variants", (("zeppelin+joint", 0.9),))):
+        path = str(tmp_path / f"{name}.png")
+        speedup_bars(recs(variants), path, study="s")
+        heights[name] = mpimg.imread(path).shape[0]
+    assert heights["both"] > 1.8 * heights["bases"]
+    assert heights["only_variants"] < 1.2 * heights["bases"]
+
+
 def test_a_study_shows_its_own_figures_only():
     """"speedup bars: memory" belongs to the study `memory`, not to `ablation_memory` or
     `balance_memory`, whose names end the same."""
