@@ -177,7 +177,8 @@ def run(args) -> int:
     print(f"{len(items)} configuration(s), runs of {', '.join(sorted({str(it[0].batches) for it in items}))} "
           f"batch(es), simulated in {time.perf_counter() - t0:.0f} s")
     by_study = summarize_by_study(records)
-    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")])
+    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")
+                         and r.get("gpu_term_off", "nothing") == "nothing"])
     print_summary(sys.stdout, {"all (ablations excluded)": overall, **by_study})
     if args.json:
         cmd = command_line(args)
@@ -230,7 +231,8 @@ def run_studies(args, items, matrix_path: str, opts) -> int:
         except OSError as e:
             raise ZeppelinError(f"cannot write {one.csv}: {e.strerror}") from None
         paths.append(path)
-    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")])
+    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")
+                         and r.get("gpu_term_off", "nothing") == "nothing"])
     print_summary(sys.stdout, {"all (ablations excluded)": overall})
     if args.report:
         from megatron_zeppelin.commands import report

@@ -146,11 +146,12 @@ def _doc(matrix: str, records) -> dict:
     """The report's results document: the runs, the headline (reports/headline.py), the overall
     summary (every study but the ablations, whose baselines are not at their best setting, those
     planning Zeppelin with --zeppelin-balance-memory, a different Zeppelin, and runs planned with a
-    perturbed profile), one summary per regime, and per study."""
+    perturbed profile or with a GPU cost term off), one summary per regime, and per study."""
     from megatron_zeppelin.reports.headline import headline
     from megatron_zeppelin.sim.matrix import summarize, summarize_by_study
     best = [r for r in records if not r["study"].startswith("ablation") and not r.get("balance_memory")
-            and not r.get("profile_error")]  # a run planned with a wrong profile (robustness) is its own study
+            and not r.get("profile_error")  # a run planned with a wrong profile (robustness) is its own study
+            and r.get("gpu_term_off", "nothing") == "nothing"]  # so is one with a GPU cost term off
     overall = summarize(best)
     regimes = {}
     for title, member in REGIMES:

@@ -207,6 +207,37 @@ def _robustness(runs: List[dict], study: str) -> List[str]:
     return L
 
 
+def _gpu_terms(runs: List[dict], study: str) -> List[str]:
+    """A study run with each GPU cost term off in turn (sim/gpu_terms.py): per term, Zeppelin's deployed
+    mean speedup over each baseline and the best deployed one, its mean iteration and its ratio to the
+    lower bound, so the page shows which term moves which speedup."""
+    from megatron_zeppelin.sim.gpu_terms import NOTHING, TERMS
+    from megatron_zeppelin.sim.matrix import BEST, baselines, summarize
+    mine = [r for r in runs if r["study"] == study]
+    if not any(r.get("gpu_term_off", NOTHING) != NOTHING for r in mine):
+        return []
+    terms = [t for t in TERMS if any(r.get("gpu_term_off", NOTHING) == t for r in mine)]
+    sums = {t: summarize([r for r in mine if r.get("gpu_term_off", NOTHING) == t])["summary"] for t in terms}
+    bases = sorted({b for s in sums.values() for b in baselines(s) if b != BEST})
+    rows = []
+    for t in terms:
+        s = sums[t]
+        zs = [r["iteration_s"] for r in mine
+              if r.get("gpu_term_off", NOTHING) == t and r["variant"] == "zeppelin" and r.get("iteration_s")]
+        lb = (s.get("zeppelin_lower_bound") or {}).get("mean")
+        name = "every term on (the preset)" if t == NOTHING else "every term off" if t == "every" else f"{t} off"
+        rows.append([name] + [_x(((s.get(b) or {}).get("deployed") or {}).get("mean_speedup")) for b in bases + [BEST]]
+                    + [fmt_s(sum(zs) / len(zs)) if zs else "-", f"{lb:.3f}" if lb else "-"])
+    configs = len({r["key"] for r in mine if r.get("gpu_term_off", NOTHING) == NOTHING})
+    return ["", f"GPU cost terms (docs/simulator.md, \"GPU cost terms\"): the same {configs} configuration(s) with "
+                "each term of the profile off in turn, in the plan and in the simulation alike (sim/gpu_terms.py: "
+                "per_call, per-kernel-call pricing; full, the full-block tables; tile, the rate below the tile "
+                "size; launch, the per-call launch cost; message, the per-message overhead; contention, the SM "
+                "contention of overlapped NCCL kernels). Zeppelin's deployed mean speedup over each baseline, its "
+                "mean iteration (s) and its ratio to the lower bound:", ""] + _table(
+        ["profile"] + bases + ["best deployed baseline", "Zeppelin (s)", "Zeppelin / lower bound"], rows)
+
+
 def _scaling(runs: List[dict], study: str = "scaling") -> List[str]:
     recs = [r for r in runs if r["study"] == study and not r.get("error") and r.get("iteration_s")]
     if not recs:
@@ -267,6 +298,7 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
         L += pipeline_section(runs, study)
         L += _against_default(runs, study)
         L += _robustness(runs, study)
+        L += _gpu_terms(runs, study)
         for name, path in figures.items():
             if name.split(": ")[-1] == study:  # "speedup bars: memory" is not ablation_memory's
                 L += ["", f"![{name}]({path})"]

@@ -100,3 +100,22 @@ def test_a_study_shows_its_own_figures_only():
     for s in studies:
         section = text.split(f"## Study `{s}`")[1].split("## Study")[0]
         assert section.count("![speedup bars") == 1 and f"(figures/speedup_{s}.png)" in section
+
+
+def test_gpu_terms_table_has_a_row_per_term():
+    """A study run with GPU cost terms off (sim/gpu_terms.py) gets one row per term, in the module's
+    order, with Zeppelin's speedup over each baseline under that profile."""
+    from megatron_zeppelin.reports.matrix import _gpu_terms
+
+    def rec(term, v, t):
+        key = f"g/a800/x{'' if term == 'nothing' else '/no-' + term}"
+        return {"study": "g", "key": key, "variant": v, "iteration_s": t, "lower_bound_s": 1.0, "error": "",
+                "oracle_iteration_s": t, "gpu_term_off": term}
+    runs = [rec(term, v, t * k) for k, term in ((1.0, "nothing"), (1.1, "full"), (1.0, "every"))
+            for v, t in (("zeppelin", 2.0), ("static_cp", 3.0))]
+    runs[-1]["iteration_s"] = 4.0  # static_cp with every term off: 2.0x
+    text = "\n".join(_gpu_terms(runs, "g"))
+    rows = [l for l in text.splitlines() if l.startswith("| ") and "profile" not in l]
+    assert [r.split(" | ")[0] for r in rows] == ["| every term on (the preset)", "| full off", "| every term off"]
+    assert rows[0].split(" | ")[1:3] == ["1.50x", "1.50x"] and rows[2].split(" | ")[1] == "2.00x"
+    assert _gpu_terms([r for r in runs if r["gpu_term_off"] == "nothing"], "g") == []
