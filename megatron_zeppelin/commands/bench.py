@@ -41,6 +41,9 @@ def add_parser(subparsers):
                    help="with --report: its figure folder (default: figures/ beside the report)")
     p.add_argument("--validation", metavar="FILE",
                    help="with --report: the CPU validation JSON to include (`zeppelin bench --validate-cpu --json`)")
+    p.add_argument("--previous", metavar="FILE",
+                   help="with --report: the previous report's results.json to quote beside the new summary "
+                        "(default: the --figures folder's)")
     p.add_argument("--shard", metavar="K/N", default="",
                    help="run only the K-th of N shares of the configurations (every N-th, from the K-th; "
                         "1 <= K <= N), to split a long study over processes or jobs: `zeppelin report "
@@ -242,7 +245,8 @@ def run_studies(args, items, matrix_path: str, opts) -> int:
                          + [f"--jobs {args.jobs}", f"--out-dir {args.out_dir}", f"--report {args.report}",
                             f"--figures {figures}"] + ([f"--validation {args.validation}"] if args.validation else []))
         report.run(Namespace(matrix=args.matrix, results=paths, validation=args.validation, out=args.report,
-                             figures=figures, no_progress=True, debug=args.debug, made_with=whole))
+                             figures=figures, no_progress=True, debug=args.debug, made_with=whole,
+                             previous=args.previous, took_s=time.perf_counter() - t0))
     print(f"total {time.perf_counter() - t0:.0f} s ({len(items)} configurations, --jobs {args.jobs})")
     return 0
 

@@ -48,6 +48,9 @@ def add_parser(subparsers):
     p.add_argument("--validation", metavar="FILE", help="validation JSON (`zeppelin bench --validate-cpu --json`) to include")
     p.add_argument("--out", default="docs/results.md", help="report path (default docs/results.md)")
     p.add_argument("--figures", default="docs/figures", help="figure folder (default docs/figures)")
+    p.add_argument("--previous", metavar="FILE", default=None,
+                   help="the previous report's results.json, whose summary the report quotes beside its own "
+                        "(default: the --figures folder's, read before it is replaced)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (default: a bar on a terminal, else a line per finished configuration)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
@@ -197,6 +200,9 @@ def run(args) -> int:
         records = run_matrix(items, None, progress=Progress.for_stream(args.no_progress))
         doc = _doc(path, records)
         commands = [me]
+    from megatron_zeppelin.reports import previous as prev
+    prev_path = getattr(args, "previous", None) or os.path.join(args.figures, "results.json")
+    before = prev.load(prev_path)  # read before this report's results.json replaces it
     os.makedirs(args.figures, exist_ok=True)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     rel = os.path.relpath(os.path.abspath(args.figures), out_dir)
@@ -220,11 +226,18 @@ def run(args) -> int:
             commands.insert(len(commands) - 1, written_to(validation["command"], args.validation))
     if getattr(args, "made_with", None):  # `zeppelin bench --out-dir --report`: the one command that ran all below
         commands.insert(0, f"{args.made_with}   # runs all of the following:")
+    made = ""
+    if getattr(args, "made_with", None) and getattr(args, "took_s", None):  # the one command, and how long it took
+        from megatron_zeppelin.sim.matrix import clock_text
+        made = (f"Regenerate every table below with one command, writing only under its --out-dir, report and "
+                f"figures: `{args.made_with}` (its simulations took {clock_text(args.took_s)} for this report, on a "
+                f"machine of {os.cpu_count()} CPU cores).")
     try:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
             json.dump(_rounded(doc), f, separators=(",", ":"), default=float)  # every run of every study
         with open(args.out, "w") as f:
-            f.write(render(doc, commands, figs, validation, notes=(_NOTES + _coverage(doc)) if paper else ""))
+            f.write(render(doc, commands, figs, validation, notes=(_NOTES + _coverage(doc) + _cuts(doc)) if paper else "",
+                           previous=(before, prev_path) if before else None, made=made))
     except OSError as e:
         raise ZeppelinError(f"cannot write the report: {e}") from None
     print(f"wrote {args.out} and {len(figs)} figures in {args.figures}")
@@ -242,6 +255,16 @@ def _coverage(doc: dict) -> str:
         return ""
     return (f"\n\nStudies in this report: {', '.join(have)}; not run for it: {', '.join(missing)} "
             "(too slow for the machine this report was made on; `zeppelin bench` without --studies runs them all).")
+
+
+def _cuts(doc: dict) -> str:
+    """What the project matrix's studies cut (their ``cut`` text) and what it costs (reports/cuts.py)."""
+    from megatron_zeppelin.reports.cuts import render as render_cuts
+    from megatron_zeppelin.sim.matrix import load_matrix
+    _, matrix = load_matrix(None)
+    have = {r["study"] for r in doc["runs"]}
+    cuts = {s: st["cut"] for s, st in matrix["studies"].items() if st.get("cut") and s in have}
+    return "\n\n" + render_cuts(doc["runs"], cuts)
 
 
 _NOTES = """What the simulator models (megatron_zeppelin/sim/): the Plan's own schedule ops on per-GPU NVLink
