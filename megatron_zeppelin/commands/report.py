@@ -148,13 +148,16 @@ REGIMES = (("global batches with gradient accumulation (several micro-batches pe
 def _doc(matrix: str, records) -> dict:
     """The report's results document: the runs, the headline (reports/headline.py), the overall
     summary (every study but the ablations, whose baselines are not at their best setting, those
-    planning Zeppelin with --zeppelin-balance-memory, a different Zeppelin, and runs planned with a
-    perturbed profile or with a GPU cost term off), one summary per regime, and per study."""
+    planning Zeppelin with --zeppelin-balance-memory, a different Zeppelin, runs planned with a perturbed
+    profile or with a GPU cost term off, and the check of the cuts' batches), one summary per regime, and
+    per study."""
+    from megatron_zeppelin.reports.cuts import LONG, SHORT
     from megatron_zeppelin.reports.headline import headline
     from megatron_zeppelin.sim.matrix import summarize, summarize_by_study
     best = [r for r in records if not r["study"].startswith("ablation") and not r.get("balance_memory")
             and not r.get("profile_error")  # a run planned with a wrong profile (robustness) is its own study
-            and r.get("gpu_term_off", "nothing") == "nothing"]  # so is one with a GPU cost term off
+            and r.get("gpu_term_off", "nothing") == "nothing"  # so is one with a GPU cost term off
+            and r["study"] not in (LONG, SHORT)]  # the cut's check repeats configurations: counted once elsewhere
     overall = summarize(best)
     regimes = {}
     for title, member in REGIMES:
