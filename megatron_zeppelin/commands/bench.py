@@ -246,7 +246,7 @@ def run_studies(args, items, matrix_path: str, opts) -> int:
                             f"--figures {figures}"] + ([f"--validation {args.validation}"] if args.validation else []))
         report.run(Namespace(matrix=args.matrix, results=paths, validation=args.validation, out=args.report,
                              figures=figures, no_progress=True, debug=args.debug, made_with=whole,
-                             previous=args.previous, took_s=time.perf_counter() - t0))
+                             previous=args.previous, started=t0))
     print(f"total {time.perf_counter() - t0:.0f} s ({len(items)} configurations, --jobs {args.jobs})")
     return 0
 

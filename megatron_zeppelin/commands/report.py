@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import time
 
 from megatron_zeppelin.errors import ZeppelinError
 
@@ -230,11 +231,11 @@ def run(args) -> int:
     if getattr(args, "made_with", None):  # `zeppelin bench --out-dir --report`: the one command that ran all below
         commands.insert(0, f"{args.made_with}   # runs all of the following:")
     made = ""
-    if getattr(args, "made_with", None) and getattr(args, "took_s", None):  # the one command, and how long it took
+    if getattr(args, "made_with", None) and getattr(args, "started", None):  # the one command, and how long it took
         from megatron_zeppelin.sim.matrix import clock_text
         made = (f"Regenerate every table below with one command, writing only under its --out-dir, report and "
-                f"figures: `{args.made_with}` (its simulations took {clock_text(args.took_s)} for this report, on a "
-                f"machine of {os.cpu_count()} CPU cores).")
+                f"figures: `{args.made_with}` (it took {clock_text(time.perf_counter() - args.started)} for this "
+                f"report, simulations and figures, on a machine of {os.cpu_count()} CPU cores).")
     try:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
             json.dump(_rounded(doc), f, separators=(",", ":"), default=float)  # every run of every study

@@ -292,8 +292,8 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
     attrib = _attribution(studies)
     if attrib:
         L += ["", "## Attribution: the partitioner or a baseline's shape", ""] + attrib
-    first = ("accumulation", "accumulation_4m", "accumulation_70b", "pipeline", "memory", "memory_scaling", "ablation_memory", "main",
-             "context", "scaling", "ablation")
+    first = ("accumulation", "accumulation_4m", "accumulation_70b", "pipeline", "memory", "memory_scaling",
+             "ablation_memory", "main", "context", "scaling", "ablation")
     for study in [s for s in first if s in studies] + [s for s in studies if s not in first]:
         variants = sorted({r["variant"] for r in runs if r["study"] == study}, key=lambda v: (v != "zeppelin", v))
         L += ["", f"## Study `{study}`", "", "Speedup of Zeppelin over each baseline:", ""]
