@@ -11,8 +11,10 @@ shared machine the wall clock measures the others' load as much as ours) and its
 simulating (the records' plan_s / sim_s, wall seconds per batch and setting, summed). A study's estimate
 is the measured CPU per unit of size x the study's whole size (every configuration's size x its own
 batches / the measured batches): a ratio estimate, which assumes CPU grows with tokens planned. Rows
-merge into ``--out`` (a study measured again replaces its row), with the command that made them.
-``table`` prints, and records under ``--label``, every study's estimate for the matrix as it stands (or
+merge into ``--out`` (a study measured again replaces its rows; with ``--per-dataset`` each dataset's
+median-size configuration is timed and added to them), with the command that made them.
+``checked --studies S[:K/N] --batches N --cpu-s X --how CMD`` records a slice's estimate beside the CPU
+seconds a real run of it took. ``table`` prints, and records under ``--label``, every study's estimate for the matrix as it stands (or
 ``--matrix``: `--matrix <main's paper.yaml> --label before_cuts` for the matrix before the cuts) and the
 totals: all, and with planning twice as fast (the planning share halved). The first ``measure`` of
 results/report/cost.json picked its configurations by sim/matrix.py ``_work`` (tokens x nodes), the
@@ -53,8 +55,15 @@ def _load(path):
         return {"note": __doc__.strip(), "studies": {}}
 
 
-def picks(items):
-    """The configurations timed: the median-size one and the largest (one if they coincide)."""
+def picks(items, per_dataset: bool = False):
+    """The configurations timed: the median-size one and the largest (one if they coincide); with
+    ``per_dataset``, each dataset's median-size one instead (a study whose cost the dataset sets)."""
+    if per_dataset:
+        out = []
+        for ds in dict.fromkeys(it[0].dataset for it in items):
+            by = sorted((it for it in items if it[0].dataset == ds), key=size)
+            out.append(by[(len(by) - 1) // 2])
+        return out
     by = sorted(items, key=size)
     chosen = [by[(len(by) - 1) // 2], by[-1]]
     return chosen[:1] if chosen[0] is chosen[1] else chosen
@@ -67,8 +76,9 @@ def measure(args):
     want = [s for s in args.studies.split(",") if s] if args.studies else studies
     for study in want:
         mine = [it for it in items if it[0].study == study]
-        runs = []
-        for spec, variants, cps in picks(mine):
+        runs = [t for t in doc["studies"].get(study, {}).get("timed", [])] if args.per_dataset else []
+        done = {t["key"] for t in runs}
+        for spec, variants, cps in [it for it in picks(mine, args.per_dataset) if it[0].key() not in done]:
             b = min(args.batches, spec.batches)
             one = replace(spec, batches=b)
             c0, t0 = _cpu(), time.perf_counter()
@@ -140,13 +150,44 @@ def table(args, label: str = "estimate"):
         json.dump(doc, f, indent=1)
 
 
+def checked(args):
+    """Record a slice's estimate beside the CPU seconds a real `zeppelin bench` run of it took (read off
+    `/usr/bin/time`): how far the ratio estimate is off. ``--studies`` names the slice (``S`` or
+    ``S:K/N``, comma-separated), ``--batches`` its batches (0: each study's own)."""
+    doc = _load(args.out)
+    items, _ = load_matrix(args.matrix)
+    rates = {}
+    for study in dict.fromkeys(it[0].study for it in items):
+        timed = [t for t in doc.get("studies", {}).get(study, {}).get("timed", []) if "size_per_batch" in t]
+        if timed:
+            rates[study] = sum(t["cpu_s_per_batch"] for t in timed) / sum(t["size_per_batch"] for t in timed)
+    est = 0.0
+    for part in args.studies.split(","):
+        study, _, shard = part.partition(":")
+        mine = [it for it in items if it[0].study == study]
+        if shard:
+            k, n = (int(x) for x in shard.split("/"))
+            mine = mine[k - 1::n]
+        est += sum(rates[study] * size(it) * (args.batches or it[0].batches) for it in mine)
+    doc.setdefault("checks", []).append({"slice": args.studies, "batches": args.batches or "own",
+                                         "estimated_cpu_s": round(est), "measured_cpu_s": args.cpu_s,
+                                         "measured_by": args.how})
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"{args.studies}: estimated {est:.0f} CPU s, measured {args.cpu_s:.0f}")
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("measure", "table"))
+    p.add_argument("what", choices=("measure", "table", "checked"))
+    p.add_argument("--cpu-s", type=float, default=0.0, help="checked: the run's user + system CPU seconds")
+    p.add_argument("--how", default="", help="checked: the command that ran the slice")
     p.add_argument("--matrix", default=None)
     p.add_argument("--studies", default="")
     p.add_argument("--batches", type=int, default=1)
+    p.add_argument("--per-dataset", action="store_true",
+                   help="measure: time each dataset's median configuration too, kept beside the study's rows")
     p.add_argument("--out", default="results/report/cost.json")
     p.add_argument("--label", default="estimate", help="table: record the estimate under this name")
     a = p.parse_args()
-    measure(a) if a.what == "measure" else table(a, a.label)
+    {"measure": measure, "checked": checked}.get(a.what, lambda x: table(x, x.label))(a)
