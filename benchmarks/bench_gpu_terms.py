@@ -27,18 +27,12 @@ import os
 import time
 from dataclasses import replace
 
+from megatron_zeppelin.sim.gpu_terms import OFF as TERM_OFF
 from megatron_zeppelin.sim.matrix import load_matrix, run_matrix, summarize, Progress
 from megatron_zeppelin.spec.hardware import load_profile
 
-OFF = {
-    "per_call": dict(attn_by_sequence=False),
-    "full": dict(attn_full_fwd_tflops=(), attn_full_bwd_tflops=()),
-    "tile": dict(attn_tile_tokens=0),
-    "launch": dict(attn_call_fwd_us=0.0, attn_call_bwd_us=0.0),
-    "message": dict(message_us=0.0),
-    "contention": dict(overlap_slowdown=0.0),
-}
-OFF["none"] = {k: v for d in OFF.values() for k, v in d.items()}
+# The terms as the matrix's `gpu_terms` study turns them off (sim/gpu_terms.py); "none": every term off.
+OFF = {**{k: v for k, v in TERM_OFF.items() if k != "every"}, "none": TERM_OFF["every"]}
 
 
 def _profile_path(cluster: str, term: str, folder: str) -> str:

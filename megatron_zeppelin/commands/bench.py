@@ -41,6 +41,9 @@ def add_parser(subparsers):
                    help="with --report: its figure folder (default: figures/ beside the report)")
     p.add_argument("--validation", metavar="FILE",
                    help="with --report: the CPU validation JSON to include (`zeppelin bench --validate-cpu --json`)")
+    p.add_argument("--previous", metavar="FILE",
+                   help="with --report: the previous report's results.json to quote beside the new summary "
+                        "(default: the --figures folder's)")
     p.add_argument("--shard", metavar="K/N", default="",
                    help="run only the K-th of N shares of the configurations (every N-th, from the K-th; "
                         "1 <= K <= N), to split a long study over processes or jobs: `zeppelin report "
@@ -177,7 +180,8 @@ def run(args) -> int:
     print(f"{len(items)} configuration(s), runs of {', '.join(sorted({str(it[0].batches) for it in items}))} "
           f"batch(es), simulated in {time.perf_counter() - t0:.0f} s")
     by_study = summarize_by_study(records)
-    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")])
+    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")
+                         and r.get("gpu_term_off", "nothing") == "nothing"])
     print_summary(sys.stdout, {"all (ablations excluded)": overall, **by_study})
     if args.json:
         cmd = command_line(args)
@@ -230,7 +234,8 @@ def run_studies(args, items, matrix_path: str, opts) -> int:
         except OSError as e:
             raise ZeppelinError(f"cannot write {one.csv}: {e.strerror}") from None
         paths.append(path)
-    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")])
+    overall = summarize([r for r in records if not r["study"].startswith("ablation") and not r.get("profile_error")
+                         and r.get("gpu_term_off", "nothing") == "nothing"])
     print_summary(sys.stdout, {"all (ablations excluded)": overall})
     if args.report:
         from megatron_zeppelin.commands import report
@@ -240,7 +245,8 @@ def run_studies(args, items, matrix_path: str, opts) -> int:
                          + [f"--jobs {args.jobs}", f"--out-dir {args.out_dir}", f"--report {args.report}",
                             f"--figures {figures}"] + ([f"--validation {args.validation}"] if args.validation else []))
         report.run(Namespace(matrix=args.matrix, results=paths, validation=args.validation, out=args.report,
-                             figures=figures, no_progress=True, debug=args.debug, made_with=whole))
+                             figures=figures, no_progress=True, debug=args.debug, made_with=whole,
+                             previous=args.previous, started=t0))
     print(f"total {time.perf_counter() - t0:.0f} s ({len(items)} configurations, --jobs {args.jobs})")
     return 0
 

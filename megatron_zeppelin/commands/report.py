@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import time
 
 from megatron_zeppelin.errors import ZeppelinError
 
@@ -48,6 +49,9 @@ def add_parser(subparsers):
     p.add_argument("--validation", metavar="FILE", help="validation JSON (`zeppelin bench --validate-cpu --json`) to include")
     p.add_argument("--out", default="docs/results.md", help="report path (default docs/results.md)")
     p.add_argument("--figures", default="docs/figures", help="figure folder (default docs/figures)")
+    p.add_argument("--previous", metavar="FILE", default=None,
+                   help="the previous report's results.json, whose summary the report quotes beside its own "
+                        "(default: the --figures folder's, read before it is replaced)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (default: a bar on a terminal, else a line per finished configuration)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
@@ -145,12 +149,16 @@ REGIMES = (("global batches with gradient accumulation (several micro-batches pe
 def _doc(matrix: str, records) -> dict:
     """The report's results document: the runs, the headline (reports/headline.py), the overall
     summary (every study but the ablations, whose baselines are not at their best setting, those
-    planning Zeppelin with --zeppelin-balance-memory, a different Zeppelin, and runs planned with a
-    perturbed profile), one summary per regime, and per study."""
+    planning Zeppelin with --zeppelin-balance-memory, a different Zeppelin, runs planned with a perturbed
+    profile or with a GPU cost term off, and the check of the cuts' batches), one summary per regime, and
+    per study."""
+    from megatron_zeppelin.reports.cuts import LONG, SHORT
     from megatron_zeppelin.reports.headline import headline
     from megatron_zeppelin.sim.matrix import summarize, summarize_by_study
     best = [r for r in records if not r["study"].startswith("ablation") and not r.get("balance_memory")
-            and not r.get("profile_error")]  # a run planned with a wrong profile (robustness) is its own study
+            and not r.get("profile_error")  # a run planned with a wrong profile (robustness) is its own study
+            and r.get("gpu_term_off", "nothing") == "nothing"  # so is one with a GPU cost term off
+            and r["study"] not in (LONG, SHORT)]  # the cut's check repeats configurations: counted once elsewhere
     overall = summarize(best)
     regimes = {}
     for title, member in REGIMES:
@@ -196,6 +204,9 @@ def run(args) -> int:
         records = run_matrix(items, None, progress=Progress.for_stream(args.no_progress))
         doc = _doc(path, records)
         commands = [me]
+    from megatron_zeppelin.reports import previous as prev
+    prev_path = getattr(args, "previous", None) or os.path.join(args.figures, "results.json")
+    before = prev.load(prev_path)  # read before this report's results.json replaces it
     os.makedirs(args.figures, exist_ok=True)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     rel = os.path.relpath(os.path.abspath(args.figures), out_dir)
@@ -219,11 +230,18 @@ def run(args) -> int:
             commands.insert(len(commands) - 1, written_to(validation["command"], args.validation))
     if getattr(args, "made_with", None):  # `zeppelin bench --out-dir --report`: the one command that ran all below
         commands.insert(0, f"{args.made_with}   # runs all of the following:")
+    made = ""
+    if getattr(args, "made_with", None) and getattr(args, "started", None):  # the one command, and how long it took
+        from megatron_zeppelin.sim.matrix import clock_text
+        made = (f"Regenerate every table below with one command, writing only under its --out-dir, report and "
+                f"figures: `{args.made_with}` (it took {clock_text(time.perf_counter() - args.started)} for this "
+                f"report, simulations and figures, on a machine of {os.cpu_count()} CPU cores).")
     try:
         with open(os.path.join(args.figures, "results.json"), "w") as f:
             json.dump(_rounded(doc), f, separators=(",", ":"), default=float)  # every run of every study
         with open(args.out, "w") as f:
-            f.write(render(doc, commands, figs, validation, notes=(_NOTES + _coverage(doc)) if paper else ""))
+            f.write(render(doc, commands, figs, validation, notes=(_NOTES + _coverage(doc) + _cuts(doc)) if paper else "",
+                           previous=(before, prev_path) if before else None, made=made))
     except OSError as e:
         raise ZeppelinError(f"cannot write the report: {e}") from None
     print(f"wrote {args.out} and {len(figs)} figures in {args.figures}")
@@ -241,6 +259,16 @@ def _coverage(doc: dict) -> str:
         return ""
     return (f"\n\nStudies in this report: {', '.join(have)}; not run for it: {', '.join(missing)} "
             "(too slow for the machine this report was made on; `zeppelin bench` without --studies runs them all).")
+
+
+def _cuts(doc: dict) -> str:
+    """What the project matrix's studies cut (their ``cut`` text) and what it costs (reports/cuts.py)."""
+    from megatron_zeppelin.reports.cuts import render as render_cuts
+    from megatron_zeppelin.sim.matrix import load_matrix
+    _, matrix = load_matrix(None)
+    have = {r["study"] for r in doc["runs"]}
+    cuts = {s: st["cut"] for s, st in matrix["studies"].items() if st.get("cut") and s in have}
+    return "\n\n" + render_cuts(doc["runs"], cuts)
 
 
 _NOTES = """What the simulator models (megatron_zeppelin/sim/): the Plan's own schedule ops on per-GPU NVLink

@@ -47,7 +47,10 @@ BARS_PER_ROW = 24  # configurations per panel of speedup_bars
 
 
 def speedup_bars(records: Sequence[Dict], path: str, study: str = "main") -> None:
-    """Zeppelin's speedup over each baseline, per configuration (cluster/model/dataset)."""
+    """Zeppelin's speedup over each baseline, per configuration (cluster/model/dataset); Zeppelin's own
+    variants (sim/runs.py ABLATIONS: joint assignment, the partitioner alone, ...) in panels of their
+    own below, never among the baselines' bars."""
+    from megatron_zeppelin.sim.runs import ABLATIONS
     plt = _plt()
     by_key: Dict[str, Dict[str, float]] = defaultdict(dict)
     labels: Dict[str, str] = {}
@@ -58,26 +61,34 @@ def speedup_bars(records: Sequence[Dict], path: str, study: str = "main") -> Non
     keys = [k for k in sorted(by_key) if "zeppelin" in by_key[k]]
     if not keys:
         return
-    bases = sorted({v for k in keys for v in by_key[k] if v != "zeppelin"})
+    others = sorted({v for k in keys for v in by_key[k] if v != "zeppelin"})
+    groups = [(name, vs) for name, vs in (
+        ("baselines as deployed", [v for v in others if v not in ABLATIONS]),
+        ("Zeppelin's own variants (not baselines)", [v for v in others if v in ABLATIONS])) if vs]
+    if not groups:
+        return
     rows = [keys[i:i + BARS_PER_ROW] for i in range(0, len(keys), BARS_PER_ROW)]  # wide studies: stacked panels
-    width = max(8, 0.45 * len(rows[0]) * len(bases) / 3)
-    fig, axes = plt.subplots(len(rows), 1, figsize=(width, 4.5 * len(rows)), squeeze=False)
-    w = 0.8 / max(1, len(bases))
-    for n, (ax, row) in enumerate(zip(axes[:, 0], rows)):
+    panels = [(name, vs, row) for name, vs in groups for row in rows]
+    width = max(8, 0.45 * len(rows[0]) * max(len(vs) for _, vs in groups) / 3)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 4.5 * len(panels)), squeeze=False)
+    colour = {v: f"C{j}" for j, v in enumerate(others)}  # one colour per variant in every panel
+    for n, (ax, (name, bases, row)) in enumerate(zip(axes[:, 0], panels)):
+        w = 0.8 / len(bases)
         for j, b in enumerate(bases):
             xs = [i + j * w for i, k in enumerate(row) if b in by_key[k]]
             ys = [by_key[k][b] / by_key[k]["zeppelin"] for k in row if b in by_key[k]]
-            ax.bar(xs, ys, width=w, label=b, color=f"C{j}")  # one colour per baseline in every panel
+            ax.bar(xs, ys, width=w, label=b, color=colour[b])
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xticks([i + 0.4 - w / 2 for i in range(len(row))])
         ax.set_xticklabels([labels[k] for k in row], rotation=70, fontsize=7, ha="right")
         ax.set_xlim(-0.3, (BARS_PER_ROW if len(rows) > 1 else len(row)) - 0.1)
-        ax.set_ylabel("speedup of Zeppelin\n(baseline time / Zeppelin time)")
-        if n == 0:
-            ax.set_title(f"study '{study}': mean simulated iteration over each run, baselines as deployed")
+        ax.set_ylabel(f"speedup of Zeppelin\n({'variant' if name.startswith('Zeppelin') else 'baseline'} time / "
+                      "Zeppelin time)")
+        if n == 0 or panels[n - 1][0] != name:  # each group's first panel: its title and legend
+            ax.set_title(f"study '{study}': mean simulated iteration over each run, {name}")
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend beside the first panel
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend beside each group's first panel
     plt.close(fig)
 
 

@@ -53,6 +53,7 @@ def in_headline(r: Dict) -> bool:
     lo, hi = GLOBAL_BATCH_TOKENS
     return (accumulated(r) and not pipelined(r) and lo <= int(r.get("global_batch_tokens") or 0) <= hi
             and not r.get("profile_error") and not r.get("balance_memory")
+            and r.get("gpu_term_off", "nothing") == "nothing"
             and not str(r.get("study", "")).startswith("ablation"))
 
 

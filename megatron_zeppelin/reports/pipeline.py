@@ -13,6 +13,8 @@ micro-batch planned on one stage's DP ranks).
 '| 1 | 16 | 1 | 1.20x / 1.50x | 1.60x / 2.00x | 1.20x / 1.50x (min 1.20x, max 1.20x) | 1.250x |'
 >>> t[3]
 '| 2 | 8 | 1 | 1.50x | - | 1.50x (min 1.50x, max 1.50x) | - |'
+>>> iteration_table(runs, "pipeline")[2:]
+['| 1 | 1.00 (1) | 0.80 (1) | 1.20 (1) | 1.60 (1) |', '| 2 | 2.00 (1) | - | 3.00 (1) | - |']
 """
 
 from __future__ import annotations
@@ -79,6 +81,23 @@ def pipeline_table(runs: Sequence[Dict], study: str) -> List[str]:
             + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def iteration_table(runs: Sequence[Dict], study: str) -> List[str]:
+    """Rows per pipeline size: every variant's mean simulated iteration (s) over the configurations,
+    Zeppelin in data order and joint first, so a baseline faster than Zeppelin at some size shows as is
+    (its losses are also listed per configuration under the regime's summary)."""
+    from megatron_zeppelin.sim.runs import JOINT
+    by: Dict[int, Dict[str, List[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        if r["study"] == study and not r.get("error") and r.get("iteration_s"):
+            by[int(r.get("pipeline", 1) or 1)][r["variant"]].append(r["iteration_s"])
+    variants = sorted({v for p in by.values() for v in p}, key=lambda v: (v != "zeppelin", v != JOINT, v))
+    rows = [[str(pp)] + [(f"{_mean(by[pp][v]):.2f} ({len(by[pp][v])})" if by[pp][v] else "-") for v in variants]
+            for pp in sorted(by)]
+    head = ["PP"] + [f"{v} (s)" for v in variants]
+    return (["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def pipeline_section(runs: Sequence[Dict], study: str) -> List[str]:
     """The study section's pipeline part (none for a study without pipeline stages)."""
     if not is_pipeline_study(runs, study):
@@ -86,4 +105,7 @@ def pipeline_section(runs: Sequence[Dict], study: str) -> List[str]:
     return ["", "By pipeline size (1F1B; a stage's time is its slowest DP rank's, the bubble included): Zeppelin's "
                 "mean speedup over each baseline's iteration as deployed, and over the best deployed baseline of "
                 "each configuration, as `data order / joint` (`zeppelin` / `zeppelin+joint`):", ""] + \
-        pipeline_table(runs, study)
+        pipeline_table(runs, study) + \
+        ["", "Mean simulated iteration (s) by pipeline size, data order (`zeppelin`), joint (`zeppelin+joint`) "
+             "and each baseline as deployed (configurations completed in parentheses; a mean over different "
+             "configurations where a strategy ran out of memory in some):", ""] + iteration_table(runs, study)

@@ -15,6 +15,8 @@ micro-batch per iteration) makes each batch an iteration of Megatron's ``--globa
 count (at least one), gradient-accumulated (sim/runs.py). ``pipeline`` (stages, or a list that crosses;
 default 1) splits ``nodes`` into that many pipeline stages: every micro-batch is planned on one stage's
 DP ranks and the iteration runs them in Megatron's 1F1B (sim/iteration.py ``pipeline``).
+``gpu_term_off`` (a list that crosses; default ``nothing``) runs the study with one GPU cost term of
+its profile off (sim/gpu_terms.py): the report's GPU-terms table.
 
 >>> micro_batches(1 << 20, 4096, 16), micro_batches(4 << 20, 7000, 16), micro_batches(1000, 4096, 16)
 (16, 37, 1)
@@ -51,6 +53,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from megatron_zeppelin.spec.token_counts import parse_tokens  # noqa: F401 - one parser for every command
+from megatron_zeppelin.sim.gpu_terms import NOTHING, check
 from megatron_zeppelin.sim.iteration import SimOptions
 from megatron_zeppelin.sim.memory_fit import (MEMORY_FILL, MatrixError, batch_and_recompute,  # noqa: F401 -- re-exported
                                              memory_tokens)
@@ -122,9 +125,12 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
             # seed of profile_seeds (sim/perturb.py); seed 0 of a list means the true profile (the reference).
             err = float(st.get("profile_error", 0.0))
             perturb = [int(x) for x in st.get("profile_seeds", [0])] if err else [0]
-            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs, pp, pseed in itertools.product(
+            # The GPU-terms study: the same runs with one cost term of the profile off (sim/gpu_terms.py)
+            offs = st.get("gpu_term_off", [NOTHING])
+            offs = [check(str(x)) for x in (offs if isinstance(offs, list) else [offs])]
+            for cl, (model, tp), ds, ctx, nodes, per_gpu, gbs, pp, pseed, off in itertools.product(
                     st["clusters"], models, st["datasets"], st["context"], st["nodes"], per_gpus, globals_, stages,
-                    perturb):
+                    perturb, offs):
                 nodes = int(nodes)
                 if pp < 1 or nodes % pp:
                     raise MatrixError(f"{path}: study {study} has pipeline {pp} over {nodes} nodes: the stages "
@@ -141,7 +147,8 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
                 items.append((RunSpec(study, str(cl), model, tp, str(ds), ctx, nodes, per_tok, seed, cap,
                                       batches, rc, regime, balanced, gbs,
                                       micro_batches(gbs, per_tok, world) if gbs else 1, per_strategy, pp,
-                                      profile_error=err if pseed else 0.0, profile_seed=pseed),
+                                      profile_error=err if pseed else 0.0, profile_seed=pseed,
+                                      gpu_term_off=off),
                               variants, cps))
         except KeyError as e:
             raise MatrixError(f"{path}: study {study} misses {e} (clusters, models, datasets, context, nodes)") from None

@@ -65,6 +65,7 @@ from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.sim.attribution import count_kinds
 from megatron_zeppelin.sim.iteration import SimOptions, accumulate, pipeline, simulate
+from megatron_zeppelin.sim.gpu_terms import without
 from megatron_zeppelin.sim.perturb import factors, perturbed
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
@@ -108,6 +109,7 @@ class RunSpec:
     pipeline: int = 1  # pipeline stages over ``nodes`` (module doc); the domain is one stage's DP ranks
     profile_error: float = 0.0  # plan with the profile off by up to +-this per term (sim/perturb.py), simulate true
     profile_seed: int = 0  # the perturbation's seed (with profile_error)
+    gpu_term_off: str = "nothing"  # a GPU cost term turned off in the true profile (sim/gpu_terms.py)
 
     def key(self) -> str:
         regime = "/memory" if self.regime == "memory" else ""
@@ -116,8 +118,9 @@ class RunSpec:
         rc = "/rc-per-strategy" if self.recompute_per_strategy else ""
         err = f"/err{self.profile_error:g}-s{self.profile_seed}" if self.profile_error else ""
         pp = f"/pp{self.pipeline}" if self.pipeline > 1 else ""
+        off = f"/no-{self.gpu_term_off}" if self.gpu_term_off != "nothing" else ""
         return (f"{self.study}/{self.cluster}/{self.model}-tp{self.tp}/{self.dataset}/ctx{self.context // 1024}K/"
-                f"{self.nodes}n{pp}{regime}{balanced}{gbs}{rc}{err}/seed{self.seed}")
+                f"{self.nodes}n{pp}{regime}{balanced}{gbs}{rc}{err}{off}/seed{self.seed}")
 
     def label(self) -> str:
         """Short, distinguishable label for plots and tables."""
@@ -127,7 +130,9 @@ class RunSpec:
                if self.global_batch_tokens else "")
         err = f" err{self.profile_error:g}~{self.profile_seed}" if self.profile_error else ""
         pp = f" pp{self.pipeline}" if self.pipeline > 1 else ""
-        return f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{pp}{regime}{gbs}{err}"
+        off = f" no-{self.gpu_term_off}" if self.gpu_term_off != "nothing" else ""
+        return (f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{pp}{regime}{gbs}"
+                f"{err}{off}")
 
     @property
     def domain_nodes(self) -> int:
@@ -439,7 +444,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     settings. ``cp_sizes``: the CP sizes fixed-CP baselines may deploy (empty: every power of two).
     With ``spec.recompute_per_strategy`` a setting is (value, recompute) and the record's
     ``recompute`` is the deployed one's."""
-    profile, model = load_profile(spec.cluster), load_model(spec.model)
+    profile, model = without(load_profile(spec.cluster), spec.gpu_term_off), load_model(spec.model)
     # Every strategy plans with the profile it is given (off by spec.profile_error: sim/perturb.py);
     # the simulator times the plans with the true one.
     plan_profile = perturbed(profile, spec.profile_error, spec.profile_seed)

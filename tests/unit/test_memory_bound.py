@@ -122,7 +122,7 @@ def test_the_accumulation_study_takes_global_batches_and_leaves_the_others_alone
     from megatron_zeppelin.sim.runs import domain_topology
     from megatron_zeppelin.spec.hardware import load_profile
     items, _ = load_matrix("megatron_zeppelin/presets/runs/paper.yaml")
-    acc = [spec for spec, _, _ in items if spec.study == "accumulation"]
+    acc = [spec for spec, _, _ in items if spec.study in ("accumulation", "accumulation_4m")]
     assert {spec.global_batch_tokens for spec in acc} == {1 << 20, 4 << 20}
     assert {spec.model for spec in acc} == {"llama-7b", "llama-13b", "llama3-8b"}
     assert {spec.cluster for spec in acc} == {"a800", "h200"}
@@ -131,7 +131,8 @@ def test_the_accumulation_study_takes_global_batches_and_leaves_the_others_alone
         assert spec.regime == "memory" and spec.recompute_per_strategy and spec.micro_batches > 1
         assert spec.micro_batches == micro_batches(spec.global_batch_tokens, spec.tokens_per_gpu, world)
         assert abs(spec.micro_batches * spec.tokens_per_gpu * world / spec.global_batch_tokens - 1) < 0.1
-    # the studies of global batches: accumulation (and its 70B twin) and pipeline; the others take one
-    others = [spec for spec, _, _ in items if spec.study not in ("accumulation", "accumulation_70b", "pipeline")]
+    # the studies of global batches: accumulation (its 4M and 70B twins) and pipeline; the others take one
+    others = [spec for spec, _, _ in items
+              if spec.study not in ("accumulation", "accumulation_4m", "accumulation_70b", "pipeline")]
     assert all(s.micro_batches == 1 and not s.global_batch_tokens and not s.recompute_per_strategy for s in others)
     assert len({spec.key() for spec, _, _ in items}) == len(items)

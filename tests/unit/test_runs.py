@@ -1,6 +1,7 @@
 """Runs of batches with baselines as deployed, activation recompute, memory balance, and Zeppelin
 weighing the baselines' shapes (issue 14)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -143,7 +144,7 @@ def test_zeppelin_weighs_hybrid_dp_on_batches_of_many_documents_per_rank():
     topo = domain_topology(profile, spec.nodes, spec.tp)
     cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
                          gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp, recompute=spec.recompute)
-    lengths = run_lengths(spec, topo.world_size)[12]
+    lengths = run_lengths(dataclasses.replace(spec, batches=16), topo.world_size)[12]  # batch 12 of a 16-batch run
     assert SMALL_BATCH * topo.world_size < len(lengths) <= HYBRID_DOCS
     z = plan_batch(lengths, topo, profile, model, cfg, strategy="zeppelin").predicted_iteration_s
     h = plan_batch(lengths, topo, profile, model, cfg, strategy="hybrid_dp").predicted_iteration_s

@@ -67,6 +67,27 @@ def test_speedup_bars_stack_wide_studies(tmp_path):
     assert three[0] > 2.5 * one[0] and three[1] < 1.2 * one[1]  # three panels high, as wide as one
 
 
+def test_speedup_bars_keep_zeppelins_variants_apart(tmp_path):
+    """Zeppelin's own variants (joint assignment, the partitioner alone) are drawn in a panel of their
+    own below the baselines', never as bars beside them: the same study with them is two panels high."""
+    import matplotlib.image as mpimg
+
+    from megatron_zeppelin.plots.matrix import speedup_bars
+
+    def recs(variants):
+        return [{"study": "s", "key": f"k{i}", "label": f"config {i}", "variant": v, "iteration_s": t}
+                for i in range(4) for v, t in (("zeppelin", 1.0), *variants)]
+    base = (("static_cp", 1.2), ("hybrid_dp", 1.1))
+    heights = {}
+    for name, variants in (("bases", base), ("both", base + (("zeppelin+joint", 0.9), ("zeppelin-partitioner", 1.3))),
+                           ("only_variants", (("zeppelin+joint", 0.9),))):
+        path = str(tmp_path / f"{name}.png")
+        speedup_bars(recs(variants), path, study="s")
+        heights[name] = mpimg.imread(path).shape[0]
+    assert heights["both"] > 1.8 * heights["bases"]
+    assert heights["only_variants"] < 1.2 * heights["bases"]
+
+
 def test_a_study_shows_its_own_figures_only():
     """"speedup bars: memory" belongs to the study `memory`, not to `ablation_memory` or
     `balance_memory`, whose names end the same."""
@@ -79,3 +100,22 @@ def test_a_study_shows_its_own_figures_only():
     for s in studies:
         section = text.split(f"## Study `{s}`")[1].split("## Study")[0]
         assert section.count("![speedup bars") == 1 and f"(figures/speedup_{s}.png)" in section
+
+
+def test_gpu_terms_table_has_a_row_per_term():
+    """A study run with GPU cost terms off (sim/gpu_terms.py) gets one row per term, in the module's
+    order, with Zeppelin's speedup over each baseline under that profile."""
+    from megatron_zeppelin.reports.matrix import _gpu_terms
+
+    def rec(term, v, t):
+        key = f"g/a800/x{'' if term == 'nothing' else '/no-' + term}"
+        return {"study": "g", "key": key, "variant": v, "iteration_s": t, "lower_bound_s": 1.0, "error": "",
+                "oracle_iteration_s": t, "gpu_term_off": term}
+    runs = [rec(term, v, t * k) for k, term in ((1.0, "nothing"), (1.1, "full"), (1.0, "every"))
+            for v, t in (("zeppelin", 2.0), ("static_cp", 3.0))]
+    runs[-1]["iteration_s"] = 4.0  # static_cp with every term off: 2.0x
+    text = "\n".join(_gpu_terms(runs, "g"))
+    rows = [l for l in text.splitlines() if l.startswith("| ") and "profile" not in l]
+    assert [r.split(" | ")[0] for r in rows] == ["| every term on (the preset)", "| full off", "| every term off"]
+    assert rows[0].split(" | ")[1:3] == ["1.50x", "1.50x"] and rows[2].split(" | ")[1] == "2.00x"
+    assert _gpu_terms([r for r in runs if r["gpu_term_off"] == "nothing"], "g") == []
