@@ -5,6 +5,7 @@ PP 2 x DP 2 on 4 gloo ranks (CPU shim), 1F1B with several micro-batches per iter
 activations change shape per micro-batch (Megatron's variable_seq_lengths exchange), and loss, grad
 norm and validation loss equal Megatron's stock layer spec under the same PP 2 x DP 2 (the stock
 spec's weights are initialised per pipeline stage, so the reference runs the same parallel layout).
+PP 2 x VPP 2 x DP 2 does the same with interleaved 1F1B (two model chunks per stage).
 """
 
 import os
