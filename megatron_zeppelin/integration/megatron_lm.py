@@ -437,7 +437,12 @@ def _run_planner(args, topo, spec, cfg):
 
 def _model_chunk(model) -> int:
     """The model chunk (Megatron's ``vp_stage``, kept on the chunk's GPTModel and copied by its
-    Float16Module) ``model`` is, under its wrappers; 0 without virtual pipeline stages."""
+    Float16Module) ``model`` is, under its wrappers; 0 without virtual pipeline stages.
+
+    >>> from types import SimpleNamespace as Wrapped
+    >>> _model_chunk(Wrapped(module=Wrapped(module=Wrapped(vp_stage=1)))), _model_chunk(Wrapped(vp_stage=None, module=None))
+    (1, 0)
+    """
     while model is not None:
         vp = getattr(model, "vp_stage", None)
         if vp is not None:
