@@ -23,7 +23,10 @@ Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patche
   divides by the domain's token count.
 - ``--pipeline-model-parallel-size`` > 1 (1F1B): every stage reads the same documents and plans each
   micro-batch itself; ``validate`` turns on Megatron's ``variable_seq_lengths`` shape exchange, and
-  plan digests are compared across the stages without blocking the schedule (plan_check.py).
+  plan digests are compared across the stages without blocking the schedule (plan_check.py). With
+  virtual pipeline stages (interleaved 1F1B) every model chunk has its own iterators of the same
+  documents; a rank's first chunk takes each micro-batch's Plan and its later chunks reuse it
+  (chunk_plans.py).
 - ``--zeppelin-accumulation joint``: the iterators read an iteration's k global micro-batches (the
   documents data_order would train in it) and regroup them by the planner's joint assignment
   (planner/accumulation.py), each planned with the capacity of a data-order micro-batch; every
@@ -212,7 +215,11 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     samples_per_step = args.micro_batch_size * ps.get_data_parallel_world_size()  # one global micro-batch
     tokens = args.seq_length * samples_per_step
     streams = build_document_splits(args, train_val_test_num_samples, samples_per_step, tokens, max_doc_tokens(args))
-    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+    # With virtual pipeline stages Megatron calls this once per model chunk (vp_stage 0, 1, ...),
+    # each chunk reading the same documents from iterators of its own; the run's planning worker
+    # and checks are made once, with the first chunk's, which alone plans (chunk_plans.py).
+    first = not vp_stage
+    if first and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         for name, st in zip(("train", "valid"), streams):
             if st is not None:
                 print(f"zeppelin data: {name}: {st.describe()}", flush=True)
@@ -228,12 +235,12 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
         cfg, topo, spec = _domain(args)
         if _joint_applies(cfg):  # an iteration's documents to its micro-batches jointly
             planner = _run_planner(args, topo, spec, cfg)
-            train = _joint(train, planner, _micro_batches(args, False))
-            valid = valid if valid is None else _joint(valid, planner, _micro_batches(args, True))
+            train = _joint(train, planner, _micro_batches(args, False), say=first)
+            valid = valid if valid is None else _joint(valid, planner, _micro_batches(args, True), say=first)
         share = _share_group(args, cfg)
-        if cfg.plan_ahead or share is not None:
+        if first and (cfg.plan_ahead or share is not None):
             ahead = args._zeppelin_plan_ahead = _plan_ahead(args, _run_planner(args, topo, spec, cfg), share)
-        if cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)
+        if first and cfg.plan_ahead:  # each batch planned while the one before it trains (plan_ahead.py)
             from megatron_zeppelin.integration.plan_ahead import PlannedBatches
             train = PlannedBatches(train, ahead, _doc_lengths)
             valid = valid if valid is None else PlannedBatches(valid, ahead, _doc_lengths)
@@ -287,9 +294,10 @@ def _micro_batches(args, evaluation: bool) -> int:
     return max(1, int(gbs) // (int(mbs) * dp))
 
 
-def _joint(batches, planner, k: int):
+def _joint(batches, planner, k: int, say: bool = True):
     """``batches`` regrouped k at a time by the joint assignment (data.py JointBatches) with the
-    run's cost model and capacity; ``--zeppelin-debug-plan`` prints each regrouping on rank 0."""
+    run's cost model and capacity; ``--zeppelin-debug-plan`` prints each regrouping on rank 0
+    (where ``say``: the first model chunk's iterators, not the later chunks' same regroupings)."""
     from megatron_zeppelin.integration.data import JointBatches
     from megatron_zeppelin.planner.accumulation import document_s, joint_indices
 
@@ -299,7 +307,7 @@ def _joint(batches, planner, k: int):
 
     def order(steps):
         out = joint_indices(steps, planner.cost, planner.config.capacity_tokens, world)
-        if planner.config.debug_plan and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        if say and planner.config.debug_plan and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
             docs = [L for s in steps for L in s]
             work = [[sum(document_s(planner.cost, L) for L in s) for s in steps],
                     [sum(document_s(planner.cost, docs[i]) for i in m) for m in out]]
@@ -427,6 +435,50 @@ def _run_planner(args, topo, spec, cfg):
     return held[1]
 
 
+def _model_chunk(model) -> int:
+    """The model chunk (Megatron's ``vp_stage``, kept on the chunk's GPTModel and copied by its
+    Float16Module) ``model`` is, under its wrappers; 0 without virtual pipeline stages.
+
+    >>> from types import SimpleNamespace as Wrapped
+    >>> _model_chunk(Wrapped(module=Wrapped(module=Wrapped(vp_stage=1)))), _model_chunk(Wrapped(vp_stage=None, module=None))
+    (1, 0)
+    """
+    while model is not None:
+        vp = getattr(model, "vp_stage", None)
+        if vp is not None:
+            return int(vp)
+        model = getattr(model, "module", None)
+    return 0
+
+
+def _plan_of(args, planner, lengths, chunk: int, chunks: int):
+    """This forward's Plan and how it came (for --zeppelin-debug-plan). The first model chunk takes
+    it, planned ahead (plan_ahead.py) or shared (plan_share.py) or planned now, and keeps it for the
+    rank's later chunks, which take it back (chunk_plans.py)."""
+    from megatron_zeppelin.integration.chunk_plans import ChunkPlans
+
+    held = getattr(args, "_zeppelin_chunk_plans", None)
+    if held is None or held.later != chunks - 1:
+        held = args._zeppelin_chunk_plans = ChunkPlans(chunks)
+    if chunk > 0:
+        plan = held.take(lengths)
+        if plan is not None:
+            return plan, " kept from chunk 0"
+        # never reached while chunk 0 runs each micro-batch first (chunk_plans.py); planned here,
+        # it is still the same Plan, and no peer waits for a share of it
+        return planner.plan(lengths), " planned in the step (chunk 0 kept none)"
+    ahead = getattr(args, "_zeppelin_plan_ahead", None)
+    if ahead is not None and ahead.planner is planner:  # planned while the previous batch trained
+        plan = ahead.take(lengths)
+        how = f" {'planned ahead' if ahead.ahead else 'planned in the step'}, waited {1e3 * ahead.waited_s:.1f} ms"
+        share = getattr(ahead, "share", None)
+        how += f", shared by rank {share.src}" if share is not None else ""
+    else:
+        plan, how = planner.plan(lengths), ""
+    held.keep(lengths, plan)
+    return plan, how
+
+
 def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     from megatron.core import parallel_state as ps
     from megatron.training import get_args
@@ -447,15 +499,11 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
 
     cfg, topo, spec = _domain(args)
     planner = _run_planner(args, topo, spec, cfg)
-    ahead = getattr(args, "_zeppelin_plan_ahead", None)
-    if ahead is not None and ahead.planner is planner:  # planned while the previous batch trained
-        plan = ahead.take(_doc_lengths(docs))
-        how = f" {'planned ahead' if ahead.ahead else 'planned in the step'}, waited {1e3 * ahead.waited_s:.1f} ms"
-        share = getattr(ahead, "share", None)
-        how += f", shared by rank {share.src}" if share is not None else ""
-    else:
-        plan, how = planner.plan(_doc_lengths(docs)), ""
-    if cfg.debug_plan or not getattr(forward_step, "_checked", False):
+    chunk, chunks = _model_chunk(model), int(getattr(args, "virtual_pipeline_model_parallel_size", None) or 1)
+    plan, how = _plan_of(args, planner, _doc_lengths(docs), chunk, chunks)
+    if chunk == 0 and (cfg.debug_plan or not getattr(forward_step, "_checked", False)):
+        # once per micro-batch (its later chunks run the very Plan checked here), so the stages'
+        # comparisons pair up micro-batch by micro-batch
         check_plan_agreement(plan, group)  # over the stage's domain, now
         stages = getattr(args, "_zeppelin_stage_check", None)
         if stages is not None:  # across the pipeline's stages, when the phase ends
@@ -468,8 +516,11 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         counts = " ".join(f"{c}={n}" for c, n in plan.class_counts().items())
         comms = ",".join(sorted({str(r.comm) for r in plan.rings}))  # the rings' exchange kinds
         stage = f" stage={ps.get_pipeline_model_parallel_rank()}" if ps.get_pipeline_model_parallel_world_size() > 1 else ""
+        stage += f" chunk={chunk}" if chunks > 1 else ""
+        # one write with its newline: the stages' DP rank 0 share torchrun's pipe, and print's
+        # separate newline let their lines run into each other
         print(f"zeppelin plan: {counts} remap={remap}{f' comm={comms}' if comms else ''}{how}{stage} "
-              f"digest={plan.digest()}", flush=True)
+              f"digest={plan.digest()}\n", end="", flush=True)
     kernel = Kernel(getattr(args, "zeppelin_attention_kernel", "auto"), getattr(args, "transformer_impl", None))
     batch = build_rank_batch(docs, plan, ps.get_data_parallel_rank(), group,
                              softmax_scale=spec.head_dim ** -0.5, device=torch.cuda.current_device(),

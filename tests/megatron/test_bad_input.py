@@ -23,7 +23,7 @@ def _args(*argv, **megatron):
 
 @pytest.mark.parametrize("megatron,flag", [
     ({"context_parallel_size": 2}, "--context-parallel-size"),
-    ({"virtual_pipeline_model_parallel_size": 2}, "--num-layers-per-virtual-pipeline-stage"),
+    ({"overlap_moe_expert_parallel_comm": True}, "--overlap-moe-expert-parallel-comm"),
     ({"sequence_parallel": True}, "--sequence-parallel"),
     ({"num_experts": 8, "moe_token_dispatcher_type": "flex"}, "--moe-token-dispatcher-type"),
     ({"apply_rope_fusion": True}, "--no-rope-fusion"),
