@@ -105,9 +105,23 @@ def _gantt_case(c: dict, figdir: str, rel: str) -> dict:
     return out
 
 
+def results_json(doc: dict) -> dict:
+    """What the figures folder's results.json keeps: every summary, and per study and cluster the
+    numbers the next report quotes for clusters it no longer runs (reports/previous.py); the runs
+    themselves are in results/bench/<study>.json (with every run, the file outgrew 2 MB).
+
+    >>> results_json({"summary": {}, "runs": []})
+    {'summary': {}, 'clusters': {}}
+    """
+    from megatron_zeppelin.reports.previous import by_cluster
+    out = {k: v for k, v in doc.items() if k != "runs"}
+    out["clusters"] = by_cluster(doc.get("runs", []))
+    return out
+
+
 def _rounded(x):
-    """``x`` with every float at 6 significant digits: results.json holds every run of every study, and
-    results/bench/*.json (the report's inputs) keep full precision.
+    """``x`` with every float at 6 significant digits: results.json holds the summaries, and
+    results/bench/*.json (the report's inputs) keep every run at full precision.
 
     >>> _rounded({"a": [1.23456789, 2], "b": "c"})
     {'a': [1.23457, 2], 'b': 'c'}
@@ -237,8 +251,8 @@ def run(args) -> int:
                 f"figures: `{args.made_with}` (it took {clock_text(time.perf_counter() - args.started)} for this "
                 f"report, simulations and figures, on a machine of {os.cpu_count()} CPU cores).")
     try:
-        with open(os.path.join(args.figures, "results.json"), "w") as f:
-            json.dump(_rounded(doc), f, separators=(",", ":"), default=float)  # every run of every study
+        with open(os.path.join(args.figures, "results.json"), "w") as f:  # the summaries, not every run
+            json.dump(_rounded(results_json(doc)), f, separators=(",", ":"), default=float)
         with open(args.out, "w") as f:
             f.write(render(doc, commands, figs, validation, notes=(_NOTES + _coverage(doc) + _cuts(doc)) if paper else "",
                            previous=(before, prev_path) if before else None, made=made))

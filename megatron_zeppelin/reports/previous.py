@@ -1,8 +1,8 @@
 """The report's summary beside the previous report's (issues 49 and 53: the closing note quotes the
 summary before and after and names every number that moved by more than 5%).
 
-The previous report is its figures folder's ``results.json`` (``zeppelin report`` writes every run and
-summary there), read before the new one overwrites it. Compared: Zeppelin's deployed speedup over each
+The previous report is its figures folder's ``results.json`` (``zeppelin report`` writes every
+summary and the per-cluster numbers there), read before the new one overwrites it. Compared: Zeppelin's deployed speedup over each
 baseline (mean, max, configurations, losses) in the summary of all studies, Zeppelin / lower bound,
 and per study each baseline's deployed mean speedup; a number that moved by more than ``MOVED`` is
 flagged and listed, so the page names what a reader must see explained.
@@ -67,10 +67,11 @@ def digest(doc: Dict) -> Dict:
         studies[study] = {f"{b} deployed mean speedup": (x.get("deployed") or {}).get("mean_speedup")
                           for b, x in sorted(baselines(st.get("summary", {})).items())
                           if (x.get("deployed") or {}).get("mean_speedup") is not None}
-    return {"summary": top, "studies": studies, "clusters": _by_cluster(doc.get("runs", []))}
+    clusters = doc["clusters"] if "clusters" in doc else by_cluster(doc.get("runs", []))  # older files: runs
+    return {"summary": top, "studies": studies, "clusters": clusters}
 
 
-def _by_cluster(runs) -> Dict[str, Dict[str, Dict]]:
+def by_cluster(runs) -> Dict[str, Dict[str, Dict]]:
     """{study: {cluster: {configs, baseline: deployed mean speedup, ...}}}: what a cut of clusters takes
     away, from the report that still ran them (runs with a wrong profile or a term off left out)."""
     from megatron_zeppelin.sim.matrix import BEST, baselines, summarize
