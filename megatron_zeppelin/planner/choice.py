@@ -89,7 +89,7 @@ MIN_BUDGET_MS = 50.0  # ...but never less: below it planning is hidden behind an
 @dataclass
 class SearchBudget:
     """Zeppelin's search budget in work units (portfolio/budget.py sizes the candidates; the
-    partitioner's own free rings are charged, never cut): units left and what the search cut.
+    partitioner's own free rings are recorded, never cut nor spent): units left and what the search cut.
     ``units`` None: set at the first ``afford`` from ``ms`` (or the default share of the best
     prediction then) at ``rate`` units per second.
 
@@ -103,6 +103,7 @@ class SearchBudget:
     ms: float = 0.0  # --zeppelin-plan-budget-ms; 0: PLAN_SHARE of the best prediction, >= MIN_BUDGET_MS
     rate: float = PLAN_RATE_UNITS_PER_S
     spent: float = 0.0
+    partitioner: float = 0.0  # units of the partitioner's own rings, before the budget
     cut_bound: List[str] = field(default_factory=list)
     cut_budget: List[str] = field(default_factory=list)
 
@@ -114,8 +115,8 @@ class SearchBudget:
         return self.units
 
     def charge(self, units: float) -> None:
-        """Work done that no budget cuts (the partitioner's own variants)."""
-        self.spent += units
+        """Work done outside the budget (the partitioner's own variants): recorded, not spent."""
+        self.partitioner += units
 
     def afford(self, label: str, units: float, best_s: float = float("inf")) -> bool:
         """Charge ``units`` for ``label`` if they fit what is left; else note the cut and refuse."""

@@ -201,13 +201,10 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
 
 
 def _partitioner_only(lengths, ctx, search):
-    """Zeppelin's candidates up to the first of the portfolio's fixed shapes (portfolio/shapes.py marks
-    each with ``meta["shape"]``; partition.py proposes them after every partitioner variant)."""
+    """Zeppelin's candidates without the portfolio's fixed shapes: the paper's partitioner, free and
+    aligned rings (partition.py ``zeppelin_candidates(shapes=False)``)."""
     from megatron_zeppelin.planner.partitioner.partition import zeppelin_candidates
-    for c in zeppelin_candidates(lengths, ctx, search):
-        if c.placement is not None and "shape" in c.placement.meta:
-            return
-        yield c
+    return zeppelin_candidates(lengths, ctx, search, shapes=False)
 
 
 def run_settings(variant: str, world: int, capacity: int, context: int, cp_sizes: Sequence[int],

@@ -306,109 +306,137 @@ VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m i
 
 
 @strategy(StrategyName.ZEPPELIN, order=0, searches=True)
-def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search) -> Iterator[Candidate]:
-    """Every variant worth assembling (strategies.pick keeps the lowest predicted iteration). A
-    placement is computed once per (rate, inter) and prepared (layout, routed schedule, ring costs)
-    once; its remap variants share that."""
-    from dataclasses import replace as dc_replace
-
-    seen, placed, topo = [], {}, ctx.topology
-    memo = {} if search.lengths is None else {"arrays": (search.lengths, search.whole_s)}  # the pick's, once
-    offs = {}  # free rings: each placement's remap-off candidate, which its time variant is weighed against
+def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search, shapes: bool = True
+                        ) -> Iterator[Candidate]:
+    """Every variant worth assembling (strategies.pick keeps the lowest predicted iteration): the
+    paper's partitioner (free rings), never cut, then ``_weighed``: its aligned-ring variants and
+    (``shapes``) the baselines' fixed shapes, within the search budget. A placement is computed once
+    per (rate, inter) and prepared (layout, routed schedule, ring costs) once; its remap variants
+    share that."""
+    seen, memo = [], ({} if search.lengths is None else {"arrays": (search.lengths, search.whole_s)})
+    placed, offs = {}, {}  # offs: each placement's remap-off candidate, its time variant is weighed against
+    free = _placements_of("free", ctx)
     for k, (rate_kind, inter, rings, remap) in enumerate(VARIANTS):
-        if not ctx.config.remap and remap != "off":
-            continue  # --no-remap: the linear layout is the attention layout
-        if rings == "aligned" and search.within(NEAR_BOUND):
-            break  # the free rings are already near the lower bound: aligned ones cannot gain much
         pk = (rate_kind, inter, rings)
-        if pk not in placed:
+        if pk not in free or (not ctx.config.remap and remap != "off"):
+            continue  # aligned rings come in _weighed; --no-remap: the linear layout is the attention layout
+        if pk not in placed:  # computed when first needed (the pick weighs the candidates before)
             placed[pk] = []
             for chosen in _choose(lengths, ctx, rate_kind, inter, rings, memo):
-                # The same placement as an earlier one (no document near a threshold): equal dicts.
-                if any(r is chosen[0] or (r == chosen[0] and o == chosen[1]) for r, o in seen):
+                pl0 = _chosen_placement(chosen, ctx, memo, seen)
+                if pl0 is None:
                     continue
-                seen.append((chosen[0], chosen[1]))
-                pl0 = _placement(memo["batch"][3], ctx, *chosen)  # the lengths as Python ints
-                pl0.remap = False
-                name = f"{rate_kind}/{inter}/{rings}@{chosen[3]['target']}"
-                if rings == "aligned" and _bounded_out(pl0, ctx, search):
-                    if search.budget is not None:
-                        search.budget.skipped(name)
-                    continue
-                if search.budget is not None:  # the partitioner's own rings: charged, never cut
-                    units = placement_units(pl0, topo.world_size, topo.gpus_per_node, chunk_rows_of(ctx))
-                    if rings == "free":
-                        search.budget.charge(units)
-                    elif not search.budget.afford(name, units, search.best_s):
-                        continue
-                placed[pk].append((pl0, prepare(ctx, pl0), ""))
-                ul = with_a2a_rings(pl0, ctx)  # its intra rings that run faster as Ulysses (ulysses_rings.py)
-                if ul is not None:
-                    placed[pk].append((ul, prepare(ctx, ul), "+a2a"))
-        for pl0, pre, kind in placed[pk]:
-            if remap == "off" and id(pl0) in offs:
-                yield offs.pop(id(pl0))
-                continue
-            pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
-            versus = None
-            if remap == "time" and rings == "free":  # its off variant comes later in VARIANTS for sure
-                off = VARIANTS.index((rate_kind, inter, rings, "off"))
-                versus = offs[id(pl0)] = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)),
-                                                   "/".join(map(str, VARIANTS[off])) + kind, prepared=pre)
-            yield Candidate(pl, "/".join(map(str, VARIANTS[k])) + kind, prepared=pre, versus=versus)
-    yield from _fixed_shapes(lengths, ctx, search)  # the baselines' shapes: never predicted slower
-
-
-def _bounded_out(placement: Placement, ctx: PlanContext, search: Search) -> bool:
-    """An aligned-ring placement that cannot be picked: its lower bounds (the fixed shapes' own,
-    portfolio/shapes.py; they hold for any placement, remap off or time-balanced) at or above the
-    best prediction so far plus the memory slack (choice.py), so it need not be prepared."""
-    if search.best is None:
-        return False
-    reach = (1 + MEMORY_SLACK) * search.best_s
-    return compute_bound(placement, ctx) >= reach or ring_chain_bound(placement, ctx) >= reach
-
-
-def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
-    """The winning placement, its ``meta['variant']`` naming the variant (the Plan itself:
-    ``plan_batch(..., strategy="zeppelin")``)."""
-    _, won = pick("zeppelin", lengths, ctx)
-    return replace(won.placement, meta=dict(won.placement.meta, variant=won.label))
-
-
-def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candidate]:
-    """Every fixed-shape candidate (portfolio/shapes.py): the baselines' shapes, so that Zeppelin's
-    prediction is never above theirs. None when the best so far is within NEAR_BOUND of the lower
-    bound (no plan can gain more); in order of their bounds, until a bound reaches MEMORY_SLACK
-    above the best so far."""
-    from dataclasses import replace as dc_replace
-
-    budget = search.budget
-    if search.within(NEAR_BOUND):
-        if budget is not None:
-            budget.skipped("fixed shapes (near the lower bound)")
+                if search.budget is not None:  # the partitioner's own rings: recorded, not spent
+                    topo = ctx.topology
+                    search.budget.charge(placement_units(pl0, topo.world_size, topo.gpus_per_node, chunk_rows_of(ctx)))
+                placed[pk].extend(_prepared(pl0, ctx))
+        yield from _remap_variant(placed[pk], k, ctx, offs)
+    if search.within(NEAR_BOUND):  # the free rings are near the lower bound: nothing else can gain much
+        if search.budget is not None:
+            search.budget.skipped("fixed shapes (near the lower bound)")
         return
-    # A shape up to MEMORY_SLACK slower than the best may still be faster than the memory-balanced
-    # plan the pick takes instead (choice.py), which must then not be above it: so weigh those too.
+    yield from _weighed(lengths, ctx, search, memo, seen, shapes)
+
+
+def _placements_of(rings: str, ctx: PlanContext):
+    """The (rate, inter, rings) placements VARIANTS assemble with ``rings``, in their order."""
+    out = []
+    for rate_kind, inter, r, remap in VARIANTS:
+        if r == rings and (rate_kind, inter, r) not in out and (ctx.config.remap or remap == "off"):
+            out.append((rate_kind, inter, r))
+    return out
+
+
+def _chosen_placement(chosen, ctx: PlanContext, memo, seen):
+    """The placement of one greedy pass (remap off), or None where an earlier pass gave the same one
+    (no document near a threshold: equal dicts)."""
+    if any(r is chosen[0] or (r == chosen[0] and o == chosen[1]) for r, o in seen):
+        return None
+    seen.append((chosen[0], chosen[1]))
+    pl0 = _placement(memo["batch"][3], ctx, *chosen)  # the lengths as Python ints
+    pl0.remap = False
+    return pl0
+
+
+def _prepared(pl0: Placement, ctx: PlanContext):
+    """[(placement, prepared, label suffix)]: ``pl0`` and, where its intra rings run faster as
+    Ulysses (ulysses_rings.py), that version too."""
+    out = [(pl0, prepare(ctx, pl0), "")]
+    ul = with_a2a_rings(pl0, ctx)
+    if ul is not None:
+        out.append((ul, prepare(ctx, ul), "+a2a"))
+    return out
+
+
+def _remap_variants(placed, pk, ctx: PlanContext, offs) -> Iterator[Candidate]:
+    """The VARIANTS of placement kind ``pk`` (rate, inter, rings) of each prepared placement, in
+    VARIANTS order."""
+    for k, v in enumerate(VARIANTS):
+        if v[:3] == pk and (ctx.config.remap or v[3] == "off"):  # --no-remap: only the off variants
+            yield from _remap_variant(placed, k, ctx, offs)
+
+
+def _remap_variant(placed, k: int, ctx: PlanContext, offs) -> Iterator[Candidate]:
+    """VARIANTS[k] of each prepared placement; a free-ring time variant is weighed against its off
+    variant (kept in ``offs`` until VARIANTS reaches it)."""
+    from dataclasses import replace as dc_replace
+    rate_kind, inter, rings, remap = VARIANTS[k]
+    for pl0, pre, kind in placed:
+        if remap == "off" and id(pl0) in offs:
+            yield offs.pop(id(pl0))
+            continue
+        pl = dc_replace(pl0, remap=remap != "off", balance_linear=remap == "time", meta=dict(pl0.meta))
+        versus = None
+        if remap == "time" and rings == "free":  # its off variant comes later in VARIANTS for sure
+            off = VARIANTS.index((rate_kind, inter, rings, "off"))
+            versus = offs[id(pl0)] = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)),
+                                               "/".join(map(str, VARIANTS[off])) + kind, prepared=pre)
+        yield Candidate(pl, "/".join(map(str, VARIANTS[k])) + kind, prepared=pre, versus=versus)
+
+
+def _weighed(lengths, ctx: PlanContext, search: Search, memo, seen, shapes: bool) -> Iterator[Candidate]:
+    """The candidates after the partitioner, cheapest first while the budget lasts: the aligned-ring
+    variants and (``shapes``) the baselines' fixed shapes (portfolio/shapes.py, so that Zeppelin's
+    prediction is never above theirs), each whose lower bound can still win. A candidate that can
+    win is worth weighing whatever it costs, so within a fixed budget the cheapest first weighs the
+    most of them (by bound first, one costly routed shape could take the budget that a2a shapes
+    several times cheaper needed). A bound at or above MEMORY_SLACK above the best so far cannot
+    win: a shape up to that much slower may still be faster than the memory-balanced plan the pick
+    takes instead (choice.py), which must then not be above it."""
+    from dataclasses import replace as dc_replace
+    budget = search.budget
     reach = (1 + MEMORY_SLACK) * search.best_s
     if budget is not None:
         budget.settle(search.best_s)  # the best after the partitioner sets the default budget
-    cands, seen = [], set()
-    for bound, label, pl0 in candidate_placements(lengths, ctx, reach, budget):
-        key = placement_key(pl0)
-        if key not in seen:
-            seen.add(key)
-            cands.append((bound, label, pl0))
-    cands.sort(key=lambda c: c[0])
     world, g, rows = ctx.topology.world_size, ctx.topology.gpus_per_node, chunk_rows_of(ctx)
-    for k, (bound, label, pl0) in enumerate(cands):
-        if bound >= (1 + MEMORY_SLACK) * search.best_s:
-            for _, later, _ in cands[k:]:  # sorted: none after it can win either
-                if budget is not None:
-                    budget.skipped(later)
-            break
-        if budget is not None and not budget.afford(label, placement_units(pl0, world, g, rows)):
-            continue  # a cheaper shape after it may still fit
+    pool = []  # (units, order, bound, label, placement, aligned kind or None)
+    for pk in _placements_of("aligned", ctx):
+        for chosen in _choose(lengths, ctx, *pk, memo):
+            pl0 = _chosen_placement(chosen, ctx, memo, seen)
+            if pl0 is None:
+                continue
+            name = f"{pk[0]}/{pk[1]}/{pk[2]}@{chosen[3]['target']}"
+            bound = max(compute_bound(pl0, ctx), ring_chain_bound(pl0, ctx))
+            pool.append((placement_units(pl0, world, g, rows), len(pool), bound, name, pl0, pk))
+    if shapes:
+        keys = set()
+        for bound, label, pl0 in candidate_placements(lengths, ctx, reach, budget):
+            key = placement_key(pl0)
+            if key not in keys:
+                keys.add(key)
+                pool.append((placement_units(pl0, world, g, rows), len(pool), bound, label, pl0, None))
+    pool.sort(key=lambda c: (c[0], c[1]))
+    offs = {}
+    for units, _, bound, label, pl0, pk in pool:
+        if bound >= (1 + MEMORY_SLACK) * search.best_s:  # the best so far may have moved since
+            if budget is not None:
+                budget.skipped(label)
+            continue
+        if budget is not None and not budget.afford(label, units):
+            continue  # a cheaper candidate after it may still fit
+        if pk is not None:  # an aligned-ring placement: its remap variants
+            yield from _remap_variants(_prepared(pl0, ctx), pk, ctx, offs)
+            continue
         pre = prepare(ctx, pl0)
         off = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)), f"{label}/off",
                         prepared=pre)
@@ -416,6 +444,13 @@ def _fixed_shapes(lengths, ctx: PlanContext, search: Search) -> Iterator[Candida
             pl = dc_replace(pl0, remap=True, balance_linear=True, meta=dict(pl0.meta))
             yield Candidate(pl, f"{label}/time", prepared=pre, versus=off)
         yield off
+
+
+def plan_zeppelin(lengths: Sequence[int], ctx: PlanContext) -> Placement:
+    """The winning placement, its ``meta['variant']`` naming the variant (the Plan itself:
+    ``plan_batch(..., strategy="zeppelin")``)."""
+    _, won = pick("zeppelin", lengths, ctx)
+    return replace(won.placement, meta=dict(won.placement.meta, variant=won.label))
 
 
 def _plan_variant(lengths, ctx: PlanContext, rate_kind: str, inter: str, remap: str, rings: str = "free") -> Placement:

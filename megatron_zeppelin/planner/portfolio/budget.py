@@ -8,11 +8,11 @@ a placement's documents, ranks and ring messages (``placement_units``: what its 
 assembly walk, one schedule op per message, routed ones in three stages), a fixed shape's build
 its documents and ranks. Same batch, same config: same units, same cuts, same plan, on any machine.
 
-The paper's partitioner (the free-ring variants) runs first and is never cut; what follows, the
-aligned-ring variants and the baselines' fixed shapes (portfolio/shapes.py), is weighed while the
-units spent stay within the budget. The budget is ``--zeppelin-plan-budget-ms`` or, by default,
-PLAN_SHARE of the best prediction after the partitioner (planning under 10% of the iteration it
-plans), at least MIN_BUDGET_MS. What was cut lands in the plan's meta: ``cut_bound`` (fixed shapes
+The paper's partitioner (the free-ring variants) runs first and is never cut (its units are
+recorded, not spent); what follows, the aligned-ring variants and the baselines' fixed shapes
+(portfolio/shapes.py) whose lower bound can still win, is weighed cheapest first while the units
+spent stay within the budget (partition.py ``_weighed``). The budget is ``--zeppelin-plan-budget-ms``
+or, by default, PLAN_SHARE of the best prediction after the partitioner, at least MIN_BUDGET_MS. What was cut lands in the plan's meta: ``cut_bound`` (fixed shapes
 whose lower bound could not beat the best so far) and ``cut_budget`` (those skipped for units).
 
 The budget itself, what it spent and cut, is ``planner/choice.py``'s SearchBudget (the pick holds it);
