@@ -18,6 +18,7 @@ all-reduce is the Plan's own term (``Plan.allreduce_s``), not in the per-rank co
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import lru_cache
 
 import numpy as np
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -25,8 +26,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron_zeppelin.spec.topology import link_ports
 from megatron_zeppelin.planner.cost.cost_model import LINEAR_PASSES, CostModel
 from megatron_zeppelin.planner.cost.moe_cost import moe_pass_s
-from megatron_zeppelin.planner.program import (AttentionWork, Compute, Post, RowsHeld, attention_program, local_arrays,
-                                               step_order)
+from megatron_zeppelin.planner.program import (AttentionWork, Compute, Post, attention_program, local_arrays,
+                                               step_chunks, step_schedule)
 from megatron_zeppelin.planner.build.remap import linear_tokens
 from megatron_zeppelin.planner.types import CommOp, DocPlan, Move, RankCost, Ring, Segment, ring_documents
 from megatron_zeppelin.spec.words import MIRROR, Link, Stage
@@ -54,14 +55,32 @@ def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None)
     return (stage, src, dst, nbytes, link_ports(link, src, dst, nic, cost.topology), link, own, piece)
 
 
+@lru_cache(maxsize=16)
+def _port_table(topo) -> dict:
+    """(link, src, dst, nic) -> ``link_ports``, filled as hops ask (a routed schedule's chunks, and
+    every candidate placement of a batch, ask for the same few pairs again and again)."""
+    return {}
+
+
 def _op_hops(ops, cost, reverse=False):
     topo = cost.topology
-    if not reverse:
-        return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost, (o.src == o.msg_src, o.dst == o.msg_dst),
-                     ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)) for o in ops]
-    return [_hop(MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link != Link.NVLINK else -1, cost,
-                 (o.dst == o.msg_dst, o.src == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop))
-            for o in ops]
+    table = _port_table(topo)
+    out = []
+    for o in ops:  # _hop, its ports looked up
+        if not reverse:
+            src, dst, nic, stage = o.src, o.dst, o.nic, o.stage
+            own, piece = (src == o.msg_src, dst == o.msg_dst), ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)
+        else:
+            src, dst, stage = o.dst, o.src, MIRROR[o.stage]
+            nic = topo.nic_of(src) if o.link != Link.NVLINK else -1
+            own, piece = (src == o.msg_dst, dst == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop)
+        link = o.link
+        key = (link, src, dst, nic)
+        ports = table.get(key)
+        if ports is None:
+            ports = table[key] = link_ports(link, src, dst, nic, topo)
+        out.append((stage, src, dst, o.nbytes, ports, link, own, piece))
+    return out
 
 
 def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepared=None,
@@ -89,34 +108,30 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
     >>> bool(done[1] == 5.0 and done[0] > 5.0 and done[3] > done[0])  # the proxy itself waits for nothing
     True
     """
-    prep = _prepared_exchange(hops, cost, also) if prepared is None else prepared
+    ranks, prep = _prepared_exchange(hops, cost, also) if prepared is None else prepared
     c = clock.tolist() if isinstance(clock, np.ndarray) else clock
-    own: Dict[int, float] = {}
-    for h in hops:
-        own.setdefault(h[1], c[h[1]])
-        own.setdefault(h[2], c[h[2]])
-    arrived = RowsHeld()  # (message, rank) -> the pieces arrived there, with their arrival times
+    own: Dict[int, float] = {r: c[r] for r in ranks}
+    done: List[float] = []  # per hop in the program's order: when it got through
     relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
-    last: Dict[Tuple, float] = {}  # per chunked piece and hop: when its previous chunk got through
-    for src, dst, lat, sec, src_own, dst_own, piece, chain in prep:
+    for src, dst, lat, sec, src_own, dst_own, came, prev, key in prep:
         ready = c[src]
-        if not src_own:  # a relayed piece: when it arrived here, after the relay's previous forward
-            key, a, b = piece
-            ready = arrived.latest((key, src), a, b, ready)
-            ready = max(ready, relay_post.get(src, ready))
+        if came is not None:  # a relayed piece: when it arrived here, after the relay's previous forward
+            for p in came:  # the hops that brought its rows here (max: any order gives the same)
+                if done[p] > ready:
+                    ready = done[p]
+            p = relay_post.get(src)
+            if p is not None and p > ready:
+                ready = p
             relay_post[src] = ready
-        t0 = max(ready, c[dst])
+        t0 = c[dst] if c[dst] > ready else ready
         if busy_until is not None:
             t0 = max(t0, busy_until.get(src, 0.0), busy_until.get(dst, 0.0))
-        if chain is not None:  # a piece's chunks go through one hop one after the other
-            t0 = max(t0, last.get(chain, t0))
+        if prev >= 0 and done[prev] > t0:  # a piece's chunks go through one hop one after the other
+            t0 = done[prev]
         t = t0 if sec is None else t0 + lat + sec
-        if chain is not None:
-            last[chain] = t
-        if piece is not None:
-            arrived.add((piece[0], dst), piece[1], piece[2], t)
-            if arrive is not None and dst_own and t > arrive.get(piece[0], -1.0):
-                arrive[piece[0]] = t
+        done.append(t)
+        if arrive is not None and key is not None and t > arrive.get(key, -1.0):
+            arrive[key] = t
         if src_own and t > own[src]:
             own[src] = t
         if dst_own and t > own[dst]:
@@ -133,39 +148,58 @@ def _step_items(hops) -> list:
             else (h[0], h[1], h[2], ("hop", i), 0, 0, False) for i, h in enumerate(hops)]
 
 
-def _prepared_exchange(hops, cost, also=()) -> list:
+def _prepared_exchange(hops, cost, also=()) -> Tuple[list, list]:
     """What of an exchange does not depend on the clocks, computed once per hop list (a layer runs
-    the same exchanges every time): the hops in the program's order (program.py ``step_order``:
-    phase order, chunks of routed pieces as a pipeline) as (src, dst, latency, seconds of the
-    busiest link's bytes or None for a copy to itself, src owns, dst owns, piece, chain: the
-    (message, stage, src, dst) a chunked piece's chunks pass one after the other, else None). A
-    link's load is per stage and chunk index: the hops that run together."""
-    load: Dict[Tuple, float] = defaultdict(float)
-    order = chunk = None
-    for group in (hops, also):
-        if not group:
-            continue
-        o, ch = step_order(_step_items(group))
-        if group is hops:
-            order, chunk = o, ch
-        for h, c in zip(group, ch):
+    the same exchanges every time): the ranks of its hops (senders and receivers, as first met) and
+    the hops in the program's order (program.py ``step_order``: phase order, chunks of routed pieces
+    as a pipeline) as (src, dst, latency, seconds of the busiest link's bytes or None for a copy to
+    itself, src owns, dst owns, came, prev, message key where dst owns it else None). ``came``: for
+    a relayed hop the positions in that order of the earlier hops whose rows, arrived at its sender,
+    contain its own (program.py ``step_feeds``), else None; ``prev``: the position of the previous
+    chunk of its piece on the same hop, else -1. A link's load is per stage and chunk index: the
+    hops that run together."""
+    if not hops:
+        return [], []
+    order, chunk, groups, feeds = step_schedule(_step_items(hops))
+    load: Dict[Tuple, Dict] = {}  # (stage, chunk) -> port -> bytes, added in the hops' order
+    for group, ch in ((hops, chunk), (also, step_chunks(_step_items(also)) if also else ())):
+        for h, c in zip(group, ch):  # (the also-hops: only their links' load, so only their chunks)
+            at = load.get((h[0], c))
+            if at is None:
+                at = load[(h[0], c)] = defaultdict(float)
             for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
-                load[h[0], c, k] += h[3]
-    if order is None:
-        return []
-    chained = {(h[7][0], h[0], h[1], h[2]) for h, c in zip(hops, chunk) if c > 0 and h[7] is not None}
-    rate = {}  # per link class: (latency, bandwidth)
+                at[k] += h[3]
+    pos = [0] * len(hops)
+    for p, i in enumerate(order):
+        pos[i] = p
+    prev = [-1] * len(hops)  # a piece's chunks on one hop: one after the other, in the program's order
+    for idx in groups.values():
+        if len(idx) > 1:
+            idx = sorted(idx, key=pos.__getitem__)
+            for x, y in zip(idx, idx[1:]):
+                prev[y] = pos[x]
+    rate = {link: (cost.latency(link), cost.bandwidth(link)) for link in {h[5] for h in hops}}
     out = []
     for i in order:  # the executor's and the simulator's one order
-        h = hops[i]
-        stage, src, dst, _, keys, link, (src_own, dst_own), piece = h
-        if link not in rate:
-            rate[link] = (cost.latency(link), cost.bandwidth(link))
+        stage, src, dst, _, keys, link, (src_own, dst_own), piece = hops[i]
         lat, bw = rate[link]
-        sec = None if src == dst else max([load[stage, chunk[i], k] for k in keys]) / bw
-        chain = (piece[0], stage, src, dst) if piece is not None else None
-        out.append((src, dst, lat, sec, src_own, dst_own, piece, chain if chain in chained else None))
-    return out
+        if src == dst:
+            sec = None
+        else:
+            at = load[(stage, chunk[i])]
+            sec = max([at[k] for k in keys]) / bw
+        came = feeds[i]
+        if came is not None:
+            p = pos[i]
+            came = [pos[j] for j in came if pos[j] < p]
+        elif not src_own:
+            came = []
+        out.append((src, dst, lat, sec, src_own, dst_own, came, prev[i] if piece is not None else -1,
+                    piece[0] if dst_own and piece is not None else None))
+    ranks = {}
+    for h in hops:
+        ranks[h[1]] = ranks[h[2]] = None
+    return list(ranks), out
 
 
 class _Attention:
