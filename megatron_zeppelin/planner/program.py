@@ -711,14 +711,19 @@ class AttentionWork:
                 for o in self._schedule:
                     ops.setdefault((o.queue, o.step, o.ring), []).append(o)
                 flying: Dict[str, np.ndarray] = {}
+                rate = {}  # per link class: (latency, bandwidth)
                 for x in attention_program(self._rings, bool(self.local_ranks), backward):
                     if isinstance(x, Post):
                         slowest: Dict[Tuple[str, int], float] = {}
                         for r in x.rings:
                             for o in ops.get((x.queue, x.step, r), ()):
-                                t = cost.latency(o.link) + o.nbytes / cost.bandwidth(o.link)
-                                for rank in (o.src, o.dst):
-                                    slowest[o.stage, rank] = max(slowest.get((o.stage, rank), 0.0), t)
+                                lat_bw = rate.get(o.link)
+                                if lat_bw is None:
+                                    lat_bw = rate[o.link] = (cost.latency(o.link), cost.bandwidth(o.link))
+                                t = lat_bw[0] + o.nbytes / lat_bw[1]
+                                for k in ((o.stage, o.src), (o.stage, o.dst)):  # max(held, t), as max() picks
+                                    v = slowest.get(k, 0.0)
+                                    slowest[k] = t if t > v else v
                         sec = np.zeros(self.world)
                         for (_, rank), t in slowest.items():
                             sec[rank] += t

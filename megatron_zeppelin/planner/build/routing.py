@@ -145,14 +145,13 @@ class _StepRouter:
             land = self._landing(op.msg_dst, proxy, b, j)
             self.nic_out[self.nic(a, j)] += nb
             self.nic_in[self.nic(b, j)] += nb
-            common = dict(start=start, stop=stop, nbytes=nb)
             if proxy != op.msg_src:
                 self.nv_in[proxy] += nb
-                out.append(replace(op, src=op.msg_src, dst=proxy, link=Link.NVLINK, nic=-1, stage=Stage.DISPATCH, **common))
-            out.append(replace(op, src=proxy, dst=land, link=op.link, nic=self.nic(a, j), stage=Stage.TRANSFER, **common))
+                out.append(_hop_of(op, op.msg_src, proxy, start, stop, nb, Link.NVLINK, -1, Stage.DISPATCH))
+            out.append(_hop_of(op, proxy, land, start, stop, nb, op.link, self.nic(a, j), Stage.TRANSFER))
             if land != op.msg_dst:
                 self.nv_out[land] += nb
-                out.append(replace(op, src=land, dst=op.msg_dst, link=Link.NVLINK, nic=-1, stage=Stage.COMBINE, **common))
+                out.append(_hop_of(op, land, op.msg_dst, start, stop, nb, Link.NVLINK, -1, Stage.COMBINE))
             start = stop
         return out
 
@@ -170,6 +169,13 @@ class _StepRouter:
         if twin in gpus:
             return twin
         return min(gpus, key=lambda r: (self.nv_out[r], r))
+
+
+def _hop_of(op: CommOp, src: int, dst: int, start: int, stop: int, nbytes: int, link, nic: int, stage) -> CommOp:
+    """A hop of ``op``'s message (its queue, step, ring, block and ends): ``dataclasses.replace``
+    without its field-by-field look-up (a routed schedule makes one per chunk of every piece)."""
+    return CommOp(op.queue, op.step, op.ring, op.block, op.msg_src, op.msg_dst, src, dst, start, stop, nbytes,
+                  link, nic, stage)
 
 
 def relay_chunk_bytes(cost, config=None) -> int:
@@ -221,7 +227,7 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
                     routed.append(x)
                     continue
                 per_row = x.nbytes // max(1, x.stop - x.start)
-                routed.extend(replace(x, start=a, stop=b, nbytes=(b - a) * per_row)
+                routed.extend(_hop_of(x, x.src, x.dst, a, b, (b - a) * per_row, x.link, x.nic, x.stage)
                               for a, b in chunk_cuts(x.start, x.stop, per_row, chunk))
         routed.sort(key=lambda o: (STAGES.index(o.stage), o.ring, o.block, o.msg_src, o.msg_dst, o.start))
         out.extend(routed)
