@@ -305,14 +305,13 @@ def _chunk_groups(hops: Sequence[Tuple]) -> Tuple[List[int], Dict[Tuple, List[in
     chunk = [0] * len(hops)
     groups: Dict[Tuple, List[int]] = {}
     for i, h in enumerate(hops):
-        idx = groups.get((h[3], h[0], h[1], h[2]))
-        if idx is None:
-            groups[(h[3], h[0], h[1], h[2])] = [i]
-        else:
-            idx.append(i)
+        groups.setdefault((h[3], h[0], h[1], h[2]), []).append(i)
+    start = None
     for idx in groups.values():
         if len(idx) > 1:  # a stable sort of ascending indices: by rows, then as given
-            for c, i in enumerate(sorted(idx, key=lambda i: hops[i][4])):
+            if start is None:
+                start = [h[4] for h in hops]
+            for c, i in enumerate(sorted(idx, key=start.__getitem__)):
                 chunk[i] = c
     return chunk, groups
 
@@ -343,11 +342,7 @@ def step_feeds(hops: Sequence[Tuple]) -> List[Optional[List[int]]]:
     """
     at: Dict[Tuple, List[int]] = {}  # (message, rank) -> the hops arriving there
     for i, h in enumerate(hops):
-        got = at.get((h[3], h[2]))
-        if got is None:
-            at[(h[3], h[2])] = [i]
-        else:
-            got.append(i)
+        at.setdefault((h[3], h[2]), []).append(i)
     exact: Dict[Tuple, Optional[Dict]] = {}  # (message, rank) -> rows -> hop, where disjoint in row order
     out: List[Optional[List[int]]] = [None] * len(hops)
     for i, h in enumerate(hops):
@@ -407,15 +402,13 @@ def step_schedule(hops: Sequence[Tuple], reverse: bool = False):
     ph = [phase[h[0]] for h in hops]
     chunk, groups = _chunk_groups(hops)
     feeds = step_feeds(hops)
-    wave = [0] * len(hops)
-    for i in sorted(range(len(hops)), key=ph.__getitem__):  # a stable sort: by phase, then as given
-        w = chunk[i] + ph[i]
-        came = feeds[i]
-        if came:  # at least one more than each hop that brought its rows before it (phase, then as given)
-            p = ph[i]
-            for j in came:
-                if (ph[j] < p or (ph[j] == p and j < i)) and wave[j] >= w:
-                    w = wave[j] + 1
+    wave = [c + p for c, p in zip(chunk, ph)]
+    relayed = [i for i, came in enumerate(feeds) if came]
+    for i in sorted(relayed, key=ph.__getitem__):  # by phase, then as given (a stable sort)
+        w, p = wave[i], ph[i]
+        for j in feeds[i]:  # at least one more than each hop that brought its rows before it
+            if (ph[j] < p or (ph[j] == p and j < i)) and wave[j] >= w:
+                w = wave[j] + 1
         wave[i] = w
     n = len(phase)  # (wave, phase) as one integer: phase < n (stable again: then as given)
     key = [w * n + p for w, p in zip(wave, ph)]

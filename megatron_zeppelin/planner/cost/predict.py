@@ -65,6 +65,7 @@ def _port_table(topo) -> dict:
 def _op_hops(ops, cost, reverse=False):
     topo = cost.topology
     table = _port_table(topo)
+    nvlink = Link.NVLINK  # bound once (spec/words.py): compared per op
     out = []
     for o in ops:  # _hop, its ports looked up
         if not reverse:
@@ -72,7 +73,7 @@ def _op_hops(ops, cost, reverse=False):
             own, piece = (src == o.msg_src, dst == o.msg_dst), ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)
         else:
             src, dst, stage = o.dst, o.src, MIRROR[o.stage]
-            nic = topo.nic_of(src) if o.link != Link.NVLINK else -1
+            nic = -1 if o.link == nvlink else topo.nic_of(src)
             own, piece = (src == o.msg_dst, dst == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop)
         link = o.link
         key = (link, src, dst, nic)
@@ -83,8 +84,7 @@ def _op_hops(ops, cost, reverse=False):
     return out
 
 
-def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepared=None,
-              arrive=None) -> Dict[int, float]:
+def _exchange(hops, clock, cost, also=(), prepared=None, arrive=None) -> Dict[int, float]:
     """When each involved rank's wait() on one exchange returns, as distributed/executor.py runs it:
     every rank posts its receives and the sends of the messages it originates at its ``clock``; a
     proxy's relay forwards each piece as soon as it has arrived (in stage order, one after the
@@ -92,9 +92,7 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
     sender has the rows, its receiver has posted and the previous chunk of its piece on the same
     hop is through, and takes latency + the busiest link (NVLink port or NIC) of its stage and chunk
     / bandwidth: chunk i+1's dispatch overlaps chunk i's transfer (a pipelined relay). A rank's wait() returns when its own ops are done (sends of messages it originates,
-    pieces of messages ending at it): a proxy does not wait for the pieces it relays (they end by
-    ``relay_end``, per rank, updated in place when given).
-    ``busy_until``: per rank, when an earlier exchange on the same links ends.
+    pieces of messages ending at it): a proxy does not wait for the pieces it relays.
     ``also``: hops of another exchange in flight meanwhile: they load the links, are not timed.
     ``prepared``: ``_prepared_exchange(hops, cost, also)`` when the caller runs the exchange again.
     ``arrive``: filled with each message's arrival at its destination (by the hops' message keys).
@@ -114,31 +112,28 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
     done: List[float] = []  # per hop in the program's order: when it got through
     relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
     for src, dst, lat, sec, src_own, dst_own, came, prev, key in prep:
-        ready = c[src]
+        t = c[src]
         if came is not None:  # a relayed piece: when it arrived here, after the relay's previous forward
             for p in came:  # the hops that brought its rows here (max: any order gives the same)
-                if done[p] > ready:
-                    ready = done[p]
+                if done[p] > t:
+                    t = done[p]
             p = relay_post.get(src)
-            if p is not None and p > ready:
-                ready = p
-            relay_post[src] = ready
-        t0 = c[dst] if c[dst] > ready else ready
-        if busy_until is not None:
-            t0 = max(t0, busy_until.get(src, 0.0), busy_until.get(dst, 0.0))
-        if prev >= 0 and done[prev] > t0:  # a piece's chunks go through one hop one after the other
-            t0 = done[prev]
-        t = t0 if sec is None else t0 + lat + sec
+            if p is not None and p > t:
+                t = p
+            relay_post[src] = t
+        if c[dst] > t:  # (each max as max() takes it: the first unless the next is greater)
+            t = c[dst]
+        if prev >= 0 and done[prev] > t:  # a piece's chunks go through one hop one after the other
+            t = done[prev]
+        if sec is not None:
+            t = t + lat + sec
         done.append(t)
-        if arrive is not None and key is not None and t > arrive.get(key, -1.0):
-            arrive[key] = t
         if src_own and t > own[src]:
             own[src] = t
         if dst_own and t > own[dst]:
             own[dst] = t
-        if relay_end is not None:
-            relay_end[src] = max(relay_end[src], t)
-            relay_end[dst] = max(relay_end[dst], t)
+        if key is not None and arrive is not None and t > arrive.get(key, -1.0):
+            arrive[key] = t
     return own
 
 
@@ -148,7 +143,7 @@ def _step_items(hops) -> list:
             else (h[0], h[1], h[2], ("hop", i), 0, 0, False) for i, h in enumerate(hops)]
 
 
-def _prepared_exchange(hops, cost, also=()) -> Tuple[list, list]:
+def _prepared_exchange(hops, cost, also=(), scheduled=None, also_chunks=None) -> Tuple[list, list]:
     """What of an exchange does not depend on the clocks, computed once per hop list (a layer runs
     the same exchanges every time): the ranks of its hops (senders and receivers, as first met) and
     the hops in the program's order (program.py ``step_order``: phase order, chunks of routed pieces
@@ -157,12 +152,15 @@ def _prepared_exchange(hops, cost, also=()) -> Tuple[list, list]:
     a relayed hop the positions in that order of the earlier hops whose rows, arrived at its sender,
     contain its own (program.py ``step_feeds``), else None; ``prev``: the position of the previous
     chunk of its piece on the same hop, else -1. A link's load is per stage and chunk index: the
-    hops that run together."""
+    hops that run together. ``scheduled``: ``step_schedule`` of ``hops``' items, ``also_chunks``:
+    ``step_chunks`` of ``also``'s, where the caller has them (hop lists that recur in a layer)."""
     if not hops:
         return [], []
-    order, chunk, groups, feeds = step_schedule(_step_items(hops))
+    order, chunk, groups, feeds = step_schedule(_step_items(hops)) if scheduled is None else scheduled
+    if also and also_chunks is None:
+        also_chunks = step_chunks(_step_items(also))
     load: Dict[Tuple, Dict] = {}  # (stage, chunk) -> port -> bytes, added in the hops' order
-    for group, ch in ((hops, chunk), (also, step_chunks(_step_items(also)) if also else ())):
+    for group, ch in ((hops, chunk), (also, also_chunks or ())):
         for h, c in zip(group, ch):  # (the also-hops: only their links' load, so only their chunks)
             at = load.get((h[0], c))
             if at is None:
@@ -179,15 +177,12 @@ def _prepared_exchange(hops, cost, also=()) -> Tuple[list, list]:
             for x, y in zip(idx, idx[1:]):
                 prev[y] = pos[x]
     rate = {link: (cost.latency(link), cost.bandwidth(link)) for link in {h[5] for h in hops}}
+    secs = [None if h[1] == h[2] else max([at[k] for k in h[4]]) / rate[h[5]][1]
+            for h, at in zip(hops, [load[(h[0], c)] for h, c in zip(hops, chunk)])]
     out = []
     for i in order:  # the executor's and the simulator's one order
-        stage, src, dst, _, keys, link, (src_own, dst_own), piece = hops[i]
-        lat, bw = rate[link]
-        if src == dst:
-            sec = None
-        else:
-            at = load[(stage, chunk[i])]
-            sec = max([at[k] for k in keys]) / bw
+        _, src, dst, _, _, link, (src_own, dst_own), piece = hops[i]
+        lat, sec = rate[link][0], secs[i]
         came = feeds[i]
         if came is not None:
             p = pos[i]
@@ -216,7 +211,12 @@ class _Attention:
         has_local = len(local[0]) > 0
         self.program = {bw: attention_program(rings, has_local, bw) for bw in (False, True)}
         self._hops: Dict[Tuple[bool, str], list] = {}
+        # one hop list per (queue, step, rings, reverse): the forward's K/V exchange runs again in the
+        # backward, and a step's dK/dV often goes over the same ops; with its step_schedule by id
+        self._lists: Dict[Tuple, list] = {}
+        self._scheduled: Dict[int, tuple] = {}
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
+        self._prepared_lists: Dict[Tuple[int, int], list] = {}  # ... by (id of its hops, id of its also)
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
         self.host = cost.host  # a shared CPU host's engine CPU per pass, Post and Wait (None on GPUs)
         self._host_costs: Dict[Tuple[bool, str], Tuple[np.ndarray, np.ndarray]] = {}
@@ -230,10 +230,33 @@ class _Attention:
         key = (backward, name)
         if key not in self._hops:
             x = self._posts[backward][name]
-            rings = set(x.rings)
-            self._hops[key] = _op_hops([o for o in self.ops[(x.queue, x.step)] if o.ring in rings], self.cost,
-                                       reverse=x.reverse)
+            rings = frozenset(x.rings)
+            same = (x.queue, x.step, rings, x.reverse)
+            if same not in self._lists:
+                self._lists[same] = _op_hops([o for o in self.ops[(x.queue, x.step)] if o.ring in rings], self.cost,
+                                             reverse=x.reverse)
+            self._hops[key] = self._lists[same]
         return self._hops[key]
+
+    def _schedule_of(self, hops) -> tuple:
+        """``step_schedule`` of one of the layer's hop lists (``_lists`` keeps it, so its id)."""
+        got = self._scheduled.get(id(hops))
+        if got is None:
+            got = self._scheduled[id(hops)] = step_schedule(_step_items(hops))
+        return got
+
+    def _prepare(self, backward: bool, x: Post, hops) -> list:
+        """``_prepared_exchange`` of the Post ``x``, once per distinct (hops, exchanges in flight)."""
+        shared = [self.hops(backward, n) for n in x.shares]
+        also = shared[0] if len(shared) == 1 else [o for h in shared for o in h]
+        key = (id(hops), id(also) if len(shared) == 1 else (-1 if not shared else None))
+        got = self._prepared_lists.get(key) if key[1] is not None else None
+        if got is None:
+            chunks = self._schedule_of(also)[1] if len(shared) == 1 and also else None
+            got = _prepared_exchange(hops, self.cost, also, self._schedule_of(hops), chunks)
+            if key[1] is not None:
+                self._prepared_lists[key] = got
+        return got
 
     def run(self, clock: np.ndarray, backward: bool, busy: np.ndarray) -> None:
         """Advance ``clock`` through the layer's attention program; add compute seconds to ``busy``.
@@ -269,8 +292,7 @@ class _Attention:
                     continue
                 key = (backward, x.name)
                 if key not in self._prepared:
-                    also = [o for n in x.shares for o in self.hops(backward, n)]
-                    self._prepared[key] = _prepared_exchange(h, self.cost, also)
+                    self._prepared[key] = self._prepare(backward, x, h)
                 land = None
                 if host is not None:  # the engine's CPU posting it, on every rank it involves
                     ranks, land = self._host(key, h)
