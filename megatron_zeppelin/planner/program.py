@@ -677,6 +677,8 @@ class AttentionWork:
         self._by_step = None
         self._rings, self._schedule = rings, schedule
         self._slowed: Dict[bool, Dict[Compute, np.ndarray]] = {}
+        # slowed()'s seconds per (queue, step, rings) posted: the backward posts the forward's K/V again
+        self._post_s: Dict[Tuple, np.ndarray] = {}
 
     def seconds(self, c: Compute, backward: bool) -> np.ndarray:
         """Per rank seconds of ``c`` (one layer); a layer runs the same program every time, so
@@ -701,12 +703,15 @@ class AttentionWork:
             if self._schedule is not None and self.cost.overlap_slowdown:
                 cost = self.cost
                 ops: Dict[Tuple[str, int, int], list] = {}
-                for o in self._schedule:
-                    ops.setdefault((o.queue, o.step, o.ring), []).append(o)
                 flying: Dict[str, np.ndarray] = {}
                 rate = {}  # per link class: (latency, bandwidth)
                 for x in attention_program(self._rings, bool(self.local_ranks), backward):
-                    if isinstance(x, Post):
+                    if isinstance(x, Post) and (x.queue, x.step, x.rings) in self._post_s:
+                        flying[x.name] = self._post_s[(x.queue, x.step, x.rings)]
+                    elif isinstance(x, Post):
+                        if not ops:
+                            for o in self._schedule:
+                                ops.setdefault((o.queue, o.step, o.ring), []).append(o)
                         slowest: Dict[Tuple[str, int], float] = {}
                         for r in x.rings:
                             for o in ops.get((x.queue, x.step, r), ()):
@@ -720,7 +725,7 @@ class AttentionWork:
                         sec = np.zeros(self.world)
                         for (_, rank), t in slowest.items():
                             sec[rank] += t
-                        flying[x.name] = sec
+                        flying[x.name] = self._post_s[(x.queue, x.step, x.rings)] = sec
                     elif isinstance(x, Wait):
                         flying.pop(x.name, None)
                     elif flying:
