@@ -106,12 +106,12 @@ def _exchange(hops, clock, cost, also=(), prepared=None, arrive=None) -> Dict[in
     >>> bool(done[1] == 5.0 and done[0] > 5.0 and done[3] > done[0])  # the proxy itself waits for nothing
     True
     """
-    ranks, prep = _prepared_exchange(hops, cost, also) if prepared is None else prepared
+    ranks, rows, secs = _prepared_exchange(hops, cost, also) if prepared is None else prepared
     c = clock.tolist() if isinstance(clock, np.ndarray) else clock
     own: Dict[int, float] = {r: c[r] for r in ranks}
     done: List[float] = []  # per hop in the program's order: when it got through
     relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
-    for src, dst, lat, sec, src_own, dst_own, came, prev, key in prep:
+    for (src, dst, lat, src_own, dst_own, came, prev, key), sec in zip(rows, secs):
         t = c[src]
         if came is not None:  # a relayed piece: when it arrived here, after the relay's previous forward
             for p in came:  # the hops that brought its rows here (max: any order gives the same)
@@ -143,30 +143,25 @@ def _step_items(hops) -> list:
             else (h[0], h[1], h[2], ("hop", i), 0, 0, False) for i, h in enumerate(hops)]
 
 
-def _prepared_exchange(hops, cost, also=(), scheduled=None, also_chunks=None) -> Tuple[list, list]:
-    """What of an exchange does not depend on the clocks, computed once per hop list (a layer runs
-    the same exchanges every time): the ranks of its hops (senders and receivers, as first met) and
-    the hops in the program's order (program.py ``step_order``: phase order, chunks of routed pieces
-    as a pipeline) as (src, dst, latency, seconds of the busiest link's bytes or None for a copy to
-    itself, src owns, dst owns, came, prev, message key where dst owns it else None). ``came``: for
-    a relayed hop the positions in that order of the earlier hops whose rows, arrived at its sender,
-    contain its own (program.py ``step_feeds``), else None; ``prev``: the position of the previous
-    chunk of its piece on the same hop, else -1. A link's load is per stage and chunk index: the
-    hops that run together. ``scheduled``: ``step_schedule`` of ``hops``' items, ``also_chunks``:
-    ``step_chunks`` of ``also``'s, where the caller has them (hop lists that recur in a layer)."""
-    if not hops:
-        return [], []
-    order, chunk, groups, feeds = step_schedule(_step_items(hops)) if scheduled is None else scheduled
-    if also and also_chunks is None:
-        also_chunks = step_chunks(_step_items(also))
-    load: Dict[Tuple, Dict] = {}  # (stage, chunk) -> port -> bytes, added in the hops' order
-    for group, ch in ((hops, chunk), (also, also_chunks or ())):
-        for h, c in zip(group, ch):  # (the also-hops: only their links' load, so only their chunks)
-            at = load.get((h[0], c))
-            if at is None:
-                at = load[(h[0], c)] = defaultdict(float)
-            for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
-                at[k] += h[3]
+def _exchange_parts(hops, cost) -> tuple:
+    """What of an exchange depends on its hops alone, not on the clocks nor on the exchanges in flight
+    with it (a layer runs the same exchanges every time, the backward some of the forward's again):
+    (the ranks of its hops: senders and receivers as first met; its rows; the program's order
+    (program.py ``step_order``: phase order, chunks of routed pieces as a pipeline); each hop's
+    chunk index; its links' load: (stage, chunk) -> port -> bytes, added in the hops' order; per
+    link class (latency, bandwidth)). A row per hop in that order: (src, dst, latency, src owns, dst
+    owns, came, prev, message key where dst owns it else None); ``came``: for a relayed hop the
+    positions in that order of the earlier hops whose rows, arrived at its sender, contain its own
+    (program.py ``step_feeds``), else None; ``prev``: the position of the previous chunk of its
+    piece on the same hop, else -1."""
+    order, chunk, groups, feeds = step_schedule(_step_items(hops))
+    load: Dict[Tuple, Dict] = {}
+    for h, c in zip(hops, chunk):
+        at = load.get((h[0], c))
+        if at is None:
+            at = load[(h[0], c)] = defaultdict(float)
+        for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
+            at[k] += h[3]
     pos = [0] * len(hops)
     for p, i in enumerate(order):
         pos[i] = p
@@ -177,24 +172,50 @@ def _prepared_exchange(hops, cost, also=(), scheduled=None, also_chunks=None) ->
             for x, y in zip(idx, idx[1:]):
                 prev[y] = pos[x]
     rate = {link: (cost.latency(link), cost.bandwidth(link)) for link in {h[5] for h in hops}}
-    secs = [None if h[1] == h[2] else max([at[k] for k in h[4]]) / rate[h[5]][1]
-            for h, at in zip(hops, [load[(h[0], c)] for h, c in zip(hops, chunk)])]
-    out = []
+    rows = []
     for i in order:  # the executor's and the simulator's one order
         _, src, dst, _, _, link, (src_own, dst_own), piece = hops[i]
-        lat, sec = rate[link][0], secs[i]
         came = feeds[i]
         if came is not None:
             p = pos[i]
             came = [pos[j] for j in came if pos[j] < p]
         elif not src_own:
             came = []
-        out.append((src, dst, lat, sec, src_own, dst_own, came, prev[i] if piece is not None else -1,
-                    piece[0] if dst_own and piece is not None else None))
+        rows.append((src, dst, rate[link][0], src_own, dst_own, came, prev[i],
+                     piece[0] if dst_own and piece is not None else None))
     ranks = {}
     for h in hops:
         ranks[h[1]] = ranks[h[2]] = None
-    return list(ranks), out
+    return list(ranks), rows, order, chunk, load, rate
+
+
+def _prepared_exchange(hops, cost, also=(), parts=None, also_chunks=None) -> Tuple[list, list, list]:
+    """What of an exchange does not depend on the clocks, computed once per hop list and exchanges
+    in flight with it: (its ranks, its rows: ``_exchange_parts``; per row, the seconds of the
+    busiest link's bytes of its stage and chunk, ``also``'s hops loading them too, or None for a copy
+    to itself). A link's load is per stage and chunk index: the hops that run together.
+    ``parts``: ``_exchange_parts`` of ``hops``, ``also_chunks``: ``step_chunks`` of ``also``'s
+    items, where the caller has them."""
+    if not hops:
+        return [], [], []
+    ranks, rows, order, chunk, load, rate = _exchange_parts(hops, cost) if parts is None else parts
+    if also:  # (only its links' load, so only its chunks) added after the hops' own, in its order
+        load = {k: defaultdict(float, v) for k, v in load.items()}
+        for h, c in zip(also, step_chunks(_step_items(also)) if also_chunks is None else also_chunks):
+            at = load.get((h[0], c))
+            if at is None:
+                at = load[(h[0], c)] = defaultdict(float)
+            for k in h[4]:
+                at[k] += h[3]
+    secs = []
+    for i in order:
+        h = hops[i]
+        if h[1] == h[2]:
+            secs.append(None)
+        else:
+            at = load[(h[0], chunk[i])]
+            secs.append(max([at[k] for k in h[4]]) / rate[h[5]][1])
+    return ranks, rows, secs
 
 
 class _Attention:
@@ -214,7 +235,7 @@ class _Attention:
         # one hop list per (queue, step, rings, reverse): the forward's K/V exchange runs again in the
         # backward, and a step's dK/dV often goes over the same ops; with its step_schedule by id
         self._lists: Dict[Tuple, list] = {}
-        self._scheduled: Dict[int, tuple] = {}
+        self._parts: Dict[int, tuple] = {}  # _exchange_parts of each, by id (_lists keeps them)
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
         self._prepared_lists: Dict[Tuple[int, int], list] = {}  # ... by (id of its hops, id of its also)
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
@@ -238,11 +259,11 @@ class _Attention:
             self._hops[key] = self._lists[same]
         return self._hops[key]
 
-    def _schedule_of(self, hops) -> tuple:
-        """``step_schedule`` of one of the layer's hop lists (``_lists`` keeps it, so its id)."""
-        got = self._scheduled.get(id(hops))
+    def _parts_of(self, hops) -> tuple:
+        """``_exchange_parts`` of one of the layer's hop lists (``_lists`` keeps it, so its id)."""
+        got = self._parts.get(id(hops))
         if got is None:
-            got = self._scheduled[id(hops)] = step_schedule(_step_items(hops))
+            got = self._parts[id(hops)] = _exchange_parts(hops, self.cost)
         return got
 
     def _prepare(self, backward: bool, x: Post, hops) -> list:
@@ -252,8 +273,8 @@ class _Attention:
         key = (id(hops), id(also) if len(shared) == 1 else (-1 if not shared else None))
         got = self._prepared_lists.get(key) if key[1] is not None else None
         if got is None:
-            chunks = self._schedule_of(also)[1] if len(shared) == 1 and also else None
-            got = _prepared_exchange(hops, self.cost, also, self._schedule_of(hops), chunks)
+            chunks = self._parts_of(also)[3] if len(shared) == 1 and also else None
+            got = _prepared_exchange(hops, self.cost, also, self._parts_of(hops) if hops else None, chunks)
             if key[1] is not None:
                 self._prepared_lists[key] = got
         return got
