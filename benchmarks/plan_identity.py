@@ -16,7 +16,10 @@ times, per-rank compute, link bytes, timeline). Cases:
 
     git archive main megatron_zeppelin | tar -x -C results/fastpredict/base
     PYTHONPATH=. .venv/bin/python benchmarks/plan_identity.py --compare-src results/fastpredict/base \
-        --out results/fastpredict/identity.json
+        --time 5 --out results/fastpredict/identity.json
+
+``--time N`` also reports each tree's least CPU time of N plans of the three unbounded accumulation
+batches (each tree in its own process, one after the other: a shared host's load moves both).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ sys.path.insert(0, HERE)  # bench_planner's cases
 
 ACCUMULATION = ("zeppelin", "a800", "llama-7b", "prolong64k", 1 << 20)  # (variant, cluster, model, dataset, tokens)
 ACCUMULATION_PLANS = 6  # make_plan calls recorded (the run's first micro-batches)
+TIME_REPEATS = 0  # --time N: the unbounded accumulation plans' least CPU ms of N (set in the child)
 LATENCY_STRATEGIES = ("zeppelin", "static_cp", "allgather_cp", "hybrid_dp", "dynamic_cp", "packed_dp")
 SIMULATE = (
     ["--cluster", "a800", "--model", "llama-7b", "--nodes", "4", "--dataset", "prolong64k",
@@ -96,6 +100,13 @@ def accumulation_cases() -> dict:
     for k, (lengths, topo, profile, model, config) in enumerate(batches[:3]):
         plan = plan_batch(lengths, topo, profile, model, config.with_(plan_budget_ms=0), strategy="zeppelin")
         out[f"accumulation/unbounded{k}/{len(lengths)} docs"] = _record(plan)
+        cpu = []
+        for _ in range(TIME_REPEATS):  # its planning time (not compared: reported)
+            c0 = time.process_time()
+            plan_batch(lengths, topo, profile, model, config.with_(plan_budget_ms=0), strategy="zeppelin")
+            cpu.append(time.process_time() - c0)
+        if cpu:
+            out[f"timing/accumulation/unbounded{k}/{len(lengths)} docs"] = 1e3 * min(cpu)
     return out
 
 
@@ -166,9 +177,9 @@ def emit(groups) -> dict:
     return out
 
 
-def _tree_records(tree: str, groups) -> dict:
+def _tree_records(tree: str, groups, repeats: int = 0) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--emit", *groups], env=env,
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--time", str(repeats), "--emit", *groups], env=env,
                        stdout=subprocess.PIPE, check=True, text=True, timeout=3600)
     rec = json.loads(r.stdout)
     assert rec.pop("package") == os.path.join(os.path.abspath(tree), "megatron_zeppelin"), "wrong tree imported"
@@ -180,8 +191,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-src", help="the other tree (its megatron_zeppelin/ is imported)")
     ap.add_argument("--groups", nargs="+", default=["accumulation", "latency", "run", "simulate"])
     ap.add_argument("--emit", nargs="+", help=argparse.SUPPRESS)  # a child: records of this tree, JSON on stdout
+    ap.add_argument("--time", type=int, default=0, metavar="N",
+                    help="also time the unbounded accumulation plans: least CPU ms of N per tree (not compared)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    global TIME_REPEATS
+    TIME_REPEATS = args.time
     if args.emit:
         import megatron_zeppelin
         rec = emit(args.emit)
@@ -191,7 +206,12 @@ def main(argv=None) -> int:
     if not args.compare_src:
         ap.error("--compare-src DIR is needed")
     here = os.path.abspath(os.path.join(HERE, ".."))
-    old, new = _tree_records(args.compare_src, args.groups), _tree_records(here, args.groups)
+    old, new = _tree_records(args.compare_src, args.groups, args.time), _tree_records(here, args.groups, args.time)
+    timing = []
+    for key in sorted(k for k in old if k.startswith("timing/")):
+        o, n = old.pop(key), new.pop(key, None)
+        timing.append({"case": key[len("timing/"):], "old_cpu_ms": o, "new_cpu_ms": n, "old_over_new": o / n})
+        print(f"CPU {key[len('timing/'):]}: old {o:.0f} ms, new {n:.0f} ms, {o / n:.2f}x")
     rows, same = [], True
     for key in sorted(set(old) | set(new)):
         ok = old.get(key) == new.get(key)
@@ -205,8 +225,8 @@ def main(argv=None) -> int:
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"old": os.path.abspath(args.compare_src), "new": here, "identical": same, "cases": rows}, f,
-                      indent=1)
+            json.dump({"old": os.path.abspath(args.compare_src), "new": here, "identical": same, "cases": rows,
+                       "timing": timing, "load_average": os.getloadavg()[0]}, f, indent=1)
         print(f"wrote {args.out}")
     return 0 if same else 1
 
