@@ -299,52 +299,73 @@ def chunk_cuts(start: int, stop: int, per_row: int, chunk_bytes: int) -> List[Tu
     return out
 
 
-class RowsHeld:
-    """Row ranges of messages that arrived at ranks, each with a value (a wave, an arrival time):
-    ``latest`` is the greatest value of the ranges that contain [a, b), as a scan of them all would
-    give. Chunked pieces arrive as disjoint ranges in row order, and a relay forwards exactly a range
-    that arrived, so the range itself answers; only otherwise (overlaps, empty rows, a sub-range) is
-    the scan run (it was quadratic in a message's chunks: most of a routed plan's preparation).
+def _chunk_groups(hops: Sequence[Tuple]) -> Tuple[List[int], Dict[Tuple, List[int]]]:
+    """(each hop's chunk index, the hops of each piece on each hop: (message, stage, src, dst) ->
+    indices as given), ``hops`` as ``step_order`` reads them."""
+    chunk = [0] * len(hops)
+    groups: Dict[Tuple, List[int]] = {}
+    for i, h in enumerate(hops):
+        groups.setdefault((h[3], h[0], h[1], h[2]), []).append(i)
+    start = None
+    for idx in groups.values():
+        if len(idx) > 1:  # a stable sort of ascending indices: by rows, then as given
+            if start is None:
+                start = [h[4] for h in hops]
+            for c, i in enumerate(sorted(idx, key=start.__getitem__)):
+                chunk[i] = c
+    return chunk, groups
 
-    >>> h = RowsHeld()
-    >>> h.add("m", 0, 5, 1.0); h.add("m", 5, 9, 2.0)
-    >>> h.latest("m", 5, 9, 0.0), h.latest("m", 6, 8, 0.0), h.latest("m", 0, 9, 0.0), h.latest("x", 0, 1, -1)
-    (2.0, 2.0, 0.0, -1)
+
+def step_chunks(hops: Sequence[Tuple]) -> List[int]:
+    """Each hop's chunk index as ``step_order`` numbers them (``hops`` as it reads them): the
+    chunks of one piece on one hop (same message, stage, src, dst) by rows, then as given; for
+    a caller that needs only the chunks (the load of an exchange in flight with another).
+
+    >>> step_chunks([("dispatch", 0, 1, "m", 5, 9, False), ("dispatch", 0, 1, "m", 0, 5, False), ("transfer", 1, 3, "m", 0, 9, True)])
+    [1, 0, 0]
     """
+    return _chunk_groups(hops)[0]
 
-    __slots__ = ("_ranges", "_index")
 
-    def __init__(self):
-        self._ranges: Dict[object, List[Tuple[int, int, float]]] = {}
-        # per key looked up: [ranges indexed so far, exact range -> value, greatest stop, disjoint so far]
-        self._index: Dict[object, list] = {}
+def step_feeds(hops: Sequence[Tuple]) -> List[Optional[List[int]]]:
+    """Per relayed hop (``hops`` as ``step_order`` reads them), the hops whose rows arrive at its
+    sender and contain its own rows [start, stop), in the order given (the relay forwards them once
+    they are there); None for a hop that is not relayed. Chunked pieces arrive at a rank as
+    disjoint ranges in row order and a relay forwards exactly a range that arrived, so that range
+    answers at once; only otherwise (overlaps, empty rows, a sub-range) are all the message's
+    arrivals at the rank scanned (quadratic in a message's chunks: it was most of a routed plan's
+    preparation).
 
-    def add(self, key, a: int, b: int, value) -> None:  # most ranges are never looked up: just kept
-        got = self._ranges.get(key)
-        if got is None:
-            self._ranges[key] = [(a, b, value)]
-        else:
-            got.append((a, b, value))
-
-    def latest(self, key, a: int, b: int, default):
-        ranges = self._ranges.get(key)
-        if not ranges:
-            return default
-        ix = self._index.get(key)
-        if ix is None:
-            ix = self._index[key] = [0, {}, None, True]
-        n, exact, top, disjoint = ix
-        for a0, b0, v in ranges[n:]:  # index what arrived since the last look
-            disjoint = disjoint and a0 < b0 and (top is None or a0 >= top)
-            top = b0 if top is None else max(top, b0)
-            got = exact.get((a0, b0))
-            exact[(a0, b0)] = v if got is None else max(got, v)
-        ix[0], ix[2], ix[3] = len(ranges), top, disjoint
-        if a < b and disjoint:
-            got = exact.get((a, b))
-            if got is not None:
-                return max(default, got)
-        return max([default] + [v for a0, b0, v in ranges if a0 <= a and b <= b0])
+    >>> step_feeds([("dispatch", 0, 1, "m", 0, 5, False), ("dispatch", 0, 1, "m", 5, 9, False),
+    ...             ("transfer", 1, 3, "m", 5, 9, True), ("transfer", 1, 3, "m", 6, 8, True)])
+    [None, None, [1], [1]]
+    """
+    at: Dict[Tuple, List[int]] = {}  # (message, rank) -> the hops arriving there
+    for i, h in enumerate(hops):
+        at.setdefault((h[3], h[2]), []).append(i)
+    exact: Dict[Tuple, Optional[Dict]] = {}  # (message, rank) -> rows -> hop, where disjoint in row order
+    out: List[Optional[List[int]]] = [None] * len(hops)
+    for i, h in enumerate(hops):
+        if not h[6]:
+            continue
+        key, a, b = (h[3], h[1]), h[4], h[5]
+        came = at.get(key)
+        if came is None:
+            out[i] = []
+            continue
+        if key not in exact:
+            top, rows = None, {}
+            for j in came:
+                a0, b0 = hops[j][4], hops[j][5]
+                if not a0 < b0 or (top is not None and a0 < top):
+                    rows = None
+                    break
+                rows[(a0, b0)], top = j, b0
+            exact[key] = rows
+        rows = exact[key]
+        j = None if rows is None or not a < b else rows.get((a, b))
+        out[i] = [j] if j is not None else [j for j in came if hops[j][4] <= a and b <= hops[j][5]]
+    return out
 
 
 def step_order(hops: Sequence[Tuple], reverse: bool = False) -> Tuple[List[int], List[int]]:
@@ -369,26 +390,30 @@ def step_order(hops: Sequence[Tuple], reverse: bool = False) -> Tuple[List[int],
     >>> step_order(hops)   # waves: dispatch c0 | dispatch c1, transfer c0 | transfer c1
     ([0, 1, 2, 3], [0, 1, 0, 1])
     """
-    phase = {st: j for j, st in enumerate(exchange_phases(reverse=reverse))}
-    chunk = [0] * len(hops)
-    groups: Dict[Tuple, List[int]] = {}
-    for i, h in enumerate(hops):
-        groups.setdefault((h[3], h[0], h[1], h[2]), []).append(i)
-    for idx in groups.values():
-        if len(idx) > 1:
-            for c, i in enumerate(sorted(idx, key=lambda i: (hops[i][4], i))):
-                chunk[i] = c
-    wave = [0] * len(hops)
-    held = RowsHeld()  # (message, rank) -> the rows arrived there, with their waves
-    for i in sorted(range(len(hops)), key=lambda i: (phase[hops[i][0]], i)):
-        st, src, dst, msg, a, b, relayed = hops[i]
-        w = chunk[i] + phase[st]
-        if relayed:
-            w = max(w, held.latest((msg, src), a, b, -1) + 1)
-        wave[i] = w
-        held.add((msg, dst), a, b, w)
-    order = sorted(range(len(hops)), key=lambda i: (wave[i], phase[hops[i][0]], i))
+    order, chunk, _, _ = step_schedule(hops, reverse)
     return order, chunk
+
+
+def step_schedule(hops: Sequence[Tuple], reverse: bool = False):
+    """``step_order``'s (order, chunks), with what it finds on the way for a caller that times the
+    hops (planner/cost/predict.py): the chunk groups ((message, stage, src, dst) -> hop indices as
+    given) and ``step_feeds``."""
+    phase = {st: j for j, st in enumerate(exchange_phases(reverse=reverse))}
+    ph = [phase[h[0]] for h in hops]
+    chunk, groups = _chunk_groups(hops)
+    feeds = step_feeds(hops)
+    wave = [c + p for c, p in zip(chunk, ph)]
+    relayed = [i for i, came in enumerate(feeds) if came]
+    for i in sorted(relayed, key=ph.__getitem__):  # by phase, then as given (a stable sort)
+        w, p = wave[i], ph[i]
+        for j in feeds[i]:  # at least one more than each hop that brought its rows before it
+            if (ph[j] < p or (ph[j] == p and j < i)) and wave[j] >= w:
+                w = wave[j] + 1
+        wave[i] = w
+    n = len(phase)  # (wave, phase) as one integer: phase < n (stable again: then as given)
+    key = [w * n + p for w, p in zip(wave, ph)]
+    order = sorted(range(len(hops)), key=key.__getitem__)
+    return order, chunk, groups, feeds
 
 
 
@@ -652,6 +677,8 @@ class AttentionWork:
         self._by_step = None
         self._rings, self._schedule = rings, schedule
         self._slowed: Dict[bool, Dict[Compute, np.ndarray]] = {}
+        # slowed()'s seconds per (queue, step, rings) posted: the backward posts the forward's K/V again
+        self._post_s: Dict[Tuple, np.ndarray] = {}
 
     def seconds(self, c: Compute, backward: bool) -> np.ndarray:
         """Per rank seconds of ``c`` (one layer); a layer runs the same program every time, so
@@ -676,21 +703,29 @@ class AttentionWork:
             if self._schedule is not None and self.cost.overlap_slowdown:
                 cost = self.cost
                 ops: Dict[Tuple[str, int, int], list] = {}
-                for o in self._schedule:
-                    ops.setdefault((o.queue, o.step, o.ring), []).append(o)
                 flying: Dict[str, np.ndarray] = {}
+                rate = {}  # per link class: (latency, bandwidth)
                 for x in attention_program(self._rings, bool(self.local_ranks), backward):
-                    if isinstance(x, Post):
+                    if isinstance(x, Post) and (x.queue, x.step, x.rings) in self._post_s:
+                        flying[x.name] = self._post_s[(x.queue, x.step, x.rings)]
+                    elif isinstance(x, Post):
+                        if not ops:
+                            for o in self._schedule:
+                                ops.setdefault((o.queue, o.step, o.ring), []).append(o)
                         slowest: Dict[Tuple[str, int], float] = {}
                         for r in x.rings:
                             for o in ops.get((x.queue, x.step, r), ()):
-                                t = cost.latency(o.link) + o.nbytes / cost.bandwidth(o.link)
-                                for rank in (o.src, o.dst):
-                                    slowest[o.stage, rank] = max(slowest.get((o.stage, rank), 0.0), t)
+                                lat_bw = rate.get(o.link)
+                                if lat_bw is None:
+                                    lat_bw = rate[o.link] = (cost.latency(o.link), cost.bandwidth(o.link))
+                                t = lat_bw[0] + o.nbytes / lat_bw[1]
+                                for k in ((o.stage, o.src), (o.stage, o.dst)):  # max(held, t), as max() picks
+                                    v = slowest.get(k, 0.0)
+                                    slowest[k] = t if t > v else v
                         sec = np.zeros(self.world)
                         for (_, rank), t in slowest.items():
                             sec[rank] += t
-                        flying[x.name] = sec
+                        flying[x.name] = self._post_s[(x.queue, x.step, x.rings)] = sec
                     elif isinstance(x, Wait):
                         flying.pop(x.name, None)
                     elif flying:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import replace
+from functools import lru_cache
 from typing import Dict, List, Sequence, Tuple
 
 from megatron_zeppelin.spec.config import ZeppelinConfig
@@ -111,7 +112,7 @@ class _StepRouter:
         self.nic_in[self.topo.nic_of(op.dst)] += op.nbytes
 
     def _gpus_on(self, node: int, j: int) -> Tuple[int, ...]:
-        return self.topo.nic_ranks(self.nic(node, j))
+        return _nic_ranks(self.topo)[self.nic(node, j)]
 
     def route(self, op: CommOp) -> List[CommOp]:
         topo, nics = self.topo, self.topo.nics_per_node
@@ -145,14 +146,13 @@ class _StepRouter:
             land = self._landing(op.msg_dst, proxy, b, j)
             self.nic_out[self.nic(a, j)] += nb
             self.nic_in[self.nic(b, j)] += nb
-            common = dict(start=start, stop=stop, nbytes=nb)
             if proxy != op.msg_src:
                 self.nv_in[proxy] += nb
-                out.append(replace(op, src=op.msg_src, dst=proxy, link=Link.NVLINK, nic=-1, stage=Stage.DISPATCH, **common))
-            out.append(replace(op, src=proxy, dst=land, link=op.link, nic=self.nic(a, j), stage=Stage.TRANSFER, **common))
+                out.append(_hop_of(op, op.msg_src, proxy, start, stop, nb, Link.NVLINK, -1, Stage.DISPATCH))
+            out.append(_hop_of(op, proxy, land, start, stop, nb, op.link, self.nic(a, j), Stage.TRANSFER))
             if land != op.msg_dst:
                 self.nv_out[land] += nb
-                out.append(replace(op, src=land, dst=op.msg_dst, link=Link.NVLINK, nic=-1, stage=Stage.COMBINE, **common))
+                out.append(_hop_of(op, land, op.msg_dst, start, stop, nb, Link.NVLINK, -1, Stage.COMBINE))
             start = stop
         return out
 
@@ -170,6 +170,19 @@ class _StepRouter:
         if twin in gpus:
             return twin
         return min(gpus, key=lambda r: (self.nv_out[r], r))
+
+
+@lru_cache(maxsize=16)
+def _nic_ranks(topo: Topology) -> Tuple[Tuple[int, ...], ...]:
+    """``topo.nic_ranks`` of every global NIC, once per topology (the router asks per piece)."""
+    return tuple(topo.nic_ranks(n) for n in range(topo.nodes * topo.nics_per_node))
+
+
+def _hop_of(op: CommOp, src: int, dst: int, start: int, stop: int, nbytes: int, link, nic: int, stage) -> CommOp:
+    """A hop of ``op``'s message (its queue, step, ring, block and ends): ``dataclasses.replace``
+    without its field-by-field look-up (a routed schedule makes one per chunk of every piece)."""
+    return CommOp(op.queue, op.step, op.ring, op.block, op.msg_src, op.msg_dst, src, dst, start, stop, nbytes,
+                  link, nic, stage)
 
 
 def relay_chunk_bytes(cost, config=None) -> int:
@@ -202,6 +215,7 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
         groups[(o.queue, o.step)].append(o)
     out: List[CommOp] = []
     nvlink, direct = Link.NVLINK, Stage.DIRECT  # bound once (spec/words.py): compared per op
+    stage_rank = {st: i for i, st in enumerate(STAGES)}  # STAGES.index, looked up
     for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
         step_ops = groups[k]
         router = _StepRouter(topo, threshold)
@@ -221,9 +235,9 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
                     routed.append(x)
                     continue
                 per_row = x.nbytes // max(1, x.stop - x.start)
-                routed.extend(replace(x, start=a, stop=b, nbytes=(b - a) * per_row)
+                routed.extend(_hop_of(x, x.src, x.dst, a, b, (b - a) * per_row, x.link, x.nic, x.stage)
                               for a, b in chunk_cuts(x.start, x.stop, per_row, chunk))
-        routed.sort(key=lambda o: (STAGES.index(o.stage), o.ring, o.block, o.msg_src, o.msg_dst, o.start))
+        routed.sort(key=lambda o: (stage_rank[o.stage], o.ring, o.block, o.msg_src, o.msg_dst, o.start))
         out.extend(routed)
     return out
 

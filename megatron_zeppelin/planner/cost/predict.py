@@ -18,6 +18,7 @@ all-reduce is the Plan's own term (``Plan.allreduce_s``), not in the per-rank co
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import lru_cache
 
 import numpy as np
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -25,8 +26,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron_zeppelin.spec.topology import link_ports
 from megatron_zeppelin.planner.cost.cost_model import LINEAR_PASSES, CostModel
 from megatron_zeppelin.planner.cost.moe_cost import moe_pass_s
-from megatron_zeppelin.planner.program import (AttentionWork, Compute, Post, RowsHeld, attention_program, local_arrays,
-                                               step_order)
+from megatron_zeppelin.planner.program import (AttentionWork, Compute, Post, attention_program, local_arrays,
+                                               step_chunks, step_schedule)
 from megatron_zeppelin.planner.build.remap import linear_tokens
 from megatron_zeppelin.planner.types import CommOp, DocPlan, Move, RankCost, Ring, Segment, ring_documents
 from megatron_zeppelin.spec.words import MIRROR, Link, Stage
@@ -54,18 +55,36 @@ def _hop(stage, src, dst, nbytes, link, nic, cost, own=(True, True), piece=None)
     return (stage, src, dst, nbytes, link_ports(link, src, dst, nic, cost.topology), link, own, piece)
 
 
+@lru_cache(maxsize=16)
+def _port_table(topo) -> dict:
+    """(link, src, dst, nic) -> ``link_ports``, filled as hops ask (a routed schedule's chunks, and
+    every candidate placement of a batch, ask for the same few pairs again and again)."""
+    return {}
+
+
 def _op_hops(ops, cost, reverse=False):
     topo = cost.topology
-    if not reverse:
-        return [_hop(o.stage, o.src, o.dst, o.nbytes, o.link, o.nic, cost, (o.src == o.msg_src, o.dst == o.msg_dst),
-                     ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)) for o in ops]
-    return [_hop(MIRROR[o.stage], o.dst, o.src, o.nbytes, o.link, topo.nic_of(o.dst) if o.link != Link.NVLINK else -1, cost,
-                 (o.dst == o.msg_dst, o.src == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop))
-            for o in ops]
+    table = _port_table(topo)
+    nvlink = Link.NVLINK  # bound once (spec/words.py): compared per op
+    out = []
+    for o in ops:  # _hop, its ports looked up
+        if not reverse:
+            src, dst, nic, stage = o.src, o.dst, o.nic, o.stage
+            own, piece = (src == o.msg_src, dst == o.msg_dst), ((o.ring, o.block, o.msg_src, o.msg_dst), o.start, o.stop)
+        else:
+            src, dst, stage = o.dst, o.src, MIRROR[o.stage]
+            nic = -1 if o.link == nvlink else topo.nic_of(src)
+            own, piece = (src == o.msg_dst, dst == o.msg_src), ((o.ring, o.block, o.msg_dst, o.msg_src), o.start, o.stop)
+        link = o.link
+        key = (link, src, dst, nic)
+        ports = table.get(key)
+        if ports is None:
+            ports = table[key] = link_ports(link, src, dst, nic, topo)
+        out.append((stage, src, dst, o.nbytes, ports, link, own, piece))
+    return out
 
 
-def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepared=None,
-              arrive=None) -> Dict[int, float]:
+def _exchange(hops, clock, cost, also=(), prepared=None, arrive=None) -> Dict[int, float]:
     """When each involved rank's wait() on one exchange returns, as distributed/executor.py runs it:
     every rank posts its receives and the sends of the messages it originates at its ``clock``; a
     proxy's relay forwards each piece as soon as it has arrived (in stage order, one after the
@@ -73,9 +92,7 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
     sender has the rows, its receiver has posted and the previous chunk of its piece on the same
     hop is through, and takes latency + the busiest link (NVLink port or NIC) of its stage and chunk
     / bandwidth: chunk i+1's dispatch overlaps chunk i's transfer (a pipelined relay). A rank's wait() returns when its own ops are done (sends of messages it originates,
-    pieces of messages ending at it): a proxy does not wait for the pieces it relays (they end by
-    ``relay_end``, per rank, updated in place when given).
-    ``busy_until``: per rank, when an earlier exchange on the same links ends.
+    pieces of messages ending at it): a proxy does not wait for the pieces it relays.
     ``also``: hops of another exchange in flight meanwhile: they load the links, are not timed.
     ``prepared``: ``_prepared_exchange(hops, cost, also)`` when the caller runs the exchange again.
     ``arrive``: filled with each message's arrival at its destination (by the hops' message keys).
@@ -89,41 +106,34 @@ def _exchange(hops, clock, cost, busy_until=None, relay_end=None, also=(), prepa
     >>> bool(done[1] == 5.0 and done[0] > 5.0 and done[3] > done[0])  # the proxy itself waits for nothing
     True
     """
-    prep = _prepared_exchange(hops, cost, also) if prepared is None else prepared
+    ranks, rows, secs = _prepared_exchange(hops, cost, also) if prepared is None else prepared
     c = clock.tolist() if isinstance(clock, np.ndarray) else clock
-    own: Dict[int, float] = {}
-    for h in hops:
-        own.setdefault(h[1], c[h[1]])
-        own.setdefault(h[2], c[h[2]])
-    arrived = RowsHeld()  # (message, rank) -> the pieces arrived there, with their arrival times
+    own: Dict[int, float] = {r: c[r] for r in ranks}
+    done: List[float] = []  # per hop in the program's order: when it got through
     relay_post: Dict[int, float] = {}  # per proxy: when its relay posted its last forward
-    last: Dict[Tuple, float] = {}  # per chunked piece and hop: when its previous chunk got through
-    for src, dst, lat, sec, src_own, dst_own, piece, chain in prep:
-        ready = c[src]
-        if not src_own:  # a relayed piece: when it arrived here, after the relay's previous forward
-            key, a, b = piece
-            ready = arrived.latest((key, src), a, b, ready)
-            ready = max(ready, relay_post.get(src, ready))
-            relay_post[src] = ready
-        t0 = max(ready, c[dst])
-        if busy_until is not None:
-            t0 = max(t0, busy_until.get(src, 0.0), busy_until.get(dst, 0.0))
-        if chain is not None:  # a piece's chunks go through one hop one after the other
-            t0 = max(t0, last.get(chain, t0))
-        t = t0 if sec is None else t0 + lat + sec
-        if chain is not None:
-            last[chain] = t
-        if piece is not None:
-            arrived.add((piece[0], dst), piece[1], piece[2], t)
-            if arrive is not None and dst_own and t > arrive.get(piece[0], -1.0):
-                arrive[piece[0]] = t
+    for (src, dst, lat, src_own, dst_own, came, prev, key), sec in zip(rows, secs):
+        t = c[src]
+        if came is not None:  # a relayed piece: when it arrived here, after the relay's previous forward
+            for p in came:  # the hops that brought its rows here (max: any order gives the same)
+                if done[p] > t:
+                    t = done[p]
+            p = relay_post.get(src)
+            if p is not None and p > t:
+                t = p
+            relay_post[src] = t
+        if c[dst] > t:  # (each max as max() takes it: the first unless the next is greater)
+            t = c[dst]
+        if prev >= 0 and done[prev] > t:  # a piece's chunks go through one hop one after the other
+            t = done[prev]
+        if sec is not None:
+            t = t + lat + sec
+        done.append(t)
         if src_own and t > own[src]:
             own[src] = t
         if dst_own and t > own[dst]:
             own[dst] = t
-        if relay_end is not None:
-            relay_end[src] = max(relay_end[src], t)
-            relay_end[dst] = max(relay_end[dst], t)
+        if key is not None and arrive is not None and t > arrive.get(key, -1.0):
+            arrive[key] = t
     return own
 
 
@@ -133,39 +143,79 @@ def _step_items(hops) -> list:
             else (h[0], h[1], h[2], ("hop", i), 0, 0, False) for i, h in enumerate(hops)]
 
 
-def _prepared_exchange(hops, cost, also=()) -> list:
-    """What of an exchange does not depend on the clocks, computed once per hop list (a layer runs
-    the same exchanges every time): the hops in the program's order (program.py ``step_order``:
-    phase order, chunks of routed pieces as a pipeline) as (src, dst, latency, seconds of the
-    busiest link's bytes or None for a copy to itself, src owns, dst owns, piece, chain: the
-    (message, stage, src, dst) a chunked piece's chunks pass one after the other, else None). A
-    link's load is per stage and chunk index: the hops that run together."""
-    load: Dict[Tuple, float] = defaultdict(float)
-    order = chunk = None
-    for group in (hops, also):
-        if not group:
-            continue
-        o, ch = step_order(_step_items(group))
-        if group is hops:
-            order, chunk = o, ch
-        for h, c in zip(group, ch):
-            for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
-                load[h[0], c, k] += h[3]
-    if order is None:
-        return []
-    chained = {(h[7][0], h[0], h[1], h[2]) for h, c in zip(hops, chunk) if c > 0 and h[7] is not None}
-    rate = {}  # per link class: (latency, bandwidth)
-    out = []
+def _exchange_parts(hops, cost) -> tuple:
+    """What of an exchange depends on its hops alone, not on the clocks nor on the exchanges in flight
+    with it (a layer runs the same exchanges every time, the backward some of the forward's again):
+    (the ranks of its hops: senders and receivers as first met; its rows; the program's order
+    (program.py ``step_order``: phase order, chunks of routed pieces as a pipeline); each hop's
+    chunk index; its links' load: (stage, chunk) -> port -> bytes, added in the hops' order; per
+    link class (latency, bandwidth)). A row per hop in that order: (src, dst, latency, src owns, dst
+    owns, came, prev, message key where dst owns it else None); ``came``: for a relayed hop the
+    positions in that order of the earlier hops whose rows, arrived at its sender, contain its own
+    (program.py ``step_feeds``), else None; ``prev``: the position of the previous chunk of its
+    piece on the same hop, else -1."""
+    order, chunk, groups, feeds = step_schedule(_step_items(hops))
+    load: Dict[Tuple, Dict] = {}
+    for h, c in zip(hops, chunk):
+        at = load.get((h[0], c))
+        if at is None:
+            at = load[(h[0], c)] = defaultdict(float)
+        for k in h[4]:  # its ports: two, or four above the NIC level (topology.link_ports)
+            at[k] += h[3]
+    pos = [0] * len(hops)
+    for p, i in enumerate(order):
+        pos[i] = p
+    prev = [-1] * len(hops)  # a piece's chunks on one hop: one after the other, in the program's order
+    for idx in groups.values():
+        if len(idx) > 1:
+            idx = sorted(idx, key=pos.__getitem__)
+            for x, y in zip(idx, idx[1:]):
+                prev[y] = pos[x]
+    rate = {link: (cost.latency(link), cost.bandwidth(link)) for link in {h[5] for h in hops}}
+    rows = []
     for i in order:  # the executor's and the simulator's one order
+        _, src, dst, _, _, link, (src_own, dst_own), piece = hops[i]
+        came = feeds[i]
+        if came is not None:
+            p = pos[i]
+            came = [pos[j] for j in came if pos[j] < p]
+        elif not src_own:
+            came = []
+        rows.append((src, dst, rate[link][0], src_own, dst_own, came, prev[i],
+                     piece[0] if dst_own and piece is not None else None))
+    ranks = {}
+    for h in hops:
+        ranks[h[1]] = ranks[h[2]] = None
+    return list(ranks), rows, order, chunk, load, rate
+
+
+def _prepared_exchange(hops, cost, also=(), parts=None, also_chunks=None) -> Tuple[list, list, list]:
+    """What of an exchange does not depend on the clocks, computed once per hop list and exchanges
+    in flight with it: (its ranks, its rows: ``_exchange_parts``; per row, the seconds of the
+    busiest link's bytes of its stage and chunk, ``also``'s hops loading them too, or None for a copy
+    to itself). A link's load is per stage and chunk index: the hops that run together.
+    ``parts``: ``_exchange_parts`` of ``hops``, ``also_chunks``: ``step_chunks`` of ``also``'s
+    items, where the caller has them."""
+    if not hops:
+        return [], [], []
+    ranks, rows, order, chunk, load, rate = _exchange_parts(hops, cost) if parts is None else parts
+    if also:  # (only its links' load, so only its chunks) added after the hops' own, in its order
+        load = {k: defaultdict(float, v) for k, v in load.items()}
+        for h, c in zip(also, step_chunks(_step_items(also)) if also_chunks is None else also_chunks):
+            at = load.get((h[0], c))
+            if at is None:
+                at = load[(h[0], c)] = defaultdict(float)
+            for k in h[4]:
+                at[k] += h[3]
+    secs = []
+    for i in order:
         h = hops[i]
-        stage, src, dst, _, keys, link, (src_own, dst_own), piece = h
-        if link not in rate:
-            rate[link] = (cost.latency(link), cost.bandwidth(link))
-        lat, bw = rate[link]
-        sec = None if src == dst else max([load[stage, chunk[i], k] for k in keys]) / bw
-        chain = (piece[0], stage, src, dst) if piece is not None else None
-        out.append((src, dst, lat, sec, src_own, dst_own, piece, chain if chain in chained else None))
-    return out
+        if h[1] == h[2]:
+            secs.append(None)
+        else:
+            at = load[(h[0], chunk[i])]
+            secs.append(max([at[k] for k in h[4]]) / rate[h[5]][1])
+    return ranks, rows, secs
 
 
 class _Attention:
@@ -182,7 +232,12 @@ class _Attention:
         has_local = len(local[0]) > 0
         self.program = {bw: attention_program(rings, has_local, bw) for bw in (False, True)}
         self._hops: Dict[Tuple[bool, str], list] = {}
+        # one hop list per (queue, step, rings, reverse): the forward's K/V exchange runs again in the
+        # backward, and a step's dK/dV often goes over the same ops; with its step_schedule by id
+        self._lists: Dict[Tuple, list] = {}
+        self._parts: Dict[int, tuple] = {}  # _exchange_parts of each, by id (_lists keeps them)
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
+        self._prepared_lists: Dict[Tuple[int, int], list] = {}  # ... by (id of its hops, id of its also)
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
         self.host = cost.host  # a shared CPU host's engine CPU per pass, Post and Wait (None on GPUs)
         self._host_costs: Dict[Tuple[bool, str], Tuple[np.ndarray, np.ndarray]] = {}
@@ -196,10 +251,33 @@ class _Attention:
         key = (backward, name)
         if key not in self._hops:
             x = self._posts[backward][name]
-            rings = set(x.rings)
-            self._hops[key] = _op_hops([o for o in self.ops[(x.queue, x.step)] if o.ring in rings], self.cost,
-                                       reverse=x.reverse)
+            rings = frozenset(x.rings)
+            same = (x.queue, x.step, rings, x.reverse)
+            if same not in self._lists:
+                self._lists[same] = _op_hops([o for o in self.ops[(x.queue, x.step)] if o.ring in rings], self.cost,
+                                             reverse=x.reverse)
+            self._hops[key] = self._lists[same]
         return self._hops[key]
+
+    def _parts_of(self, hops) -> tuple:
+        """``_exchange_parts`` of one of the layer's hop lists (``_lists`` keeps it, so its id)."""
+        got = self._parts.get(id(hops))
+        if got is None:
+            got = self._parts[id(hops)] = _exchange_parts(hops, self.cost)
+        return got
+
+    def _prepare(self, backward: bool, x: Post, hops) -> list:
+        """``_prepared_exchange`` of the Post ``x``, once per distinct (hops, exchanges in flight)."""
+        shared = [self.hops(backward, n) for n in x.shares]
+        also = shared[0] if len(shared) == 1 else [o for h in shared for o in h]
+        key = (id(hops), id(also) if len(shared) == 1 else (-1 if not shared else None))
+        got = self._prepared_lists.get(key) if key[1] is not None else None
+        if got is None:
+            chunks = self._parts_of(also)[3] if len(shared) == 1 and also else None
+            got = _prepared_exchange(hops, self.cost, also, self._parts_of(hops) if hops else None, chunks)
+            if key[1] is not None:
+                self._prepared_lists[key] = got
+        return got
 
     def run(self, clock: np.ndarray, backward: bool, busy: np.ndarray) -> None:
         """Advance ``clock`` through the layer's attention program; add compute seconds to ``busy``.
@@ -235,8 +313,7 @@ class _Attention:
                     continue
                 key = (backward, x.name)
                 if key not in self._prepared:
-                    also = [o for n in x.shares for o in self.hops(backward, n)]
-                    self._prepared[key] = _prepared_exchange(h, self.cost, also)
+                    self._prepared[key] = self._prepare(backward, x, h)
                 land = None
                 if host is not None:  # the engine's CPU posting it, on every rank it involves
                     ranks, land = self._host(key, h)
