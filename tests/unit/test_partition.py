@@ -182,3 +182,21 @@ def test_linear_layout_balances_time_inside_each_node_over_nvlink_only():
         t = [plan.cost[r].total_s for r in topo.node_ranks(v)]
         assert max(t) / min(t) < 1.03
     assert max(c.remap_s for c in plan.cost) < 0.02 * plan.predicted_iteration_s
+
+
+def test_shapes_still_weighed_where_the_greedy_finds_no_room():
+    # Tight capacity (3000 tokens a rank, 11.5K of 12K used): the greedy's free-ring passes cannot
+    # seat the last document, but a fixed shape holding every document on a2a groups of 2 can. The
+    # partitioner's error no longer ends the search; it is raised only where nothing fits.
+    lengths = [3257, 4134, 2549, 1603]
+    ctx = toy_context(capacity=3000)
+    with pytest.raises(PlanError, match="fits no ranks with room"):
+        from megatron_zeppelin.planner.partitioner.partition import _choose
+        _choose(lengths, ctx, "all", "hide", "free")
+    plan = plan_batch(lengths, ctx.topology, TOY_PROFILE, TOY_MODEL,
+                      ZeppelinConfig(gpus_per_node=4, capacity_tokens=3000), strategy="zeppelin")
+    check_plan(plan, capacity=3000)  # every rank's layouts within the capacity
+    from megatron_zeppelin.errors import ZeppelinError
+    with pytest.raises(ZeppelinError, match="zeppelin-capacity-tokens"):  # nothing fits: the error names the flag
+        plan_batch(lengths, ctx.topology, TOY_PROFILE, TOY_MODEL,
+                   ZeppelinConfig(gpus_per_node=4, capacity_tokens=2800), strategy="zeppelin")
