@@ -200,3 +200,16 @@ def test_shapes_still_weighed_where_the_greedy_finds_no_room():
     with pytest.raises(ZeppelinError, match="zeppelin-capacity-tokens"):  # nothing fits: the error names the flag
         plan_batch(lengths, ctx.topology, TOY_PROFILE, TOY_MODEL,
                    ZeppelinConfig(gpus_per_node=4, capacity_tokens=2800), strategy="zeppelin")
+
+
+def test_a_remap_that_cannot_fit_skips_its_variant_only():
+    # A round of 12 documents filling 99.7% of 32 a800 ranks' capacity (4561 tokens each, as
+    # dynamic_cp's scheduler packs a round): the time-balanced remap's linear layout cannot hold the
+    # batch (RemapError), which used to end the search; the variants without a remap still fit.
+    from megatron_zeppelin.spec.hardware import load_profile
+    lengths = [2607, 1352, 1172, 13847, 13255, 3088, 18545, 15652, 21721, 18163, 14777, 21364]
+    prof = load_profile("a800")
+    topo = Topology(4, 8, prof.nics_per_node, prof.gpu_to_nic)
+    config = ZeppelinConfig(gpus_per_node=8, capacity_tokens=4561, cluster="a800")
+    plan = plan_batch(lengths, topo, prof, load_model("llama-7b"), config, strategy="zeppelin")
+    check_plan(plan, capacity=4561)
