@@ -182,3 +182,34 @@ def test_linear_layout_balances_time_inside_each_node_over_nvlink_only():
         t = [plan.cost[r].total_s for r in topo.node_ranks(v)]
         assert max(t) / min(t) < 1.03
     assert max(c.remap_s for c in plan.cost) < 0.02 * plan.predicted_iteration_s
+
+
+def test_shapes_still_weighed_where_the_greedy_finds_no_room():
+    # Tight capacity (3000 tokens a rank, 11.5K of 12K used): the greedy's free-ring passes cannot
+    # seat the last document, but a fixed shape holding every document on a2a groups of 2 can. The
+    # partitioner's error no longer ends the search; it is raised only where nothing fits.
+    lengths = [3257, 4134, 2549, 1603]
+    ctx = toy_context(capacity=3000)
+    with pytest.raises(PlanError, match="fits no ranks with room"):
+        from megatron_zeppelin.planner.partitioner.partition import _choose
+        _choose(lengths, ctx, "all", "hide", "free")
+    plan = plan_batch(lengths, ctx.topology, TOY_PROFILE, TOY_MODEL,
+                      ZeppelinConfig(gpus_per_node=4, capacity_tokens=3000), strategy="zeppelin")
+    check_plan(plan, capacity=3000)  # every rank's layouts within the capacity
+    from megatron_zeppelin.errors import ZeppelinError
+    with pytest.raises(ZeppelinError, match="zeppelin-capacity-tokens"):  # nothing fits: the error names the flag
+        plan_batch(lengths, ctx.topology, TOY_PROFILE, TOY_MODEL,
+                   ZeppelinConfig(gpus_per_node=4, capacity_tokens=2800), strategy="zeppelin")
+
+
+def test_a_remap_that_cannot_fit_skips_its_variant_only():
+    # A round of 12 documents filling 99.7% of 32 a800 ranks' capacity (4561 tokens each, as
+    # dynamic_cp's scheduler packs a round): the time-balanced remap's linear layout cannot hold the
+    # batch (RemapError), which used to end the search; the variants without a remap still fit.
+    from megatron_zeppelin.spec.hardware import load_profile
+    lengths = [2607, 1352, 1172, 13847, 13255, 3088, 18545, 15652, 21721, 18163, 14777, 21364]
+    prof = load_profile("a800")
+    topo = Topology(4, 8, prof.nics_per_node, prof.gpu_to_nic)
+    config = ZeppelinConfig(gpus_per_node=8, capacity_tokens=4561, cluster="a800")
+    plan = plan_batch(lengths, topo, prof, load_model("llama-7b"), config, strategy="zeppelin")
+    check_plan(plan, capacity=4561)

@@ -322,7 +322,12 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
             continue  # aligned rings come in _weighed; --no-remap: the linear layout is the attention layout
         if pk not in placed:  # computed when first needed (the pick weighs the candidates before)
             placed[pk] = []
-            for chosen in _choose(lengths, ctx, rate_kind, inter, rings, memo):
+            try:
+                passes = _choose(lengths, ctx, rate_kind, inter, rings, memo)
+            except PlanError as e:  # no room for a document the greedy's way: the shapes may still fit
+                yield Candidate(None, "/".join(pk), error=e)
+                continue
+            for chosen in passes:
                 pl0 = _chosen_placement(chosen, ctx, memo, seen)
                 if pl0 is None:
                     continue
@@ -411,7 +416,11 @@ def _weighed(lengths, ctx: PlanContext, search: Search, memo, seen, shapes: bool
     world, g, rows = ctx.topology.world_size, ctx.topology.gpus_per_node, chunk_rows_of(ctx)
     pool = []  # (units, order, bound, label, placement, aligned kind or None)
     for pk in _placements_of("aligned", ctx):
-        for chosen in _choose(lengths, ctx, *pk, memo):
+        try:
+            passes = _choose(lengths, ctx, *pk, memo)
+        except PlanError:  # as the free rings', noted there
+            continue
+        for chosen in passes:
             pl0 = _chosen_placement(chosen, ctx, memo, seen)
             if pl0 is None:
                 continue
