@@ -28,7 +28,6 @@ import numpy as np
 
 from megatron_zeppelin.spec.config import STRATEGIES
 from megatron_zeppelin.planner.build.assemble import assemble, least_iteration_s, remapped
-from megatron_zeppelin.planner.build.remap import RemapError
 from megatron_zeppelin.planner.choice import MEMORY_SLACK, MemoryChoice, SearchBudget, faster
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.cost.predict import lower_bound
@@ -130,8 +129,8 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
     """Assemble the proposed candidates and keep the least predicted iteration (ties: the first
     proposed; for Zeppelin the fastest memory-balanced one where that costs little, choice.py);
     a candidate whose bound is at or above the best so far is not assembled. Candidates
-    whose assembly raises PlanError (over a set capacity) or RemapError (a remap whose linear
-    layout cannot fit the capacity) are skipped; if none is left the last
+    whose assembly raises PlanError (over a set capacity, a remap's linear layout included) are
+    skipped; if none is left the last
     error is raised. The winner's label becomes its ``variant``."""
     arr = np.asarray(lengths, dtype=np.int64)
     search, won, errors = Search(lengths=arr, whole_s=ctx.cost.doc_attention_np(arr)), None, []
@@ -150,7 +149,7 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
         nonlocal lower
         if id(c) in ahead:
             got = ahead.pop(id(c))
-            if isinstance(got, (PlanError, RemapError)):
+            if isinstance(got, PlanError):
                 raise got
             return got
         moved = None
@@ -174,12 +173,12 @@ def choose(name: str, lengths: Sequence[int], ctx: PlanContext,
                 if id(v) not in ahead:
                     try:
                         ahead[id(v)] = build(v, search.best_s)
-                    except (PlanError, RemapError) as e:  # a remap that cannot fit: that variant only
+                    except PlanError as e:
                         ahead[id(v)] = e
                 if isinstance(ahead[id(v)], Plan):
                     ref_s = min(ref_s, ahead[id(v)].predicted_iteration_s)
             plan = build(c, ref_s)
-        except (PlanError, RemapError) as e:
+        except PlanError as e:
             errors.append((c.setting, e))
             continue
         if plan is None:

@@ -57,6 +57,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from megatron_zeppelin.errors import ZeppelinError
+from megatron_zeppelin.planner.errors import PlanError
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.planner.types import Move, Segment, segment_tokens
 from megatron_zeppelin.spec.words import Link
@@ -66,6 +67,11 @@ DEFAULT_LINK_COSTS = (1.0, 8.0)  # (intra, inter) per token when no CostModel is
 
 class RemapError(ZeppelinError):
     """Bad remap inputs (capacities that cannot hold the batch, wrong lengths)."""
+
+
+class RemapCapacityError(RemapError, PlanError):
+    """Linear-layout capacities that cannot hold the batch: a plan over capacity like any other, so a
+    search skips that candidate (strategies.choose) and a capped plan falls back (portfolio/memory.py)."""
 
 
 def link_costs(cost=None) -> Tuple[float, float]:
@@ -92,7 +98,7 @@ def _levels(counts: np.ndarray, capacities: Optional[Sequence[int]]) -> Tuple[np
     if (cap < 0).any():
         raise RemapError(f"capacities must be >= 0, got {int(cap.min())}")
     if int(cap.sum()) < total:
-        raise RemapError(f"capacities hold {int(cap.sum())} tokens but the batch has {total}: raise the "
+        raise RemapCapacityError(f"capacities hold {int(cap.sum())} tokens but the batch has {total}: raise the "
                          "per-rank linear-layout capacities (or --zeppelin-capacity-tokens)")
     # Largest level L with sum(min(cap, L)) <= total (bisection; sum is monotone in L).
     lo_l, hi_l = 0, int(cap.max()) + 1
