@@ -28,9 +28,11 @@ from megatron_zeppelin.spec.words import Comm, DocClass
 # a ring's kernel blocks (documents x members x steps: the layer program prices each sequence of
 # each call, program.py call_blocks_s) and a routed piece's chunk hops (each ordered, timed and
 # relayed, program.py step_order). Measured against the planning rate by
-# `benchmarks/bench_plan_units.py` (results/plan54/units.json): ~1.4 us a block, ~1.8 us a chunk hop.
+# `benchmarks/bench_plan_units.py` (results/plan54/units.json): ~1.4 us a block, ~1.8 us a chunk hop;
+# since the relays' rows are found once per exchange (program.step_feeds) ~0.6 us a chunk hop
+# (results/aligned/units.json: 3.9e4-6.5e4 units per CPU second routed, 2.9e4-4.1e4 direct).
 BLOCK_UNITS = 0.045
-CHUNK_UNITS = 0.055
+CHUNK_UNITS = 0.02
 
 
 def placement_units(placement, world: int, gpus_per_node: int, chunk_rows: float = 0.0) -> float:
@@ -48,8 +50,8 @@ def placement_units(placement, world: int, gpus_per_node: int, chunk_rows: float
     >>> round(placement_units(cp_placement([4000, 3000, 2000], ctx, 4, Comm.P2P), 4, 2), 2)   # 3 + 4 + 16 + 0.045 x 48
     25.16
     >>> routed = cp_placement([4000, 3000, 2000], ctx, 4, Comm.P2P); routed.routing = True
-    >>> round(placement_units(routed, 4, 2), 2), round(placement_units(routed, 4, 2, chunk_rows=1000), 2)  # + 3 x 16; + 0.055 x 9 x 4 x 9
-    (57.16, 74.98)
+    >>> round(placement_units(routed, 4, 2), 2), round(placement_units(routed, 4, 2, chunk_rows=1000), 2)  # + 3 x 16; + 0.02 x 9 x 4 x 9
+    (57.16, 63.64)
     """
     units = float(len(placement.docs) + world)
     docs: dict = {}
