@@ -8,10 +8,10 @@ a placement's documents, ranks and ring messages (``placement_units``: what its 
 assembly walk, one schedule op per message, routed ones in three stages), a fixed shape's build
 its documents and ranks. Same batch, same config: same units, same cuts, same plan, on any machine.
 
-The paper's partitioner (the free-ring variants) runs first and is never cut (its units are
-recorded, not spent); what follows, the aligned-ring variants and the baselines' fixed shapes
-(portfolio/shapes.py) whose lower bound can still win, is weighed cheapest first while the units
-spent stay within the budget (partition.py ``_weighed``). The budget is ``--zeppelin-plan-budget-ms``
+The paper's partitioner (the free-ring and aligned-ring variants) runs first and is never cut (its
+units are recorded, not spent); what follows, the baselines' fixed shapes (portfolio/shapes.py)
+whose lower bound can still win, is weighed cheapest first while the units spent stay within the
+budget (partition.py ``_weighed``). The budget is ``--zeppelin-plan-budget-ms``
 or, by default, PLAN_SHARE of the best prediction after the partitioner, at least MIN_BUDGET_MS. What was cut lands in the plan's meta: ``cut_bound`` (fixed shapes
 whose lower bound could not beat the best so far) and ``cut_budget`` (those skipped for units).
 
