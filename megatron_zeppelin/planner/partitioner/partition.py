@@ -434,14 +434,16 @@ def _weighed(lengths, ctx: PlanContext, search: Search, memo, seen, shapes: bool
             if key not in keys:
                 keys.add(key)
                 pool.append((placement_units(pl0, world, g, rows), len(pool), bound, label, pl0, None))
-    pool.sort(key=lambda c: (c[0], c[1]))
+    pool.sort(key=lambda c: (c[5] is None, c[0], c[1]))  # the aligned rings first, then cheapest first
     offs = {}
     for units, _, bound, label, pl0, pk in pool:
         if bound >= (1 + MEMORY_SLACK) * search.best_s:  # the best so far may have moved since
             if budget is not None:
                 budget.skipped(label)
             continue
-        if budget is not None and not budget.afford(label, units):
+        if budget is not None and pk is not None:  # the partitioner's aligned rings: recorded, not spent
+            budget.charge(units)
+        elif budget is not None and not budget.afford(label, units):
             continue  # a cheaper candidate after it may still fit
         if pk is not None:  # an aligned-ring placement: its remap variants
             yield from _remap_variants(_prepared(pl0, ctx), pk, ctx, offs)

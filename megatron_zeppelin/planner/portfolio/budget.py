@@ -8,10 +8,10 @@ a placement's documents, ranks and ring messages (``placement_units``: what its 
 assembly walk, one schedule op per message, routed ones in three stages), a fixed shape's build
 its documents and ranks. Same batch, same config: same units, same cuts, same plan, on any machine.
 
-The paper's partitioner (the free-ring variants) runs first and is never cut (its units are
-recorded, not spent); what follows, the aligned-ring variants and the baselines' fixed shapes
-(portfolio/shapes.py) whose lower bound can still win, is weighed cheapest first while the units
-spent stay within the budget (partition.py ``_weighed``). The budget is ``--zeppelin-plan-budget-ms``
+The paper's partitioner (the free-ring and aligned-ring variants) runs first and is never cut (its
+units are recorded, not spent); what follows, the baselines' fixed shapes (portfolio/shapes.py)
+whose lower bound can still win, is weighed cheapest first while the units spent stay within the
+budget (partition.py ``_weighed``). The budget is ``--zeppelin-plan-budget-ms``
 or, by default, PLAN_SHARE of the best prediction after the partitioner, at least MIN_BUDGET_MS. What was cut lands in the plan's meta: ``cut_bound`` (fixed shapes
 whose lower bound could not beat the best so far) and ``cut_budget`` (those skipped for units).
 
@@ -28,9 +28,11 @@ from megatron_zeppelin.spec.words import Comm, DocClass
 # a ring's kernel blocks (documents x members x steps: the layer program prices each sequence of
 # each call, program.py call_blocks_s) and a routed piece's chunk hops (each ordered, timed and
 # relayed, program.py step_order). Measured against the planning rate by
-# `benchmarks/bench_plan_units.py` (results/plan54/units.json): ~1.4 us a block, ~1.8 us a chunk hop.
+# `benchmarks/bench_plan_units.py` (results/plan54/units.json): ~1.4 us a block, ~1.8 us a chunk hop;
+# since the relays' rows are found once per exchange (program.step_feeds) ~0.6 us a chunk hop
+# (results/aligned/units.json: 3.9e4-6.5e4 units per CPU second routed, 2.9e4-4.1e4 direct).
 BLOCK_UNITS = 0.045
-CHUNK_UNITS = 0.055
+CHUNK_UNITS = 0.02
 
 
 def placement_units(placement, world: int, gpus_per_node: int, chunk_rows: float = 0.0) -> float:
@@ -48,8 +50,8 @@ def placement_units(placement, world: int, gpus_per_node: int, chunk_rows: float
     >>> round(placement_units(cp_placement([4000, 3000, 2000], ctx, 4, Comm.P2P), 4, 2), 2)   # 3 + 4 + 16 + 0.045 x 48
     25.16
     >>> routed = cp_placement([4000, 3000, 2000], ctx, 4, Comm.P2P); routed.routing = True
-    >>> round(placement_units(routed, 4, 2), 2), round(placement_units(routed, 4, 2, chunk_rows=1000), 2)  # + 3 x 16; + 0.055 x 9 x 4 x 9
-    (57.16, 74.98)
+    >>> round(placement_units(routed, 4, 2), 2), round(placement_units(routed, 4, 2, chunk_rows=1000), 2)  # + 3 x 16; + 0.02 x 9 x 4 x 9
+    (57.16, 63.64)
     """
     units = float(len(placement.docs) + world)
     docs: dict = {}
