@@ -129,6 +129,11 @@ def check_megatron_args(args) -> None:
         # Megatron's combined 1F1B asks the forward step for a schedule plan of the model's own
         # submodules (return_schedule_plan), which the planned forward does not build
         raise ConfigError("--zeppelin-balance does not support --overlap-moe-expert-parallel-comm: drop it")
+    if _get(args, "num_microbatches_with_partial_activation_checkpoints", None) is not None:
+        # Megatron passes the per-micro-batch checkpoint switch as forward_step's third argument,
+        # which Megatron's forward steps (and ours) read as return_schedule_plan: it would be ignored
+        raise ConfigError("--zeppelin-balance does not support --num-microbatches-with-partial-activation-"
+                          "checkpoints: drop it (recompute is --recompute-granularity / --recompute-method)")
     if _get(args, "num_experts", None) and _get(args, "moe_token_dispatcher_type", "alltoall") == "flex":
         raise ConfigError("--zeppelin-balance runs MoE with the alltoall or allgather token dispatcher: "
                           "set --moe-token-dispatcher-type alltoall")

@@ -24,6 +24,7 @@ def _args(*argv, **megatron):
 @pytest.mark.parametrize("megatron,flag", [
     ({"context_parallel_size": 2}, "--context-parallel-size"),
     ({"overlap_moe_expert_parallel_comm": True}, "--overlap-moe-expert-parallel-comm"),
+    ({"num_microbatches_with_partial_activation_checkpoints": 2}, "--num-microbatches-with-partial-activation"),
     ({"sequence_parallel": True}, "--sequence-parallel"),
     ({"num_experts": 8, "moe_token_dispatcher_type": "flex"}, "--moe-token-dispatcher-type"),
     ({"apply_rope_fusion": True}, "--no-rope-fusion"),
