@@ -30,7 +30,6 @@ names them as cluster/model/dataset (the 1M-token global batches).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -38,16 +37,14 @@ import time
 
 from megatron_zeppelin.sim import runs
 from megatron_zeppelin.sim.iteration import SimOptions, accumulate, simulate
+from megatron_zeppelin.sim.stored import stored_runs
 
 DEFAULT_CONFIGS = ("a800/llama-7b/prolong64k", "a800/llama-7b/github", "h200/llama-7b/arxiv")
 
 
-def _spec(stored, key: str, gbs: int) -> runs.RunSpec:
-    fields = {f.name for f in dataclasses.fields(runs.RunSpec)}
-    for r in stored:
-        if f"{r['cluster']}/{r['model']}/{r['dataset']}" == key and r["global_batch_tokens"] == gbs:
-            return runs.RunSpec(**{k: v for k, v in r.items() if k in fields})
-    raise SystemExit(f"no {key} at {gbs} tokens in the study file")
+def _spec(study: str, key: str, gbs: int) -> runs.RunSpec:
+    cluster, model, dataset = key.split("/")
+    return stored_runs(study, cluster=cluster, model=model, dataset=dataset, global_batch_tokens=gbs)[0][0]
 
 
 def _context(spec: runs.RunSpec):
@@ -160,11 +157,9 @@ def main(argv=None) -> int:
     ap.add_argument("--global-batch-tokens", type=int, default=1 << 20)
     ap.add_argument("--fill", type=float, default=0.9, help="larger micro-batches: share of a rung's capacity")
     args = ap.parse_args(argv)
-    with open(args.study) as f:
-        stored = json.load(f)["runs"]
     rows = []
     for i, key in enumerate(args.configs):
-        row = measure(_spec(stored, key, args.global_batch_tokens), args.fill)
+        row = measure(_spec(args.study, key, args.global_batch_tokens), args.fill)
         rows.append(row)
         best = min((x for x in row["zeppelin_larger_micro_batches"] if x["iteration_s"] is not None),
                    key=lambda x: x["iteration_s"], default=None)

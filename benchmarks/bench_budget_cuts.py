@@ -11,11 +11,11 @@ candidate that wins unbounded.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 
 import megatron_zeppelin.sim.runs as runs
+from megatron_zeppelin.sim.stored import stored_runs
 from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.model import load_model
@@ -29,13 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--label", required=True, help="the configuration's label, as docs/results.md prints it")
     ap.add_argument("--out", required=True, help="JSON output (under results/)")
     args = ap.parse_args(argv)
-    with open(args.study) as f:
-        stored = [r for r in json.load(f)["runs"] if r["variant"] == "zeppelin" and r["label"] == args.label]
-    if not stored:
-        raise SystemExit(f"no zeppelin run labelled {args.label!r} in {args.study}")
-    rec = stored[0]
-    fields = {f.name for f in dataclasses.fields(runs.RunSpec)}
-    spec = runs.RunSpec(**{k: v for k, v in rec.items() if k in fields})
+    spec, rec = stored_runs(args.study, label=args.label)[0]
     profile, model = load_profile(spec.cluster), load_model(spec.model)
     topo = runs.domain_topology(profile, spec.domain_nodes, spec.tp)
     rc = rec["recompute"]

@@ -13,13 +13,13 @@ Run it with another tree on PYTHONPATH (a `git archive` of an older commit) to c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import os
 import time
 
 import megatron_zeppelin.sim.runs as runs
+from megatron_zeppelin.sim.stored import stored_runs
 from megatron_zeppelin.spec.config import ZeppelinConfig
 
 
@@ -30,15 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     runs.ZeppelinConfig = functools.partial(ZeppelinConfig, plan_budget_ms=args.budget_ms)
-    with open(args.study) as f:
-        stored = json.load(f)["runs"]
-    fields = {f.name for f in dataclasses.fields(runs.RunSpec)}
     out = []
-    for r in stored:
-        if (r["variant"], r["cluster"], r["model"], r["dataset"], r["global_batch_tokens"]) != (
-                "zeppelin", "a800", "llama-7b", "prolong64k", 1 << 20):
-            continue
-        spec = runs.RunSpec(**{k: v for k, v in r.items() if k in fields})
+    for spec, _ in stored_runs(args.study, cluster="a800", model="llama-7b", dataset="prolong64k",
+                               global_batch_tokens=1 << 20):
         t0 = time.time()
         for rec in runs.run_config(spec, ["zeppelin"]):
             row = {k: rec.get(k) for k in ("label", "variant", "iteration_s", "recompute", "capacity", "tried", "won")}
