@@ -241,7 +241,8 @@ def compare(case: list, info: dict, repeats: int, rounds: int, old_src: str, arg
 def budget_rate(repeats: int, prof, model) -> dict:
     """The planning rate of spec/config.PLAN_RATE_UNITS_PER_S: Zeppelin's plans of the latency cases
     and the matrix's runs with no budget to cut (a huge --zeppelin-plan-budget-ms), each plan's work
-    units (portfolio/budget.py: what its search charged) over its CPU seconds; the rate is the median
+    units (portfolio/budget.py: what its search charged, the partitioner's recorded units with them)
+    over its CPU seconds; the rate is the median
     of the per-plan rates (units per second of this host's planner)."""
     from megatron_zeppelin.planner import Planner, strategies
     from megatron_zeppelin.planner.choice import SearchBudget
@@ -279,7 +280,7 @@ def budget_rate(repeats: int, prof, model) -> dict:
                 c0 = time.process_time()
                 plan = planner.plan(b)
                 cpu = time.process_time() - c0
-                units = seen[-1].spent
+                units = seen[-1].spent + seen[-1].partitioner  # the partitioner's units: recorded, not spent
                 rates.append(units / cpu)
                 rows.append({"case": name, "docs": len(b), "units": units, "cpu_s": cpu, "rate": units / cpu,
                              "cut_budget": dict(plan.meta).get("cut_budget", "")})

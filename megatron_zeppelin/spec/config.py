@@ -47,8 +47,10 @@ class ConfigError(ZeppelinError):
 # Work units (planner/portfolio/budget.py) this planner does per second on the host that plans: it
 # converts --zeppelin-plan-budget-ms to units, so the search cuts the same candidates on any machine.
 # Measured on the project's 2-core host: the median over 54 plans of `benchmarks/bench_planner.py
-# --budget-rate --repeats 3 --out results/budget/plan_rate.json` (3.19e4; 2.2e4-1.9e5 by case).
-PLAN_RATE_UNITS_PER_S = 3.2e4
+# --budget-rate --repeats 3 --out results/rate51/plan_rate.json` (4.92e4, load average 1.4; by case
+# 3.6e4-6.4e4), every unit the plan charged, the partitioner's recorded ones included. It was 3.19e4
+# (results/budget/plan_rate.json, load average 11) before routed prediction got 2.5-2.9x faster.
+PLAN_RATE_UNITS_PER_S = 4.9e4
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def test_a_small_budget_cuts_after_the_partitioner_and_meta_names_the_cuts():
     # on this batch the partitioner's plan wins either way: what the default cut could not have won
     assert (free.meta.variant, free.predicted_iteration_s) == (unbounded.meta.variant, unbounded.predicted_iteration_s)
     assert "a2a32" in meta["cut_bound"].split(", ")  # its exchanges bound it out (a2a_wait_bound)
-    tight = _plan(0.5)  # 16 units: less than any fixed shape after the partitioner's own rings
+    tight = _plan(0.5)  # 24.5 units: less than any fixed shape after the partitioner's own rings
     cuts = dict(tight.meta)["cut_budget"].split(", ")
     bound = dict(tight.meta).get("cut_bound", "").split(", ")
     assert "a2a8" in cuts and "hybrid_dp" in cuts and not set(cuts) & set(bound)  # each cut named once, by its reason
