@@ -15,10 +15,7 @@ import json
 import os
 
 import megatron_zeppelin.sim.runs as runs
-from megatron_zeppelin.sim.stored import stored_runs
-from megatron_zeppelin.spec.config import ZeppelinConfig
-from megatron_zeppelin.spec.hardware import load_profile
-from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.sim.stored import recorded_setup, stored_runs
 
 UNBOUNDED_MS = 1e9
 
@@ -30,13 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="JSON output (under results/)")
     args = ap.parse_args(argv)
     spec, rec = stored_runs(args.study, label=args.label)[0]
-    profile, model = load_profile(spec.cluster), load_model(spec.model)
-    topo = runs.domain_topology(profile, spec.domain_nodes, spec.tp)
-    rc = rec["recompute"]
-    capacity = dict(runs.recompute_rungs(spec)).get(rc, spec.capacity)
-    config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
-                            gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp,
-                            capacity_tokens=capacity, recompute=rc)
+    profile, model, topo, config = recorded_setup(spec, rec)
+    rc, capacity = rec["recompute"], config.capacity_tokens
     rows = []
     for b, steps in enumerate(runs.run_steps(spec, topo.world_size)):
         for budget in (0.0, UNBOUNDED_MS):

@@ -20,10 +20,7 @@ import time
 import megatron_zeppelin.planner.strategies as strategies
 import megatron_zeppelin.sim.runs as runs
 from megatron_zeppelin.planner.choice import SearchBudget
-from megatron_zeppelin.sim.stored import stored_runs
-from megatron_zeppelin.spec.config import ZeppelinConfig
-from megatron_zeppelin.spec.hardware import load_profile
-from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.sim.stored import recorded_setup, stored_runs
 
 UNBOUNDED_MS = 1e9
 
@@ -33,12 +30,7 @@ def _cases(studies, micro_batches: int):
         for spec, rec in stored_runs(path):
             if rec.get("error"):
                 continue
-            profile, model = load_profile(spec.cluster), load_model(spec.model)
-            topo = runs.domain_topology(profile, spec.domain_nodes, spec.tp)
-            capacity = dict(runs.recompute_rungs(spec)).get(rec["recompute"], spec.capacity)
-            config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
-                                    gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp,
-                                    capacity_tokens=capacity, recompute=rec["recompute"])
+            profile, model, topo, config = recorded_setup(spec, rec)
             steps = runs.run_steps(spec, topo.world_size)[0]
             for m in range(min(len(steps), micro_batches)):
                 yield spec.label(), m, steps[m], topo, profile, model, config

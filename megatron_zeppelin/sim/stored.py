@@ -11,6 +11,7 @@ import dataclasses
 import json
 from typing import Dict, List, Tuple
 
+from megatron_zeppelin.sim import runs
 from megatron_zeppelin.sim.runs import RunSpec
 
 
@@ -31,3 +32,19 @@ def stored_runs(path: str, variant: str = "zeppelin", **match) -> List[Tuple[Run
         what = ", ".join(f"{k}={v!r}" for k, v in match.items())
         raise SystemExit(f"no {variant} run with {what or 'any settings'} in {path}")
     return out
+
+
+def recorded_setup(spec: RunSpec, record: Dict):
+    """(profile, model, topology, ZeppelinConfig) of one stored run as it was deployed: the domain of
+    one pipeline stage, the record's recompute and that rung's capacity (the run's own capacity where
+    the rung has none)."""
+    from megatron_zeppelin.spec.config import ZeppelinConfig
+    from megatron_zeppelin.spec.hardware import load_profile
+    from megatron_zeppelin.spec.model import load_model
+    profile, model = load_profile(spec.cluster), load_model(spec.model)
+    topo = runs.domain_topology(profile, spec.domain_nodes, spec.tp)
+    capacity = dict(runs.recompute_rungs(spec)).get(record["recompute"], spec.capacity)
+    config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,
+                            gpu_nic_map=topo.gpu_to_nic, cluster=spec.cluster, tp=spec.tp,
+                            capacity_tokens=capacity, recompute=record["recompute"])
+    return profile, model, topo, config
