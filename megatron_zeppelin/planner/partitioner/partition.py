@@ -309,8 +309,8 @@ VARIANTS = tuple((r, i, rings, m) for rings in ("free", "aligned") for r, i, m i
 def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search, shapes: bool = True
                         ) -> Iterator[Candidate]:
     """Every variant worth assembling (strategies.pick keeps the lowest predicted iteration): the
-    paper's partitioner (free rings), never cut, then ``_weighed``: its aligned-ring variants and
-    (``shapes``) the baselines' fixed shapes, within the search budget. A placement is computed once
+    paper's partitioner (free rings), never cut, then ``_weighed``: its aligned-ring variants (the
+    partitioner's too: never cut) and (``shapes``) the baselines' fixed shapes, within the search budget. A placement is computed once
     per (rate, inter) and prepared (layout, routed schedule, ring costs) once; its remap variants
     share that."""
     seen, memo = [], ({} if search.lengths is None else {"arrays": (search.lengths, search.whole_s)})
@@ -400,9 +400,10 @@ def _remap_variant(placed, k: int, ctx: PlanContext, offs) -> Iterator[Candidate
 
 
 def _weighed(lengths, ctx: PlanContext, search: Search, memo, seen, shapes: bool) -> Iterator[Candidate]:
-    """The candidates after the partitioner, cheapest first while the budget lasts: the aligned-ring
-    variants and (``shapes``) the baselines' fixed shapes (portfolio/shapes.py, so that Zeppelin's
-    prediction is never above theirs), each whose lower bound can still win. A candidate that can
+    """The candidates after the free rings: the aligned-ring variants first (the partitioner's own:
+    recorded, never cut), then (``shapes``) the baselines' fixed shapes (portfolio/shapes.py, so that
+    Zeppelin's prediction is never above theirs) cheapest first while the budget lasts, each whose
+    lower bound can still win. A candidate that can
     win is worth weighing whatever it costs, so within a fixed budget the cheapest first weighs the
     most of them (by bound first, one costly routed shape could take the budget that a2a shapes
     several times cheaper needed). A bound at or above MEMORY_SLACK above the best so far cannot
