@@ -310,9 +310,9 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
                         ) -> Iterator[Candidate]:
     """Every variant worth assembling (strategies.pick keeps the lowest predicted iteration): the
     paper's partitioner (free rings), never cut, then ``_weighed``: its aligned-ring variants (the
-    partitioner's too: never cut) and (``shapes``) the baselines' fixed shapes, within the search budget. A placement is computed once
-    per (rate, inter) and prepared (layout, routed schedule, ring costs) once; its remap variants
-    share that."""
+    partitioner's too: never cut) and (``shapes``) the baselines' fixed shapes, within the search
+    budget. A placement is computed once per (rate, inter) and prepared (layout, routed schedule,
+    ring costs) once; its remap variants share that."""
     seen, memo = [], ({} if search.lengths is None else {"arrays": (search.lengths, search.whole_s)})
     placed, offs = {}, {}  # offs: each placement's remap-off candidate, its time variant is weighed against
     free = _placements_of("free", ctx)
@@ -403,8 +403,8 @@ def _weighed(lengths, ctx: PlanContext, search: Search, memo, seen, shapes: bool
     """The candidates after the free rings: the aligned-ring variants first (the partitioner's own:
     recorded, never cut), then (``shapes``) the baselines' fixed shapes (portfolio/shapes.py, so that
     Zeppelin's prediction is never above theirs) cheapest first while the budget lasts, each whose
-    lower bound can still win. A candidate that can
-    win is worth weighing whatever it costs, so within a fixed budget the cheapest first weighs the
+    lower bound can still win. A candidate that can win is worth weighing whatever it costs, so
+    within a fixed budget the cheapest first weighs the
     most of them (by bound first, one costly routed shape could take the budget that a2a shapes
     several times cheaper needed). A bound at or above MEMORY_SLACK above the best so far cannot
     win: a shape up to that much slower may still be faster than the memory-balanced plan the pick
@@ -415,7 +415,7 @@ def _weighed(lengths, ctx: PlanContext, search: Search, memo, seen, shapes: bool
     if budget is not None:
         budget.settle(search.best_s)  # the best after the partitioner sets the default budget
     world, g, rows = ctx.topology.world_size, ctx.topology.gpus_per_node, chunk_rows_of(ctx)
-    pool = []  # (units, order, bound, label, placement, aligned kind or None)
+    aligned = []  # (units, order, bound, label, placement, aligned kind)
     for pk in _placements_of("aligned", ctx):
         try:
             passes = _choose(lengths, ctx, *pk, memo)
@@ -427,28 +427,32 @@ def _weighed(lengths, ctx: PlanContext, search: Search, memo, seen, shapes: bool
                 continue
             name = f"{pk[0]}/{pk[1]}/{pk[2]}@{chosen[3]['target']}"
             bound = max(compute_bound(pl0, ctx), ring_chain_bound(pl0, ctx))
-            pool.append((placement_units(pl0, world, g, rows), len(pool), bound, name, pl0, pk))
+            aligned.append((placement_units(pl0, world, g, rows), len(aligned), bound, name, pl0, pk))
+    pool = []  # (units, order, bound, label, placement): the fixed shapes, built within the budget
     if shapes:
         keys = set()
         for bound, label, pl0 in candidate_placements(lengths, ctx, reach, budget):
             key = placement_key(pl0)
             if key not in keys:
                 keys.add(key)
-                pool.append((placement_units(pl0, world, g, rows), len(pool), bound, label, pl0, None))
-    pool.sort(key=lambda c: (c[5] is None, c[0], c[1]))  # the aligned rings first, then cheapest first
+                pool.append((placement_units(pl0, world, g, rows), len(pool), bound, label, pl0))
+
+    def can_win(bound, label) -> bool:  # the best so far may have moved since the pool was built
+        if bound < (1 + MEMORY_SLACK) * search.best_s:
+            return True
+        if budget is not None:
+            budget.skipped(label)
+        return False
+
     offs = {}
-    for units, _, bound, label, pl0, pk in pool:
-        if bound >= (1 + MEMORY_SLACK) * search.best_s:  # the best so far may have moved since
+    for units, _, bound, label, pl0, pk in sorted(aligned, key=lambda c: (c[0], c[1])):  # the partitioner's: never cut
+        if can_win(bound, label):
             if budget is not None:
-                budget.skipped(label)
-            continue
-        if budget is not None and pk is not None:  # the partitioner's aligned rings: recorded, not spent
-            budget.charge(units)
-        elif budget is not None and not budget.afford(label, units):
-            continue  # a cheaper candidate after it may still fit
-        if pk is not None:  # an aligned-ring placement: its remap variants
+                budget.charge(units)
             yield from _remap_variants(_prepared(pl0, ctx), pk, ctx, offs)
-            continue
+    for units, _, bound, label, pl0 in sorted(pool, key=lambda c: (c[0], c[1])):  # cheapest first
+        if not can_win(bound, label) or (budget is not None and not budget.afford(label, units)):
+            continue  # a cheaper candidate after it may still fit
         pre = prepare(ctx, pl0)
         off = Candidate(dc_replace(pl0, remap=False, balance_linear=False, meta=dict(pl0.meta)), f"{label}/off",
                         prepared=pre)
