@@ -95,13 +95,13 @@ def planned_documents(log):
 STRATEGIES = [pytest.param("static_cp", ["--zeppelin-cp-size", "2", "--zeppelin-cp-comm-type", "p2p"], 2,
                            id="static_cp-2ranks"),
               pytest.param("zeppelin", [], 4, marks=pytest.mark.slow),
-              # capacity for all 256 1-token documents on member 0: a 1-token document's token is the last
-              # of its ring's 2 x cp chunks, which member 0 holds (as in TE's THD layout, padded to 2 x cp)
+              # capacity for all 256 1-token documents on member 0: TE pads each to 2 x cp = 8 rows, and
+              # member 0 holds two of its ring's 8 chunks (the first and the last, the token's), 2 rows each
               pytest.param("static_cp", ["--zeppelin-cp-size", "4", "--zeppelin-cp-comm-type", "p2p",
-                                         "--zeppelin-capacity-tokens", str(4 * m.SEQ)], 4, marks=pytest.mark.slow),
+                                         "--zeppelin-capacity-tokens", str(8 * m.SEQ)], 4, marks=pytest.mark.slow),
               pytest.param("static_cp", ["--zeppelin-cp-size", "2", "--zeppelin-cp-comm-type", "a2a"], 4,
                            marks=pytest.mark.slow, id="static_cp_a2a"),
-              pytest.param("allgather_cp", ["--zeppelin-cp-size", "4", "--zeppelin-capacity-tokens", str(4 * m.SEQ)], 4,
+              pytest.param("allgather_cp", ["--zeppelin-cp-size", "4", "--zeppelin-capacity-tokens", str(8 * m.SEQ)], 4,
                            marks=pytest.mark.slow),
               pytest.param("dynamic_cp", [], 4, marks=pytest.mark.slow),
               # capacity for the whole one-document batch: packed_dp cannot split it
@@ -145,6 +145,7 @@ def test_edge_cases_match_stock_spec(strategy, extra, ranks, tmp_path, tmp_path_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,extra", [
-    ("zeppelin", []), ("static_cp", ["--zeppelin-cp-size", "2", "--zeppelin-capacity-tokens", str(2 * m.SEQ)])])
+    # static_cp: the 128 1-token documents padded to 2 x cp = 4 rows each, two of them on member 0
+    ("zeppelin", []), ("static_cp", ["--zeppelin-cp-size", "2", "--zeppelin-capacity-tokens", str(4 * m.SEQ)])])
 def test_edge_cases_match_stock_spec_tp2(strategy, extra, tmp_path, tmp_path_factory):
     run_case(tmp_path, stock(tmp_path_factory, 4, 2), strategy, extra, ranks=4, tp=2)
