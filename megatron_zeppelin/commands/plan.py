@@ -27,9 +27,8 @@ from megatron_zeppelin.flags.workload import add_tp_flag, add_workload_flags, co
 from megatron_zeppelin.flags.memory import add_memory_flags, memory_setup
 from megatron_zeppelin.flags.output import check_output_paths
 from megatron_zeppelin.flags.pipeline import add_pipeline_flag, pipeline_domain, pipeline_line
-from megatron_zeppelin.planner.accumulation import JOINT_STRATEGIES, joint_steps
+from megatron_zeppelin.planner.accumulation import ASSIGNING, JOINT_STRATEGIES, joint_steps
 from megatron_zeppelin.planner.iteration import Iteration
-from megatron_zeppelin.spec.words import Accumulation
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -74,8 +73,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "memory, for some predicted time and planning time)")
     g.add_argument("--accumulation", "--zeppelin-accumulation", default="data_order", choices=ACCUMULATION,
                    help="with several steps: plan each step's documents as sampled (data_order), or assign the "
-                        "iteration's documents to its steps jointly first (joint; Zeppelin only, "
-                        "planner/accumulation.py)")
+                        "iteration's documents to its steps jointly first, each of like work (joint) or like "
+                        "documents together (by_length); Zeppelin only, planner/accumulation.py")
     add_memory_flags(g)
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the results as JSON")
@@ -166,7 +165,7 @@ def run(args) -> int:
         lists, cfg = joint_steps(step_lists, topo, profile, model, config)
         return lists, plan_with(cfg)
     regroup = ({n: joint for n in names if n in JOINT_STRATEGIES}
-               if config.accumulation == Accumulation.JOINT and steps > 1 else {})
+               if config.accumulation in ASSIGNING and steps > 1 else {})
 
     def one(first_seed):
         return plan_iteration(source, mem.tokens, first_seed, steps, args.context_length, plan_with(config), names,
@@ -195,7 +194,8 @@ def run(args) -> int:
                             main.steps_s / stages, main.allreduce_s), file=out)
     shown = next((n for n in regroup if isinstance(iterations[n], Iteration)), None)
     if shown:
-        print(f"accumulation joint: {', '.join(regroup)}'s documents of the {steps} steps assigned to them jointly "
+        print(f"accumulation {config.accumulation.value}: {', '.join(regroup)}'s documents of the {steps} steps "
+              "assigned to them jointly "
               f"(planner/accumulation.py): tokens per step "
               f"{', '.join(str(sum(p.lengths)) for p in iterations[shown].steps)} "
               f"(sampled: {', '.join(str(int(sum(x))) for x in step_lengths)}); other strategies in data order",

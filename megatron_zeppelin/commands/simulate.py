@@ -4,8 +4,9 @@
 With ``--global-batch-size G --micro-batch-size M`` on R ranks an iteration is G / (M x R) steps, each a
 global micro-batch sampled with the next seed, planned and simulated, then the DP all-reduce once
 (sim/iteration.py ``accumulate``): the iteration Megatron logs; the mean step is printed beside it.
-``--zeppelin-accumulation joint`` (or ``--strategy zeppelin+joint``) assigns the iteration's documents to
-Zeppelin's steps jointly first (planner/accumulation.py); the baselines keep data order.
+``--zeppelin-accumulation joint`` or ``by_length`` (or ``--strategy zeppelin+joint`` / ``zeppelin+by_length``)
+assigns the iteration's documents to Zeppelin's steps first (planner/accumulation.py); the baselines keep
+data order.
 ``--pipeline-stages N`` splits the nodes into N stages and runs the steps in 1F1B over them
 (sim/iteration.py ``pipeline``), the bubble printed (flags/pipeline.py)."""
 
@@ -27,7 +28,8 @@ from megatron_zeppelin.flags.pipeline import add_pipeline_flag, pipeline_domain,
 # What the output calls each strategy and ablation step (the --strategy values are the flags' words).
 LABELS = {"zeppelin": "Zeppelin", "packed_dp": "packed DP", "static_cp": "static CP", "allgather_cp": "all-gather CP",
           "hybrid_dp": "hybrid DP/CP", "dynamic_cp": "dynamic CP", "static_cp+routing": "static CP + routing",
-          "zeppelin-noremap": "Zeppelin, no remap", "zeppelin+joint": "Zeppelin, joint accumulation"}
+          "zeppelin-noremap": "Zeppelin, no remap", "zeppelin+joint": "Zeppelin, joint accumulation",
+          "zeppelin+by_length": "Zeppelin, accumulation by length"}
 
 
 def _tokens_or_memory(x):
@@ -51,11 +53,12 @@ def add_parser(subparsers):
                    help="per-rank token capacity every strategy must fit: a count, or 'memory' (what one GPU "
                         "holds: ZeRO-1, no recompute, 90%% of the profile's memory_GB); 0 = the planner's default")
     p.add_argument("--strategy", default="zeppelin", choices=VARIANTS,
-                   help="a strategy, or an ablation step (static_cp+routing, zeppelin-noremap), or zeppelin+joint "
-                        "(Zeppelin with --zeppelin-accumulation joint)")
+                   help="a strategy, or an ablation step (static_cp+routing, zeppelin-noremap), or zeppelin+joint / "
+                        "zeppelin+by_length (Zeppelin with --zeppelin-accumulation joint / by_length)")
     p.add_argument("--accumulation", "--zeppelin-accumulation", default="data_order", choices=ACCUMULATION,
                    help="with several steps: Zeppelin's documents as sampled per step (data_order), or assigned to "
-                        "the steps jointly (joint; planner/accumulation.py); baselines keep data order")
+                        "the steps jointly, each of like work (joint) or like documents together (by_length; "
+                        "planner/accumulation.py); baselines keep data order")
     p.add_argument("--compare", action="store_true", help="simulate every strategy on the same batch")
     p.add_argument("--cp-size", type=int, default=0, help="CP size for static_cp/allgather_cp (0 = best predicted)")
     p.add_argument("--routing", default="auto", choices=ROUTING, help="Zeppelin's routing layer")
@@ -109,17 +112,16 @@ def _run_batch(variants, step_lengths, topo, profile, model, config, args) -> di
     it cannot be planned (--compare only). ``step_lengths``: one batch per gradient-accumulation step."""
     from megatron_zeppelin.planner.iteration import Iteration
     from megatron_zeppelin.sim.iteration import pipeline
-    from megatron_zeppelin.planner.accumulation import JOINT_STRATEGIES, joint_steps
-    from megatron_zeppelin.sim.runs import JOINT
-    from megatron_zeppelin.spec.words import Accumulation
+    from megatron_zeppelin.planner.accumulation import ASSIGNING, JOINT_STRATEGIES, joint_steps
+    from megatron_zeppelin.sim.runs import ASSIGNED
     out = {}
     for v in variants:
         try:
             v_lengths, v_config = step_lengths, config
-            if len(step_lengths) > 1 and (v == JOINT or (v in JOINT_STRATEGIES and
-                                                         config.accumulation == Accumulation.JOINT)):
+            if len(step_lengths) > 1 and (v in ASSIGNED or (v in JOINT_STRATEGIES and
+                                                            config.accumulation in ASSIGNING)):
                 v_lengths, v_config = joint_steps([[int(x) for x in ls] for ls in step_lengths], topo, profile,
-                                                  model, config)
+                                                  model, config, ASSIGNED.get(v))
             steps = [_simulate_one(v, lengths, topo, profile, model, v_config, args) for lengths in v_lengths]
         except ZeppelinError as e:
             if v == args.strategy:

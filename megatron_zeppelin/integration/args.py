@@ -74,11 +74,13 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="a2a+p2p's a2a group size, the a of Megatron's --hierarchical-context-parallel-sizes a p "
                         "(0 = every size dividing the GPUs of a node and the heads).")
     g.add_argument("--zeppelin-accumulation", choices=ACCUMULATION, default="data_order",
-                   help="Documents of an iteration's global batch to its micro-batches: data_order (as read), or "
-                        "joint (the planner spreads long documents over the micro-batches, same documents per "
-                        "iteration; planner/accumulation.py; --zeppelin-strategy zeppelin only). Trained by the "
-                        "Megatron-LM entry, planned by `zeppelin plan` / `simulate` / `bench`; `zeppelin train` "
-                        "runs one micro-batch per step and refuses joint.")
+                   help="Documents of an iteration's global batch to its micro-batches: data_order (as read), "
+                        "joint (the planner spreads long documents over the micro-batches: even micro-batches, "
+                        "for pipeline stages), or by_length (documents of like length together, longest first, "
+                        "as Megatron's dynamic-CP scheduler packs: for memory-bound runs without stages); the "
+                        "same documents per iteration (planner/accumulation.py; --zeppelin-strategy zeppelin "
+                        "only). Trained by the Megatron-LM entry, planned by `zeppelin plan` / `simulate` / "
+                        "`bench`; `zeppelin train` runs one micro-batch per step and refuses both.")
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
     g.add_argument("--zeppelin-relay-chunk-bytes", type=int, default=None,

@@ -27,9 +27,9 @@ Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patche
   virtual pipeline stages (interleaved 1F1B) every model chunk has its own iterators of the same
   documents; a rank's first chunk takes each micro-batch's Plan and its later chunks reuse it
   (chunk_plans.py).
-- ``--zeppelin-accumulation joint``: the iterators read an iteration's k global micro-batches (the
-  documents data_order would train in it) and regroup them by the planner's joint assignment
-  (planner/accumulation.py), each planned with the capacity of a data-order micro-batch; every
+- ``--zeppelin-accumulation joint`` / ``by_length``: the iterators read an iteration's k global
+  micro-batches (the documents data_order would train in it) and regroup them by the planner's
+  assignment (planner/accumulation.py), each planned with the capacity of a data-order micro-batch; every
   rank and stage regroups alike (a pure function of the lengths).
 - ``--zeppelin-stock-spec`` (no ``--zeppelin-balance``): Megatron's stock layer spec trained on the
   same document batches, each document its own causal sample (stock_batch.py): the reference the
@@ -306,13 +306,13 @@ def _joint(batches, planner, k: int, say: bool = True):
     world = planner.topology.world_size
 
     def order(steps):
-        out = joint_indices(steps, planner.cost, planner.config.capacity_tokens, world)
+        out = joint_indices(steps, planner.cost, planner.config.capacity_tokens, world, planner.config.accumulation)
         if say and planner.config.debug_plan and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
             docs = [L for s in steps for L in s]
             work = [[sum(document_s(planner.cost, L) for L in s) for s in steps],
                     [sum(document_s(planner.cost, docs[i]) for i in m) for m in out]]
             skew = [max(w) / (sum(w) / len(w)) for w in work]
-            print(f"zeppelin joint: {len(steps)} micro-batches, tokens "
+            print(f"zeppelin {planner.config.accumulation.value}: {len(steps)} micro-batches, tokens "
                   f"{','.join(str(sum(s)) for s in steps)} -> {','.join(str(sum(docs[i] for i in m)) for m in out)}, "
                   f"predicted work max/mean {skew[0]:.3f} -> {skew[1]:.3f}", flush=True)
         return out

@@ -15,8 +15,19 @@ fill in; each micro-batch then gets a similar mix, which Zeppelin balances over 
 and with pipeline stages the micro-batches cost about the same (planner/iteration.py ``one_f_one_b``:
 what an uneven micro-batch costs there).
 
+``by_length`` pools them too, but puts documents of like length together, as Megatron's dynamic-CP
+scheduler packs a global batch into rounds (megatron/core/pipeline_parallel/hybrid_cp_schedule.py
+``get_groups_and_subsamples`` sorts the iteration's sequences longest first; planner/baselines/
+dynamic_cp.py, our port, does the same): longest first, each into the
+first micro-batch with token room for it (first-fit decreasing), the room the largest data-order
+micro-batch's tokens. The first micro-batches then hold the long documents, which Zeppelin spreads over
+every rank at once, and the last the short ones, which stay local: where memory is tight a mixed
+micro-batch cannot balance (the ranks of a long document's ring hold few other tokens, the rest at
+most the capacity), a micro-batch of like documents can. With pipeline stages its uneven micro-batches
+cost 1F1B bubbles, where ``joint``'s even ones do not (docs/simulator.md measures both).
+
 Memory as the capacity says: a micro-batch's room is the largest data-order micro-batch's tokens
-plus ``TOKEN_SLACK`` (whole documents rarely pack exactly), never above what the domain holds
+(joint: plus ``TOKEN_SLACK``, whole documents rarely pack exactly), never above what the domain holds
 (capacity x ranks), and every micro-batch is planned with the per-rank capacity the largest
 data-order micro-batch had (the set ``--zeppelin-capacity-tokens``, or the planner's default of
 twice its mean). A document that finds no room goes where the most room is left.
@@ -34,6 +45,11 @@ benchmark runs dynamic_cp over the whole global batch, as Megatron's scheduler d
 >>> joint = assign_micro_batches(steps, ctx.cost, room=13000)
 >>> joint, us(joint)                           # one long document each, the short ones fill in
 ([[6000, 500, 1000], [6000, 500, 1000], [1500, 1500, 1500, 1500, 1000, 2000, 2000, 2000]], [442, 442, 362])
+>>> docs = [L for s in steps for L in s]
+>>> by_length = [[docs[i] for i in m] for m in length_indices(steps, room=13000)]
+>>> by_length, us(by_length)                   # both long documents together, then the rest by length
+([[6000, 6000, 1000], [1500, 1500, 1500, 1500, 1000, 2000, 2000, 2000], [500, 500, 1000]], [846, 362, 37])
+
 """
 
 from __future__ import annotations
@@ -49,7 +65,8 @@ from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.spec.words import Accumulation, StrategyName
 
 TOKEN_SLACK = 0.05  # a micro-batch may hold this much more than the largest data-order one (whole documents)
-JOINT_STRATEGIES = (StrategyName.ZEPPELIN,)  # the strategies --zeppelin-accumulation joint applies to
+JOINT_STRATEGIES = (StrategyName.ZEPPELIN,)  # the strategies --zeppelin-accumulation joint / by_length apply to
+ASSIGNING = (Accumulation.JOINT, Accumulation.BY_LENGTH)  # the accumulations that regroup an iteration
 
 
 def document_s(cost: CostModel, length: int) -> float:
@@ -103,19 +120,50 @@ def assign_indices(steps: Sequence[Sequence[int]], cost: CostModel, room: int,
     return joint if busiest[0] < busiest[1] else data
 
 
-def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int, world: int) -> List[List[int]]:
-    """``assign_indices`` of ``steps`` for micro-batches planned with per-rank ``capacity`` tokens
-    on ``world`` ranks: the room of the module doc (the largest data-order micro-batch plus
-    ``TOKEN_SLACK``, within what the domain holds). Raises PlanError where a document fits no
-    micro-batch."""
+def length_indices(steps: Sequence[Sequence[int]], room: int, hard_room: int = 0) -> List[List[int]]:
+    """Which documents go in which micro-batch (as ``assign_indices``), documents of like length
+    together: longest first (ties: the earlier), each into the first micro-batch with ``room``
+    tokens left for it, else into the one with the most room left, if that stays within
+    ``hard_room`` (0: no such limit; else a ValueError). A micro-batch left empty takes the shortest
+    document of the one holding the most. Each keeps its documents in data order (module doc)."""
+    docs = [int(L) for s in steps for L in s]
+    k = len(steps)
+    tokens = [0] * k
+    members: List[List[int]] = [[] for _ in range(k)]
+    for i in sorted(range(len(docs)), key=lambda i: (-docs[i], i)):
+        L = docs[i]
+        j = next((j for j in range(k) if tokens[j] + L <= room), None)
+        if j is None:
+            j = min(range(k), key=lambda j: (tokens[j], j))
+            if hard_room and tokens[j] + L > hard_room:
+                raise ValueError(f"document of {L} tokens fits no micro-batch within {hard_room} tokens")
+        members[j].append(i)
+        tokens[j] += L
+    for j in range(k):  # every micro-batch trains something (Megatron runs k forward steps)
+        if not members[j]:
+            most = max(range(k), key=lambda m: (len(members[m]), -m))
+            members[j].append(members[most].pop())  # its last: the shortest (longest first)
+    return [sorted(m) for m in members]
+
+
+def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int, world: int,
+                  how: Accumulation = Accumulation.JOINT) -> List[List[int]]:
+    """The micro-batches of ``steps`` assigned as ``how`` says (``assign_indices`` for joint,
+    ``length_indices`` for by_length) for micro-batches planned with per-rank ``capacity`` tokens on
+    ``world`` ranks: the room of the module doc (the largest data-order micro-batch, plus
+    ``TOKEN_SLACK`` for joint, within what the domain holds). Raises PlanError where a document fits
+    no micro-batch."""
     from megatron_zeppelin.planner.types import PlanError
+    how = Accumulation(how)
     largest = max(sum(int(L) for L in s) for s in steps)
     hard = capacity * world
-    room = min(hard, int(largest * (1.0 + TOKEN_SLACK)))
+    room = min(hard, int(largest * (1.0 + (TOKEN_SLACK if how == Accumulation.JOINT else 0.0))))
     try:
+        if how == Accumulation.BY_LENGTH:
+            return length_indices(steps, room, hard)
         return assign_indices(steps, cost, room, hard)
     except ValueError as e:
-        raise PlanError(f"--zeppelin-accumulation joint: {e} (the domain holds {hard} tokens: raise "
+        raise PlanError(f"--zeppelin-accumulation {how.value}: {e} (the domain holds {hard} tokens: raise "
                         "--zeppelin-capacity-tokens or use --zeppelin-accumulation data_order)") from None
 
 
@@ -130,21 +178,23 @@ def joint_config(topology: Topology, profile: HardwareProfile, model: ModelSpec,
 
 
 def joint_steps(steps: Sequence[Sequence[int]], topology: Topology, profile: HardwareProfile, model: ModelSpec,
-                config: ZeppelinConfig) -> Tuple[List[List[int]], ZeppelinConfig]:
-    """(the micro-batches' lengths assigned jointly, the config to plan each with: the capacity the
-    largest data-order micro-batch had). Raises PlanError where a document fits no micro-batch."""
+                config: ZeppelinConfig, how: Optional[Accumulation] = None) -> Tuple[List[List[int]], ZeppelinConfig]:
+    """(the micro-batches' lengths assigned as ``how`` says (default: the config's accumulation where
+    it assigns, else joint), the config to plan each with: the capacity the largest data-order
+    micro-batch had). Raises PlanError where a document fits no micro-batch."""
     from megatron_zeppelin.planner import make_context
     largest = max(sum(int(L) for L in s) for s in steps)
     ctx = make_context(topology, profile, model, config, total_tokens=largest)
     docs = [int(L) for s in steps for L in s]
-    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size)]
+    how = how or (config.accumulation if config.accumulation in ASSIGNING else Accumulation.JOINT)
+    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size, how)]
     return out, config.with_(capacity_tokens=ctx.capacity)
 
 
 def joint_applies(config: ZeppelinConfig, strategy=None) -> bool:
     """Whether the iteration's micro-batches are assigned jointly: the config asks for it and the
     strategy (default the config's) takes it (``JOINT_STRATEGIES``)."""
-    return config.accumulation == Accumulation.JOINT and StrategyName(strategy or config.strategy) in JOINT_STRATEGIES
+    return config.accumulation in ASSIGNING and StrategyName(strategy or config.strategy) in JOINT_STRATEGIES
 
 
 def plan_iteration(steps: Sequence[Sequence[int]], topology: Topology, profile: HardwareProfile,

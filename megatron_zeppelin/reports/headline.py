@@ -110,9 +110,10 @@ def headline(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     """The headline's numbers over the runs of ``records`` that are :func:`in_headline`: ``groups``
     (MHA, GQA, all: mean / geomean / min / max speedup over the best deployed baseline), ``datasets``
     (per long-context mix at 64K, and ``together``), ``lower_bound`` (mean, max), ``losses``,
-    ``best_of``, ``no_baseline`` (labels of configurations no baseline completed), ``joint`` (the same
-    groups with Zeppelin's joint assignment, ``zeppelin+joint``, where it ran)."""
-    from megatron_zeppelin.sim.runs import JOINT
+    ``best_of``, ``no_baseline`` (labels of configurations no baseline completed), ``joint`` and
+    ``by_length`` (the same groups with Zeppelin's regrouped accumulation, ``zeppelin+joint`` /
+    ``zeppelin+by_length``, where it ran)."""
+    from megatron_zeppelin.sim.runs import ASSIGNED
     mine = [r for r in records if in_headline(r)]
     rows = configurations(mine, reference)
     ranked = [r for r in rows if r["speedup"] is not None]
@@ -125,7 +126,10 @@ def headline(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     best_of: Dict[str, int] = defaultdict(int)
     for r in ranked:
         best_of[r["baseline"]] += 1
-    joint_rows = configurations(mine, JOINT) if any(r["variant"] == JOINT for r in mine) else []
+    assigned = {}
+    for v, how in ASSIGNED.items():
+        vrows = configurations(mine, v) if any(r["variant"] == v for r in mine) else []
+        assigned[how.value] = _groups(vrows) if vrows else None
     return {"configs": len(rows), "global_batches": sorted({int(r["global_batch_tokens"]) for r in mine}),
             "groups": _groups(ranked), "datasets": datasets,
             "lower_bound": {"mean": sum(lbs) / len(lbs), "max": max(lbs), "configs": len(lbs)} if lbs else None,
@@ -133,7 +137,7 @@ def headline(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
                               for r in ranked if r["speedup"] < 1.0), key=lambda l: l["speedup"]),
             "best_of": dict(sorted(best_of.items())),
             "no_baseline": [r["label"] for r in rows if r["speedup"] is None],
-            "joint": _groups(joint_rows) if joint_rows else None}
+            **assigned}
 
 
 def _x(v: Optional[float]) -> str:
@@ -181,6 +185,9 @@ def render(h: Dict) -> List[str]:
     rows = [_row(f"{k} models", g[k]) for k in KINDS if g[k]["configs"]] + [_row("all", g["all"])]
     if h.get("joint"):
         rows.append(_row("all, Zeppelin with joint assignment (`zeppelin+joint`)", h["joint"]["all"]))
+    if h.get("by_length"):
+        rows.append(_row("all, Zeppelin with documents grouped by length (`zeppelin+by_length`)",
+                         h["by_length"]["all"]))
     L += _table(["models", "speedup: mean", "geomean", "min", "max", "configs", "Zeppelin slower in"], rows)
     if h["datasets"]:
         L += ["", f"Long-context mixes at {LONG_CONTEXT_TOKENS >> 10}K beside issue 49's aim, a mean speedup of "

@@ -1,5 +1,6 @@
-"""Zeppelin's joint assignment of a global batch's documents to its micro-batches (``zeppelin+joint``,
-planner/accumulation.py) against per-micro-batch planning in data order (``zeppelin``), on the same runs.
+"""Zeppelin's regrouped accumulations, a global batch's documents assigned to its micro-batches jointly
+(``zeppelin+joint``) or by length (``zeppelin+by_length``, planner/accumulation.py), against
+per-micro-batch planning in data order (``zeppelin``), on the same runs.
 
 >>> def rec(key, v, t):
 ...     return {"key": key, "study": "accumulation", "variant": v, "iteration_s": t, "error": ""}
@@ -10,6 +11,8 @@ planner/accumulation.py) against per-micro-batch planning in data order (``zeppe
 (1.125, 1.0, 1.25, 2, 1)
 >>> joint_line(runs, "accumulation")[1][-92:]
 'ean 1.125x, min 1.000x, max 1.250x, geomean 1.118x over 2 configurations; joint faster in 1.'
+>>> joint_line(runs + [rec("a", "zeppelin+by_length", 2.5)], "accumulation")[3][-54:]
+'n 0.800x over 1 configurations; by_length faster in 0.'
 """
 
 from __future__ import annotations
@@ -17,15 +20,15 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 
-def joint_speedups(runs: Sequence[Dict], study: str) -> Optional[Dict]:
-    """Over ``study``'s configurations that completed both: data order's mean iteration over joint's
-    (mean, geomean, min, max, configs; ``faster``: where joint is faster, as the summary counts losses)."""
+def joint_speedups(runs: Sequence[Dict], study: str, variant: str = "zeppelin+joint") -> Optional[Dict]:
+    """Over ``study``'s configurations that completed both: data order's mean iteration over
+    ``variant``'s (a regrouped accumulation: sim/runs.py ASSIGNED) (mean, geomean, min, max, configs;
+    ``faster``: where it is faster, as the summary counts losses)."""
     from megatron_zeppelin.sim.matrix import _stats
-    from megatron_zeppelin.sim.runs import JOINT
     ok = {(r["key"], r["variant"]): r for r in runs
           if r["study"] == study and not r.get("error") and r.get("iteration_s")}
-    pairs = [(k, z["iteration_s"] / ok[(k, JOINT)]["iteration_s"])
-             for (k, v), z in sorted(ok.items()) if v == "zeppelin" and (k, JOINT) in ok]
+    pairs = [(k, z["iteration_s"] / ok[(k, variant)]["iteration_s"])
+             for (k, v), z in sorted(ok.items()) if v == "zeppelin" and (k, variant) in ok]
     if not pairs:
         return None
     s = _stats(pairs)
@@ -34,11 +37,17 @@ def joint_speedups(runs: Sequence[Dict], study: str) -> Optional[Dict]:
 
 
 def joint_line(runs: Sequence[Dict], study: str) -> List[str]:
-    """The study section's line on joint assignment (none where the study did not run both)."""
-    s = joint_speedups(runs, study)
-    if not s:
-        return []
-    return ["", f"`zeppelin+joint` vs `zeppelin`: joint assignment's speedup over data order (data order's mean "
-                f"iteration / joint's) mean {s['mean_speedup']:.3f}x, min {s['min_speedup']:.3f}x, max "
-                f"{s['max_speedup']:.3f}x, geomean {s['geomean_speedup']:.3f}x over {s['configs']} configurations; "
-                f"joint faster in {s['faster']}."]
+    """The study section's lines on the regrouped accumulations (none where the study did not run
+    one beside data order)."""
+    from megatron_zeppelin.sim.runs import ASSIGNED
+    L: List[str] = []
+    for v, how in ASSIGNED.items():
+        s = joint_speedups(runs, study, v)
+        if not s:
+            continue
+        name = "joint assignment" if how.value == "joint" else "documents grouped by length"
+        L += ["", f"`{v}` vs `zeppelin`: {name}'s speedup over data order (data order's mean "
+                  f"iteration / {how.value}'s) mean {s['mean_speedup']:.3f}x, min {s['min_speedup']:.3f}x, max "
+                  f"{s['max_speedup']:.3f}x, geomean {s['geomean_speedup']:.3f}x over {s['configs']} "
+                  f"configurations; {how.value} faster in {s['faster']}."]
+    return L

@@ -71,11 +71,13 @@ from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # n
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
 from megatron_zeppelin.planner.accumulation import joint_steps
 from megatron_zeppelin.planner.baselines.static_cp import a2a_heads_problem, a2a_p2p_problem
-from megatron_zeppelin.spec.words import Comm, Link, StrategyName
+from megatron_zeppelin.spec.words import Accumulation, Comm, Link, StrategyName
 
 JOINT = "zeppelin+joint"  # Zeppelin with --zeppelin-accumulation joint (planner/accumulation.py)
+BY_LENGTH = "zeppelin+by_length"  # Zeppelin with --zeppelin-accumulation by_length (planner/accumulation.py)
+ASSIGNED = {JOINT: Accumulation.JOINT, BY_LENGTH: Accumulation.BY_LENGTH}  # Zeppelin's regrouped variants
 PARTITIONER = "zeppelin-partitioner"  # Zeppelin with the paper's partitioner alone (no portfolio of shapes)
-ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", JOINT, PARTITIONER)  # Zeppelin's variants: no baseline
+ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", JOINT, BY_LENGTH, PARTITIONER)  # Zeppelin's variants: no baseline
 VARIANTS = STRATEGIES + ABLATIONS
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
 DEFAULT_BATCHES = 16
@@ -173,9 +175,9 @@ def make_plan(variant: str, lengths: Sequence[int], topo: Topology, profile, mod
         from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement
         ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
         return assemble(variant, list(lengths), ctx, dynamic_cp_placement(list(lengths), ctx, int(setting)))
-    if variant in STRATEGIES or variant == JOINT:  # JOINT: a Zeppelin plan of jointly assigned lengths
+    if variant in STRATEGIES or variant in ASSIGNED:  # ASSIGNED: a Zeppelin plan of regrouped lengths
         return plan_batch(lengths, topo, profile, model, config, strategy=StrategyName.ZEPPELIN
-                          if variant == JOINT else variant)
+                          if variant in ASSIGNED else variant)
     if variant == PARTITIONER:  # the partitioner's own candidates: the search stops where the shapes begin
         ctx = make_context(topo, profile, model, config, total_tokens=sum(lengths))
         return choose("zeppelin", list(lengths), ctx, _partitioner_only)[0]
@@ -477,8 +479,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                     try:
                         t0 = time.perf_counter()
                         v_steps, v_config = steps, rc_config
-                        if v == JOINT and len(steps) > 1:  # the iteration's documents assigned jointly
-                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config)
+                        if v in ASSIGNED and len(steps) > 1:  # the iteration's documents regrouped
+                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config, ASSIGNED[v])
                         plans = ([] if v == "dynamic_cp" else  # dynamic_cp: its rounds (_simulate_steps)
                                  [make_plan(v, lengths, topo, plan_profile, model, v_config, s) for lengths in v_steps])
                         t1 = time.perf_counter()

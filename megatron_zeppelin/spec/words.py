@@ -81,7 +81,8 @@ class Routing(_Word):
 class Accumulation(_Word):
     """--zeppelin-accumulation: which documents of a global batch go in which micro-batch."""
     DATA_ORDER = "data_order"  # as the data loader reads them: each micro-batch planned on its own
-    JOINT = "joint"  # assigned jointly over the micro-batches (planner/accumulation.py)
+    JOINT = "joint"  # assigned jointly over the micro-batches, each of like work (planner/accumulation.py)
+    BY_LENGTH = "by_length"  # assigned jointly, documents of like length together (planner/accumulation.py)
 
 
 class KernelBackend(_Word):

@@ -1,11 +1,13 @@
-"""``--zeppelin-accumulation joint`` through Megatron-LM's own ``pretrain()`` (issues 49 and 52).
+"""``--zeppelin-accumulation joint`` and ``by_length`` through Megatron-LM's own ``pretrain()`` (issues 49
+and 52).
 
 An iteration of 4 micro-batches per DP rank: the joint run trains the same documents per iteration as
 the data-order run, only regrouped over its micro-batches by the planner (planner/accumulation.py,
 integration/data.py JointBatches), so with ``--calculate-per-token-loss`` each iteration's loss (the
 sum over its micro-batches over their token count), grad norm and validation loss equal the
 data-order run's up to float summation order (rel. 1e-5). DP 4 (2 nodes x 2) in the default run;
-PP 2 x DP 2 (1F1B, every stage regrouping alike) too.
+PP 2 x DP 2 (1F1B, every stage regrouping alike) too; by_length (documents of like length together)
+at DP 4.
 """
 
 import re
@@ -19,7 +21,6 @@ pytestmark = [pytest.mark.megatron_lm,
               pytest.mark.skipif(PY is None, reason="no .venv-mlm (bash scripts/setup.sh makes it)")]
 ITERS = 3
 MICRO = 4  # micro-batches per iteration (global batch = MICRO x DP x micro-batch size 1)
-JOINT = ["--zeppelin-accumulation", "joint"]
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +28,11 @@ def data(tmp_path_factory):
     return m.build_dataset(str(tmp_path_factory.mktemp("mlm_data") / "docs"))
 
 
-def _both(data, tmp_path, ranks, dp, extra):
+def _both(data, tmp_path, ranks, dp, extra, how="joint"):
     gbs = MICRO * dp
     ref, ref_log = train(data, tmp_path, "data_order", ranks, ZEPPELIN + EVAL + extra, iters=ITERS, global_batch=gbs)
-    run, log = train(data, tmp_path, "joint", ranks, ZEPPELIN + EVAL + JOINT + extra, iters=ITERS, global_batch=gbs)
+    run, log = train(data, tmp_path, how, ranks, ZEPPELIN + EVAL + ["--zeppelin-accumulation", how] + extra,
+                     iters=ITERS, global_batch=gbs)
     assert_same(run, ref, range(1, ITERS + 1))
     val, ref_val = validation_losses(log), validation_losses(ref_log)
     assert val and len(val) == len(ref_val), (val, ref_val)
@@ -38,9 +40,9 @@ def _both(data, tmp_path, ranks, dp, extra):
     return log, ref_log
 
 
-def _regroupings(log):
-    """(data-order tokens, joint tokens, skew before, skew after) of each ``zeppelin joint:`` line."""
-    pat = r"zeppelin joint: \d+ micro-batches, tokens ([\d,]+) -> ([\d,]+), predicted work max/mean ([\d.]+) -> ([\d.]+)"
+def _regroupings(log, how="joint"):
+    """(data-order tokens, regrouped tokens, skew before, skew after) of each ``zeppelin <how>:`` line."""
+    pat = "zeppelin " + how + r": \d+ micro-batches, tokens ([\d,]+) -> ([\d,]+), predicted work max/mean ([\d.]+) -> ([\d.]+)"
     return re.findall(pat, log)
 
 
@@ -48,13 +50,13 @@ def _digests(log, stage=None):
     return [p.split("digest=")[1].split()[0] for p in m.plan_lines(log) if stage is None or f" stage={stage} " in p]
 
 
-def _check_regrouped(log, ref_log, stage=None):
-    groups = _regroupings(log)
+def _check_regrouped(log, ref_log, stage=None, how="joint"):
+    groups = _regroupings(log, how)
     assert len(groups) >= ITERS, log[-3000:]  # once per training iteration (and evaluation's)
-    assert not _regroupings(ref_log)
-    # every regrouping keeps the iteration's tokens, and never predicts more skew than data order
+    assert not _regroupings(ref_log, how)
+    # every regrouping keeps the iteration's tokens; joint never predicts more skew than data order
     assert all(sum(map(int, a.split(","))) == sum(map(int, b.split(","))) for a, b, _, _ in groups), groups
-    assert all(float(after) <= float(before) for _, _, before, after in groups), groups
+    assert how != "joint" or all(float(after) <= float(before) for _, _, before, after in groups), groups
     # the micro-batches were planned as regrouped: other plans than data order's, as many of them
     joint, order = _digests(log, stage), _digests(ref_log, stage)
     assert len(joint) == len(order) >= MICRO * ITERS and joint != order, (joint, order)
@@ -72,3 +74,8 @@ def test_joint_equals_data_order_pp2_dp2(data, tmp_path):
     log, ref_log = _both(data, tmp_path, 4, 2, ["--pipeline-model-parallel-size", "2"])
     _check_regrouped(log, ref_log, stage=0)
     assert _digests(log, 0) == _digests(log, 1)  # both stages planned the same regrouped micro-batches
+
+
+def test_by_length_equals_data_order_dp4(data, tmp_path):
+    log, ref_log = _both(data, tmp_path, 4, 4, [], how="by_length")
+    _check_regrouped(log, ref_log, how="by_length")

@@ -84,3 +84,21 @@ def test_micro_batches_and_capacity_are_megatrons():
     assert got.capacity_tokens == 2 * 128 * 2 and got.with_(capacity_tokens=0) == cfg
     set_cap = cfg.with_(capacity_tokens=300)
     assert zl._joint_config(args, topo, TOY_MODEL, set_cap) == set_cap  # a set capacity stays
+
+
+def test_by_length_regrouping_puts_the_long_documents_together_within_the_data_order_room():
+    topo = Topology(2, 2)
+    cfg = ZeppelinConfig(gpus_per_node=2, accumulation="by_length")
+    planner = Planner(topo, TOY_PROFILE, TOY_MODEL, joint_config(topo, TOY_PROFILE, TOY_MODEL, cfg, TOKENS))
+    order = _iterations(DocumentBatches(Stream(LENGTHS), TOKENS, 1000))
+    grouped = _iterations(zl._joint(DocumentBatches(Stream(LENGTHS), TOKENS, 1000), planner, K))
+    for a, b in zip(order, grouped):
+        assert sorted(tuple(d.tolist()) for s in a for d in s) == sorted(tuple(d.tolist()) for s in b for d in s)
+        largest = max(sum(d.numel() - 1 for d in s) for s in a)
+        # the room is data order's largest (no slack); a short document that found no room goes over it
+        assert all(0 < sum(d.numel() - 1 for d in s) <= largest + 90 for s in b)
+        assert all([d[0].item() for d in s] == sorted(d[0].item() for d in s) for s in b)  # data order kept
+        longest = max(d.numel() for s in a for d in s)
+        assert any(d.numel() == longest for d in b[0])  # the longest documents open the iteration
+    # short documents last: data order has 89-token documents in every micro-batch of the first iteration
+    assert max(d.numel() - 1 for d in grouped[0][-1]) == 59 and max(d.numel() - 1 for d in order[0][-1]) == 89
