@@ -75,9 +75,9 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "(0 = every size dividing the GPUs of a node and the heads).")
     g.add_argument("--zeppelin-accumulation", choices=ACCUMULATION, default="data_order",
                    help="Documents of an iteration's global batch to its micro-batches: data_order (as read), "
-                        "joint (the planner spreads long documents over the micro-batches: even micro-batches, "
-                        "for pipeline stages), or by_length (documents of like length together, longest first, "
-                        "as Megatron's dynamic-CP scheduler packs: for memory-bound runs without stages); the "
+                        "joint (the planner spreads long documents over the micro-batches, evening them), or "
+                        "by_length (documents of like length together, longest first, as Megatron's dynamic-CP "
+                        "scheduler packs: the faster one where memory is tight, docs/megatron.md); the "
                         "same documents per iteration (planner/accumulation.py; --zeppelin-strategy zeppelin "
                         "only). Trained by the Megatron-LM entry, planned by `zeppelin plan` / `simulate` / "
                         "`bench`; `zeppelin train` runs one micro-batch per step and refuses both.")

@@ -23,8 +23,9 @@ first micro-batch with token room for it (first-fit decreasing), the room the la
 micro-batch's tokens. The first micro-batches then hold the long documents, which Zeppelin spreads over
 every rank at once, and the last the short ones, which stay local: where memory is tight a mixed
 micro-batch cannot balance (the ranks of a long document's ring hold few other tokens, the rest at
-most the capacity), a micro-batch of like documents can. With pipeline stages its uneven micro-batches
-cost 1F1B bubbles, where ``joint``'s even ones do not (docs/simulator.md measures both).
+most the capacity), a micro-batch of like documents can. Its micro-batches are uneven, which 1F1B
+pays for in bubbles, yet in docs/results.md's pipeline study it beats joint's even ones from 4
+stages on: how well each micro-batch balances outweighs the bubbles there.
 
 Memory as the capacity says: a micro-batch's room is the largest data-order micro-batch's tokens
 (joint: plus ``TOKEN_SLACK``, whole documents rarely pack exactly), never above what the domain holds
