@@ -306,7 +306,8 @@ def _joint(batches, planner, k: int, say: bool = True):
     world = planner.topology.world_size
 
     def order(steps):
-        out = joint_indices(steps, planner.cost, planner.config.capacity_tokens, world, planner.config.accumulation)
+        out = joint_indices(steps, planner.cost, planner.config.capacity_tokens, world,
+                            planner.config.accumulation)
         if say and planner.config.debug_plan and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
             docs = [L for s in steps for L in s]
             work = [[sum(document_s(planner.cost, L) for L in s) for s in steps],

@@ -17,10 +17,9 @@ what an uneven micro-batch costs there).
 
 ``by_length`` pools them too, but puts documents of like length together, as Megatron's dynamic-CP
 scheduler packs a global batch into rounds (megatron/core/pipeline_parallel/hybrid_cp_schedule.py
-``get_groups_and_subsamples`` sorts the iteration's sequences longest first; planner/baselines/
-dynamic_cp.py, our port, does the same): longest first, each into the
-first micro-batch with token room for it (first-fit decreasing), the room the largest data-order
-micro-batch's tokens. The first micro-batches then hold the long documents, which Zeppelin spreads over
+``get_groups_and_subsamples`` sorts the iteration's sequences longest first, as our port,
+planner/baselines/dynamic_cp.py, does): longest first, each into the first micro-batch with token
+room for it (first-fit decreasing), the room the largest data-order micro-batch's tokens. The first micro-batches then hold the long documents, which Zeppelin spreads over
 every rank at once, and the last the short ones, which stay local: where memory is tight a mixed
 micro-batch cannot balance (the ranks of a long document's ring hold few other tokens, the rest at
 most the capacity), a micro-batch of like documents can. Its micro-batches are uneven, which 1F1B
@@ -50,7 +49,6 @@ benchmark runs dynamic_cp over the whole global batch, as Megatron's scheduler d
 >>> by_length = [[docs[i] for i in m] for m in length_indices(steps, room=13000)]
 >>> by_length, us(by_length)                   # both long documents together, then the rest by length
 ([[6000, 6000, 1000], [1500, 1500, 1500, 1500, 1000, 2000, 2000, 2000], [500, 500, 1000]], [846, 362, 37])
-
 """
 
 from __future__ import annotations
@@ -179,7 +177,8 @@ def joint_config(topology: Topology, profile: HardwareProfile, model: ModelSpec,
 
 
 def joint_steps(steps: Sequence[Sequence[int]], topology: Topology, profile: HardwareProfile, model: ModelSpec,
-                config: ZeppelinConfig, how: Optional[Accumulation] = None) -> Tuple[List[List[int]], ZeppelinConfig]:
+                config: ZeppelinConfig, how: Optional[Accumulation] = None
+                ) -> Tuple[List[List[int]], ZeppelinConfig]:
     """(the micro-batches' lengths assigned as ``how`` says (default: the config's accumulation where
     it assigns, else joint), the config to plan each with: the capacity the largest data-order
     micro-batch had). Raises PlanError where a document fits no micro-batch."""

@@ -77,7 +77,8 @@ JOINT = "zeppelin+joint"  # Zeppelin with --zeppelin-accumulation joint (planner
 BY_LENGTH = "zeppelin+by_length"  # Zeppelin with --zeppelin-accumulation by_length (planner/accumulation.py)
 ASSIGNED = {JOINT: Accumulation.JOINT, BY_LENGTH: Accumulation.BY_LENGTH}  # Zeppelin's regrouped variants
 PARTITIONER = "zeppelin-partitioner"  # Zeppelin with the paper's partitioner alone (no portfolio of shapes)
-ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", JOINT, BY_LENGTH, PARTITIONER)  # Zeppelin's variants: no baseline
+# Zeppelin's variants: no baseline
+ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", JOINT, BY_LENGTH, PARTITIONER)
 VARIANTS = STRATEGIES + ABLATIONS
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
 DEFAULT_BATCHES = 16
@@ -480,7 +481,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                         t0 = time.perf_counter()
                         v_steps, v_config = steps, rc_config
                         if v in ASSIGNED and len(steps) > 1:  # the iteration's documents regrouped
-                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config, ASSIGNED[v])
+                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config,
+                                                            ASSIGNED[v])
                         plans = ([] if v == "dynamic_cp" else  # dynamic_cp: its rounds (_simulate_steps)
                                  [make_plan(v, lengths, topo, plan_profile, model, v_config, s) for lengths in v_steps])
                         t1 = time.perf_counter()

@@ -42,7 +42,8 @@ def _both(data, tmp_path, ranks, dp, extra, how="joint"):
 
 def _regroupings(log, how="joint"):
     """(data-order tokens, regrouped tokens, skew before, skew after) of each ``zeppelin <how>:`` line."""
-    pat = "zeppelin " + how + r": \d+ micro-batches, tokens ([\d,]+) -> ([\d,]+), predicted work max/mean ([\d.]+) -> ([\d.]+)"
+    pat = ("zeppelin " + how + r": \d+ micro-batches, tokens ([\d,]+) -> ([\d,]+), "
+           r"predicted work max/mean ([\d.]+) -> ([\d.]+)")
     return re.findall(pat, log)
 
 
