@@ -1,0 +1,83 @@
+"""One iteration of a stored accumulation configuration, micro-batch by micro-batch: Zeppelin's plans
+in data order, jointly assigned and grouped by length (planner/accumulation.py), each micro-batch's
+simulated and predicted seconds, its lower bound and its longest documents, beside dynamic_cp's
+rounds at its deployed max_seqlen_per_dp_cp_rank (the whole global batch, as Megatron's scheduler).
+What docs/results.md reports as one mean per run, taken apart to see where the time goes.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_accumulation_assign.py \\
+        --study results/bench/accumulation.json --label "a800 llama-7b github 64K 4n mem gbs 1M x9" \\
+        --out results/s52/assign_a800_7b_github.json
+
+Every number is simulated (deterministic): rerunning gives the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_zeppelin.planner.accumulation import joint_steps  # noqa: E402
+from megatron_zeppelin.sim import runs  # noqa: E402
+from megatron_zeppelin.sim.iteration import SimOptions, simulate  # noqa: E402
+from megatron_zeppelin.sim.stored import recorded_setup, stored_runs  # noqa: E402
+from megatron_zeppelin.spec.words import Accumulation  # noqa: E402
+
+
+def _micro_batches(steps, topo, profile, model, config, tp):
+    quiet = dataclasses.replace(SimOptions(), allreduce=False)  # the reduce once per iteration, not here
+    out = []
+    for lengths in steps:
+        plan = runs.make_plan("zeppelin", lengths, topo, profile, model, config, runs.AUTO)
+        res = simulate(plan, profile, model, tp=tp, options=quiet)
+        out.append({"tokens": sum(lengths), "documents": len(lengths), "longest": sorted(lengths, reverse=True)[:6],
+                    "simulated_s": res.iteration_s, "predicted_s": max(c.total_s for c in plan.cost),
+                    "lower_bound_s": plan.lower_bound_s, "won": plan.meta.variant})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--study", required=True, help="a study file of `zeppelin bench --out-dir`")
+    ap.add_argument("--label", required=True, help="the configuration's label, as docs/results.md prints it")
+    ap.add_argument("--batch", type=int, default=0, help="which iteration of the run")
+    ap.add_argument("--out", required=True, help="JSON to write (under results/)")
+    args = ap.parse_args()
+    spec, rec = stored_runs(args.study, label=args.label)[0]
+    profile, model, topo, config = recorded_setup(spec, rec)
+    steps = runs.run_steps(spec, topo.world_size)[args.batch]
+    out = {"label": args.label, "study": args.study, "batch": args.batch, "recompute": rec["recompute"],
+           "capacity_tokens": config.capacity_tokens, "assignments": {}}
+    for name, how in (("data_order", None), ("joint", Accumulation.JOINT), ("by_length", Accumulation.BY_LENGTH)):
+        s, c = (steps, config) if how is None else joint_steps(steps, topo, profile, model, config, how)
+        mbs = _micro_batches(s, topo, profile, model, c, spec.tp)
+        out["assignments"][name] = {"simulated_s": sum(m["simulated_s"] for m in mbs), "micro_batches": mbs}
+        print(f"{name:10s} {len(mbs)} micro-batches, simulated {out['assignments'][name]['simulated_s']:.3f} s "
+              f"(lower bounds {sum(m['lower_bound_s'] for m in mbs):.3f} s): "
+              + ", ".join(f"{m['simulated_s']:.2f}" for m in mbs))
+    dc = next((r for _, r in stored_runs(args.study, variant="dynamic_cp", label=args.label)), None)
+    if dc and dc.get("run_setting"):
+        dc_config = recorded_setup(spec, dc)[3]
+        plans, rr = runs._global_batch_rounds(steps, topo, profile, model, dc_config, int(dc["run_setting"]),
+                                              spec.tp, dataclasses.replace(SimOptions(), allreduce=False))
+        out["dynamic_cp"] = {"max_seqlen_per_dp_cp_rank": int(dc["run_setting"]), "recompute": dc["recompute"],
+                             "simulated_s": sum(r.iteration_s for r in rr.results),
+                             "rounds": [{"tokens": sum(p.lengths), "documents": len(p.lengths),
+                                         "longest": max(p.lengths), "simulated_s": r.iteration_s,
+                                         "lower_bound_s": p.lower_bound_s} for p, r in zip(plans, rr.results)]}
+        print(f"dynamic_cp {len(plans)} rounds at {dc['run_setting']} ({dc['recompute']}), simulated "
+              f"{out['dynamic_cp']['simulated_s']:.3f} s: "
+              + ", ".join(f"{r['tokens']}:{r['simulated_s']:.2f}" for r in out["dynamic_cp"]["rounds"]))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
