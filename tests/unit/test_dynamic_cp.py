@@ -170,3 +170,33 @@ def test_megatrons_padding_is_scheduled_and_charged():
     from megatron_zeppelin.sim.iteration import simulate
     sims = {k: simulate(p, TOY_PROFILE, TOY_MODEL).iteration_s for k, p in plans.items()}
     assert sims[1] > sims[0]
+
+
+# One HDP round of a memory-bound accumulation iteration (a800, llama-7b, 4 nodes, capacity 4561:
+# docs/results.md's `accumulation` study, github, the 4th round of the first iteration), 99% full.
+ROUND_AT_99 = [9119, 8275, 7903, 7609, 7382, 7339, 7076, 7059, 6983, 5961, 5561, 5505, 5150, 5025, 4883, 4862,
+               4756, 4718, 4619, 4523, 4470, 4321, 4263, 4000, 1335, 986, 565, 489, 202, 51]
+
+
+def test_zeppelins_dynamic_cp_shape_is_megatrons_groups_so_it_is_never_slower():
+    """The packing-aware scheduler is not monotone in the lengths: on the real (unpadded) lengths this
+    round takes two HDP rounds whose merged plan overfills a rank, where Megatron's padded lengths
+    take one that fits. Zeppelin's dynamic_cp candidate is Megatron's groups laid out unpadded, so its
+    prediction is at most dynamic_cp's own on the same documents (it was 26% above before)."""
+    from megatron_zeppelin.planner.cost.predict import attention_tokens
+    from megatron_zeppelin.planner.portfolio.shapes import megatron_groups
+    from megatron_zeppelin.spec.hardware import load_profile
+    from megatron_zeppelin.spec.model import load_model
+
+    a800 = load_profile("a800")
+    topo = Topology(4, 8, a800.nics_per_node, a800.gpu_to_nic)
+    cfg = ZeppelinConfig(gpus_per_node=8, capacity_tokens=4561)
+    ctx = make_context(topo, a800, load_model("llama-7b"), cfg, total_tokens=sum(ROUND_AT_99))
+    assert len(dynamic_cp_rounds(ROUND_AT_99, ctx, 4561, pad=False)) == 2
+    assert len(dynamic_cp_rounds(ROUND_AT_99, ctx, 4561, pad=True)) == 1
+    shape = megatron_groups(ROUND_AT_99, ctx, 4561)
+    assert not any(d.padded for d in shape.docs)
+    assert attention_tokens(shape.docs, shape.rings, 32).max() <= 4561
+    zep = plan_batch(ROUND_AT_99, topo, a800, load_model("llama-7b"), cfg, strategy="zeppelin")
+    dcp = plan_batch(ROUND_AT_99, topo, a800, load_model("llama-7b"), cfg, strategy="dynamic_cp")
+    assert zep.predicted_iteration_s <= dcp.predicted_iteration_s

@@ -57,7 +57,8 @@ data_schedule_utils.py:571-607). So the rounds here are scheduled on the documen
 ``dcp_pad_multiple`` (gpus_needed, workload, packed length and capacity all count the pad rows), and
 the plan records each padded length (DocPlan.padded): prediction and simulation charge the pad rows
 (planner/build/padding.py), the engine runs the real ones. Zeppelin's dynamic_cp shapes
-(portfolio/shapes.py) run on its own engine and pass ``pad=False``.
+(portfolio/shapes.py) run on its own engine: Megatron's padded groups, laid out unpadded
+(``dynamic_cp_placement``'s ``schedule_pad``).
 
 Megatron's own cases (tests/unit_tests/test_sequence_packing.py of that commit): on 2 ranks with
 m = 4096, 2048 tokens join the 6144-token document's group of 2 (a group of 1 of its own was
@@ -79,7 +80,7 @@ Padded (a multiple of 2 x 4 on 4 ranks), 7 tokens are held as 8:
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from megatron_zeppelin.planner.context import Placement, PlanContext
 from megatron_zeppelin.planner.strategies import Candidate, strategy
@@ -312,10 +313,21 @@ def _pad_meta(ctx: PlanContext, pad: bool) -> Dict[str, str]:
 
 
 def dynamic_cp_placement(lengths: Sequence[int], ctx: PlanContext, mslpr: int, min_cp: int = 1,
-                         pad: bool = True) -> Placement:
+                         pad: bool = True, schedule_pad: Optional[bool] = None) -> Placement:
     """All rounds merged into one plan (a rank runs its rounds one after another, no barrier
-    between them): the strategy's plan, what the engine executes for ``--zeppelin-strategy dynamic_cp``."""
-    rounds = dynamic_cp_rounds(lengths, ctx, mslpr, min_cp, pad)
+    between them): the strategy's plan, what the engine executes for ``--zeppelin-strategy dynamic_cp``.
+    ``schedule_pad`` (default ``pad``): the rounds scheduled on the padded lengths while the layout
+    holds the real ones (pad=False, schedule_pad=True): Megatron's own groups on an engine that needs
+    no pad rows (Zeppelin's shapes, portfolio/shapes.py). The packing-aware scheduler is not monotone
+    in the lengths: unpadded, a micro-batch at 99% of a tight capacity took two rounds where Megatron's
+    padded lengths take one, and the merged plan no longer fit.
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> p = dynamic_cp_placement([7, 30], toy_context(gpus=4), mslpr=16, pad=False, schedule_pad=True)
+    >>> [(d.length, d.padded) for d in p.docs], "pad_multiple" in p.meta
+    ([(7, 0), (30, 0)], False)
+    """
+    rounds = dynamic_cp_rounds(lengths, ctx, mslpr, min_cp, pad if schedule_pad is None else schedule_pad)
     groups = {i: b for rnd in rounds for i, b in rnd.items()}
     return placement_from_groups(lengths, groups, ctx, Comm.P2P, _why(mslpr, len(rounds)),
                                  {"hdp_rounds": str(len(rounds)), "max_seqlen_per_dp_cp_rank": str(mslpr),

@@ -111,9 +111,23 @@ def fixed_shape_candidates(lengths: Sequence[int], ctx: PlanContext, reach: floa
         top = 1 << (world.bit_length() - 1)
         m, longest, n = ctx.capacity, max(lengths), 0
         while m >= 1 and gpus_needed(longest, m) <= top and n <= world.bit_length():
-            out.append((f"dynamic_cp/{m}", None, (lambda m=m: dynamic_cp_placement(lengths, ctx, m, pad=False))))
+            out.append((f"dynamic_cp/{m}", None, (lambda m=m: megatron_groups(lengths, ctx, m))))
             m, n = m // 2, n + 1
     return out
+
+
+def megatron_groups(lengths: Sequence[int], ctx: PlanContext, mslpr: int) -> Placement:
+    """dynamic_cp's shape as Megatron deploys it (its rounds scheduled on the padded lengths), laid
+    out on Zeppelin's engine without the pad rows; where those groups overfill a rank, the rounds
+    scheduled on the real lengths (the scheduler is not monotone in them, either may fit alone).
+    Raises PlanError where neither is built."""
+    try:
+        pl = dynamic_cp_placement(lengths, ctx, mslpr, pad=False, schedule_pad=True)
+        if attention_tokens(pl.docs, pl.rings, ctx.topology.world_size).max() <= ctx.capacity:
+            return pl  # its rounds merged still fit (assembly's check)
+    except PlanError:
+        pass
+    return dynamic_cp_placement(lengths, ctx, mslpr, pad=False)
 
 
 def lpt_groups(order, lengths: Sequence[int], groups: int) -> list:
