@@ -168,7 +168,8 @@ def run(args) -> int:
         if not items:
             raise ZeppelinError(f"--shard {args.shard} selects none of the {total} configuration(s): use N <= {total}")
         print(f"shard {k}/{n}: {len(items)} of {total} configuration(s)")
-    opts = SimOptions(overlap_grad_reduce=args.overlap_grad_reduce)
+    # no timelines: the report simulates its Gantt cases again
+    opts = SimOptions(overlap_grad_reduce=args.overlap_grad_reduce, timeline=False)
     if args.jobs < 1:
         raise ZeppelinError(f"--jobs {args.jobs}: want at least 1")
     if args.out_dir:

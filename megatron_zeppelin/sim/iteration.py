@@ -52,6 +52,7 @@ class SimOptions:
     allreduce: bool = True
     tp_comm: bool = True
     remap_point: str = "attention_output"  # or "core_attention" (what-if; see layer.py)
+    timeline: bool = True  # collect SimResult.timeline (Gantt charts); the bench's matrix reads none
 
 
 @dataclass
@@ -152,7 +153,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
     backward_end = fwd + head_s + bwd
     ar_exp = exposed_s(ar, layer_ends, backward_end, opt.overlap_grad_reduce)
     iteration = backward_end + ar_exp
-    return _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, opt.layers)
+    return _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, opt.layers, opt.timeline)
 
 
 def plan_recompute(plan: Plan) -> Recompute:
@@ -160,7 +161,7 @@ def plan_recompute(plan: Plan) -> Recompute:
     return plan.meta.recompute or Recompute()
 
 
-def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, mode) -> SimResult:
+def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L, mode, timed=True) -> SimResult:
     world = plan.world_size
     per_rank = [defaultdict(float) for _ in range(world)]
     link_bytes = np.zeros(len(links.keys))
@@ -174,7 +175,7 @@ def _collect(plan, runs, links, head, iteration, fwd, head_s, bwd, ar, ar_exp, L
                     link_bytes[a] += g.nbytes[i] * run.times
             elif tag is not None:  # a compute task: its own seconds (at one core, if on a shared host)
                 per_rank[tag[0]][tag[1]] += g.seconds(i) * run.times
-            if tag is not None and res.end[i] > res.start[i]:
+            if timed and tag is not None and res.end[i] > res.start[i]:
                 timeline.append((tag[0], tag[1], tag[2], float(res.start[i] + run.offset),
                                  float(res.end[i] + run.offset)))
     if mode == "scale":  # the head is not in the layer graphs

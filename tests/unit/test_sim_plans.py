@@ -109,3 +109,14 @@ def test_overlapped_grad_reduce_hides_part_of_the_allreduce():
     assert plain.allreduce_exposed_s == plain.allreduce_s > 0
     assert over.allreduce_exposed_s < plain.allreduce_exposed_s
     assert over.iteration_s < plain.iteration_s
+
+
+def test_without_the_timeline_every_number_is_the_same():
+    """The bench simulates with ``timeline=False`` (its matrix reads no timeline; the report simulates
+    its Gantt cases again): only the timeline goes."""
+    topo = Topology(2, 2)
+    plan = plan_batch([9000, 3000, 1200, 800, 500], topo, TOY_PROFILE, TOY_MODEL, ZeppelinConfig(gpus_per_node=2))
+    full = simulate(plan, TOY_PROFILE, TOY_MODEL)
+    bare = simulate(plan, TOY_PROFILE, TOY_MODEL, options=SimOptions(timeline=False))
+    assert full.timeline and not bare.timeline
+    assert replace(full, timeline=[]) == bare
