@@ -1,12 +1,12 @@
 """One iteration of a stored accumulation configuration, micro-batch by micro-batch: Zeppelin's plans
-in data order, jointly assigned and grouped by length (planner/accumulation.py), each micro-batch's
-simulated and predicted seconds, its lower bound and its longest documents, beside dynamic_cp's
+in data order, jointly assigned, grouped by length and packed in rounds (planner/accumulation.py),
+each micro-batch's simulated and predicted seconds, its lower bound and its longest documents, beside dynamic_cp's
 rounds at its deployed max_seqlen_per_dp_cp_rank (the whole global batch, as Megatron's scheduler).
 What docs/results.md reports as one mean per run, taken apart to see where the time goes.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_accumulation_assign.py \\
         --study results/bench/accumulation.json --label "a800 llama-7b github 64K 4n mem gbs 1M x9" \\
-        --out results/s52/assign_a800_7b_github.json
+        --out results/s53/assign_a800_7b_github.json
 
 Every number is simulated (deterministic): rerunning gives the same.
 """
@@ -52,7 +52,8 @@ def main() -> int:
     steps = runs.run_steps(spec, topo.world_size)[args.batch]
     out = {"label": args.label, "study": args.study, "batch": args.batch, "recompute": rec["recompute"],
            "capacity_tokens": config.capacity_tokens, "assignments": {}}
-    for name, how in (("data_order", None), ("joint", Accumulation.JOINT), ("by_length", Accumulation.BY_LENGTH)):
+    for name, how in (("data_order", None), ("joint", Accumulation.JOINT), ("by_length", Accumulation.BY_LENGTH),
+                      ("rounds", Accumulation.ROUNDS)):
         s, c = (steps, config) if how is None else joint_steps(steps, topo, profile, model, config, how)
         mbs = _micro_batches(s, topo, profile, model, c, spec.tp)
         out["assignments"][name] = {"simulated_s": sum(m["simulated_s"] for m in mbs), "micro_batches": mbs}

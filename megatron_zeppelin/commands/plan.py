@@ -74,7 +74,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--accumulation", "--zeppelin-accumulation", default="data_order", choices=ACCUMULATION,
                    help="with several steps: plan each step's documents as sampled (data_order), or assign the "
                         "iteration's documents to its steps jointly first, each of like work (joint) or like "
-                        "documents together (by_length); Zeppelin only, planner/accumulation.py")
+                        "documents together (by_length), or packed as Megatron's dynamic-CP scheduler packs its "
+                        "rounds (rounds); Zeppelin only, planner/accumulation.py")
     add_memory_flags(g)
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the results as JSON")

@@ -4,7 +4,8 @@
 With ``--global-batch-size G --micro-batch-size M`` on R ranks an iteration is G / (M x R) steps, each a
 global micro-batch sampled with the next seed, planned and simulated, then the DP all-reduce once
 (sim/iteration.py ``accumulate``): the iteration Megatron logs; the mean step is printed beside it.
-``--zeppelin-accumulation joint`` or ``by_length`` (or ``--strategy zeppelin+joint`` / ``zeppelin+by_length``)
+``--zeppelin-accumulation joint``, ``by_length`` or ``rounds`` (or ``--strategy zeppelin+joint`` / ``+by_length`` /
+``+rounds``)
 assigns the iteration's documents to Zeppelin's steps first (planner/accumulation.py); the baselines keep
 data order.
 ``--pipeline-stages N`` splits the nodes into N stages and runs the steps in 1F1B over them
@@ -29,7 +30,8 @@ from megatron_zeppelin.flags.pipeline import add_pipeline_flag, pipeline_domain,
 LABELS = {"zeppelin": "Zeppelin", "packed_dp": "packed DP", "static_cp": "static CP", "allgather_cp": "all-gather CP",
           "hybrid_dp": "hybrid DP/CP", "dynamic_cp": "dynamic CP", "static_cp+routing": "static CP + routing",
           "zeppelin-noremap": "Zeppelin, no remap", "zeppelin+joint": "Zeppelin, joint accumulation",
-          "zeppelin+by_length": "Zeppelin, accumulation by length"}
+          "zeppelin+by_length": "Zeppelin, accumulation by length",
+          "zeppelin+rounds": "Zeppelin, accumulation in rounds"}
 
 
 def _tokens_or_memory(x):
@@ -54,10 +56,12 @@ def add_parser(subparsers):
                         "holds: ZeRO-1, no recompute, 90%% of the profile's memory_GB); 0 = the planner's default")
     p.add_argument("--strategy", default="zeppelin", choices=VARIANTS,
                    help="a strategy, or an ablation step (static_cp+routing, zeppelin-noremap), or zeppelin+joint / "
-                        "zeppelin+by_length (Zeppelin with --zeppelin-accumulation joint / by_length)")
+                        "zeppelin+by_length / zeppelin+rounds (Zeppelin with --zeppelin-accumulation joint / "
+                        "by_length / rounds)")
     p.add_argument("--accumulation", "--zeppelin-accumulation", default="data_order", choices=ACCUMULATION,
                    help="with several steps: Zeppelin's documents as sampled per step (data_order), or assigned to "
-                        "the steps jointly, each of like work (joint) or like documents together (by_length; "
+                        "the steps jointly, each of like work (joint), like documents together (by_length) or "
+                        "packed as Megatron's dynamic-CP rounds (rounds; "
                         "planner/accumulation.py); baselines keep data order")
     p.add_argument("--compare", action="store_true", help="simulate every strategy on the same batch")
     p.add_argument("--cp-size", type=int, default=0, help="CP size for static_cp/allgather_cp (0 = best predicted)")

@@ -185,7 +185,7 @@ def run(args) -> int:
                             "(python -m megatron_zeppelin.integration.pretrain_gpt)")
     if args.zeppelin_accumulation != "data_order":
         raise ZeppelinError("zeppelin train runs one micro-batch per step (no gradient accumulation): set "
-                            "--zeppelin-accumulation data_order, or train joint / by_length assignment through "
+                            "--zeppelin-accumulation data_order, or train joint / by_length / rounds assignment through "
                             "the Megatron-LM entry (python -m megatron_zeppelin.integration.pretrain_gpt)")
     if args.context_parallel_size != 1:
         if not args.zeppelin_balance:  # with it, config_from_args names the flag

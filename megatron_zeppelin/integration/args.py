@@ -76,11 +76,12 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-accumulation", choices=ACCUMULATION, default="data_order",
                    help="Documents of an iteration's global batch to its micro-batches: data_order (as read), "
                         "joint (the planner spreads long documents over the micro-batches, evening them), or "
-                        "by_length (documents of like length together, longest first, as Megatron's dynamic-CP "
-                        "scheduler packs: the faster one where memory is tight, docs/megatron.md); the "
-                        "same documents per iteration (planner/accumulation.py; --zeppelin-strategy zeppelin "
-                        "only). Trained by the Megatron-LM entry, planned by `zeppelin plan` / `simulate` / "
-                        "`bench`; `zeppelin train` runs one micro-batch per step and refuses both.")
+                        "by_length (documents of like length together, longest first), or rounds (packed as "
+                        "Megatron's dynamic-CP scheduler packs its rounds, each up to the capacity, the last "
+                        "micro-batches nearly empty: where memory is tight, docs/megatron.md); the same "
+                        "documents per iteration (planner/accumulation.py; --zeppelin-strategy zeppelin only). "
+                        "Trained by the Megatron-LM entry, planned by `zeppelin plan` / `simulate` / `bench`; "
+                        "`zeppelin train` runs one micro-batch per step and refuses them.")
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
     g.add_argument("--zeppelin-relay-chunk-bytes", type=int, default=None,

@@ -173,8 +173,9 @@ class JointBatches:
     """Global micro-batches ``k`` at a time (one iteration's global batch, as ``batches`` yields them
     in data order), regrouped by ``order`` and yielded one by one: ``order(lengths)`` takes the k
     micro-batches' document lengths and returns each new micro-batch's documents as indices into
-    their documents in data order (``--zeppelin-accumulation joint`` / ``by_length``:
-    planner/accumulation.py ``joint_indices``). An iteration keeps its documents, only which micro-batch holds each changes,
+    their documents in data order (``--zeppelin-accumulation joint`` / ``by_length`` / ``rounds``:
+    planner/accumulation.py ``joint_indices``). An iteration keeps its documents, only which micro-batch
+    holds each changes,
     and every rank regroups alike (``order`` is a pure function of the lengths). A last, partial
     iteration is regrouped over the micro-batches it has.
 

@@ -27,7 +27,7 @@ Used by the entry ``megatron_zeppelin.integration.pretrain_gpt`` and by ``patche
   virtual pipeline stages (interleaved 1F1B) every model chunk has its own iterators of the same
   documents; a rank's first chunk takes each micro-batch's Plan and its later chunks reuse it
   (chunk_plans.py).
-- ``--zeppelin-accumulation joint`` / ``by_length``: the iterators read an iteration's k global
+- ``--zeppelin-accumulation joint`` / ``by_length`` / ``rounds``: the iterators read an iteration's k global
   micro-batches (the documents data_order would train in it) and regroup them by the planner's
   assignment (planner/accumulation.py), each planned with the capacity of a data-order micro-batch; every
   rank and stage regroups alike (a pure function of the lengths).

@@ -26,6 +26,19 @@ most the capacity), a micro-batch of like documents can. Its micro-batches are u
 pays for in bubbles, yet in docs/results.md's pipeline study it beats joint's even ones from 4
 stages on: how well each micro-batch balances outweighs the bubbles there.
 
+``rounds`` pools them and packs them as Megatron's dynamic-CP scheduler packs a global batch into
+HDP rounds (planner/baselines/dynamic_cp.py ``dynamic_cp_rounds``, its packing-aware rules, at
+``max_seqlen_per_dp_cp_rank`` = the capacity, on the real lengths): longest first, each round filled
+up to the capacity of every rank, a long document beside the shorter ones that fit around its group
+(not only like lengths: by_length's first micro-batch of five 25-30K documents on 32 ranks could
+not balance at 90% of memory, the scheduler's round of twelve documents at 100% could). Its rounds
+are as full as memory allows, so there are fewer of them than Megatron's k micro-batches (the
+data-order ones are as full as their largest): the micro-batches beyond the rounds each take the
+shortest document of the round holding the most, so Megatron still runs k forward steps, the last
+ones nearly empty. Where the scheduler needs more than k rounds, by_length's grouping. Megatron's
+dynamic CP itself runs as many micro-batches as its rounds (the benchmark's dynamic_cp, sim/runs.py);
+``rounds`` is the same packing within Megatron's fixed count, planned by Zeppelin.
+
 Memory as the capacity says: a micro-batch's room is the largest data-order micro-batch's tokens
 (joint: plus ``TOKEN_SLACK``, whole documents rarely pack exactly), never above what the domain holds
 (capacity x ranks), and every micro-batch is planned with the per-rank capacity the largest
@@ -64,8 +77,8 @@ from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.spec.words import Accumulation, StrategyName
 
 TOKEN_SLACK = 0.05  # a micro-batch may hold this much more than the largest data-order one (whole documents)
-JOINT_STRATEGIES = (StrategyName.ZEPPELIN,)  # the strategies --zeppelin-accumulation joint / by_length apply to
-ASSIGNING = (Accumulation.JOINT, Accumulation.BY_LENGTH)  # the accumulations that regroup an iteration
+JOINT_STRATEGIES = (StrategyName.ZEPPELIN,)  # the strategies an assigning --zeppelin-accumulation applies to
+ASSIGNING = (Accumulation.JOINT, Accumulation.BY_LENGTH, Accumulation.ROUNDS)  # the accumulations that regroup
 
 
 def document_s(cost: CostModel, length: int) -> float:
@@ -145,20 +158,59 @@ def length_indices(steps: Sequence[Sequence[int]], room: int, hard_room: int = 0
     return [sorted(m) for m in members]
 
 
+def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int) -> Optional[List[List[int]]]:
+    """Which documents go in which micro-batch (as ``assign_indices``): the HDP rounds Megatron's
+    dynamic-CP scheduler packs them into at ``max_seqlen_per_dp_cp_rank`` = ``capacity`` (per-rank
+    tokens, on the real lengths), in its order, longest first; while there are fewer rounds than
+    micro-batches, the round holding the most documents gives its shortest (ties: the later) to a
+    micro-batch of its own, at the end; None where the rounds are more than the micro-batches. Each
+    keeps its documents in data order (module doc). Raises PlanError where the longest document does
+    not fit the domain.
+
+    >>> from megatron_zeppelin.planner.testing import toy_context
+    >>> ctx = toy_context(gpus=4, capacity=4000)
+    >>> steps = [[6000, 500, 3000, 1000], [6000, 2000, 200], [1500, 800]]
+    >>> rounds = round_indices(steps, ctx.cost, 4000)
+    >>> docs = [L for s in steps for L in s]
+    >>> [[docs[i] for i in m] for m in rounds]      # two rounds, the first all 4 x 4000 tokens; the third gets its 500
+    [[6000, 6000, 2000, 1500], [3000, 1000, 200, 800], [500]]
+    """
+    from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_rounds
+    from megatron_zeppelin.planner.context import PlanContext
+    from megatron_zeppelin.spec.config import ZeppelinConfig
+    topo = cost.topology
+    ctx = PlanContext(topo, cost.model, cost.profile,
+                      ZeppelinConfig(gpus_per_node=topo.gpus_per_node, capacity_tokens=capacity), cost, capacity)
+    docs = [int(L) for s in steps for L in s]
+    members = [sorted(r) for r in dynamic_cp_rounds(docs, ctx, capacity, pad=False)]
+    if len(members) > len(steps):
+        return None
+    while len(members) < len(steps):
+        most = max(range(len(members)), key=lambda m: (len(members[m]), -m))
+        shortest = min(members[most], key=lambda i: (docs[i], -i))
+        members[most].remove(shortest)
+        members.append([shortest])
+    return members
+
+
 def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int, world: int,
                   how: Accumulation = Accumulation.JOINT) -> List[List[int]]:
     """The micro-batches of ``steps`` assigned as ``how`` says (``assign_indices`` for joint,
-    ``length_indices`` for by_length) for micro-batches planned with per-rank ``capacity`` tokens on
-    ``world`` ranks: the room of the module doc (the largest data-order micro-batch, plus
-    ``TOKEN_SLACK`` for joint, within what the domain holds). Raises PlanError where a document fits
-    no micro-batch."""
+    ``length_indices`` for by_length, ``round_indices`` for rounds, else by_length's) for
+    micro-batches planned with per-rank ``capacity`` tokens on ``world`` ranks: the room of the module
+    doc (the largest data-order micro-batch, plus ``TOKEN_SLACK`` for joint, within what the domain
+    holds). Raises PlanError where a document fits no micro-batch."""
     from megatron_zeppelin.planner.types import PlanError
     how = Accumulation(how)
     largest = max(sum(int(L) for L in s) for s in steps)
     hard = capacity * world
     room = min(hard, int(largest * (1.0 + (TOKEN_SLACK if how == Accumulation.JOINT else 0.0))))
+    if how == Accumulation.ROUNDS:
+        rounds = round_indices(steps, cost, capacity)
+        if rounds is not None:
+            return rounds
     try:
-        if how == Accumulation.BY_LENGTH:
+        if how in (Accumulation.BY_LENGTH, Accumulation.ROUNDS):
             return length_indices(steps, room, hard)
         return assign_indices(steps, cost, room, hard)
     except ValueError as e:

@@ -110,9 +110,9 @@ def headline(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     """The headline's numbers over the runs of ``records`` that are :func:`in_headline`: ``groups``
     (MHA, GQA, all: mean / geomean / min / max speedup over the best deployed baseline), ``datasets``
     (per long-context mix at 64K, and ``together``), ``lower_bound`` (mean, max), ``losses``,
-    ``best_of``, ``no_baseline`` (labels of configurations no baseline completed), ``joint`` and
-    ``by_length`` (the same groups with Zeppelin's regrouped accumulation, ``zeppelin+joint`` /
-    ``zeppelin+by_length``, where it ran)."""
+    ``best_of``, ``no_baseline`` (labels of configurations no baseline completed), and per regrouped
+    accumulation (``joint``, ``by_length``, ``rounds``: sim/runs.py ASSIGNED) the same groups with it,
+    where it ran."""
     from megatron_zeppelin.sim.runs import ASSIGNED
     mine = [r for r in records if in_headline(r)]
     rows = configurations(mine, reference)
@@ -138,6 +138,11 @@ def headline(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
             "best_of": dict(sorted(best_of.items())),
             "no_baseline": [r["label"] for r in rows if r["speedup"] is None],
             **assigned}
+
+
+# The headline's row of each regrouped accumulation (sim/runs.py ASSIGNED), in this order
+ASSIGNED_ROWS = {"joint": "joint assignment", "by_length": "documents grouped by length",
+                 "rounds": "documents packed as dynamic CP's rounds"}
 
 
 def _x(v: Optional[float]) -> str:
@@ -183,11 +188,9 @@ def render(h: Dict) -> List[str]:
           "K/V heads.", ""]
     g = h["groups"]
     rows = [_row(f"{k} models", g[k]) for k in KINDS if g[k]["configs"]] + [_row("all", g["all"])]
-    if h.get("joint"):
-        rows.append(_row("all, Zeppelin with joint assignment (`zeppelin+joint`)", h["joint"]["all"]))
-    if h.get("by_length"):
-        rows.append(_row("all, Zeppelin with documents grouped by length (`zeppelin+by_length`)",
-                         h["by_length"]["all"]))
+    for how, words in ASSIGNED_ROWS.items():
+        if h.get(how):
+            rows.append(_row(f"all, Zeppelin with {words} (`zeppelin+{how}`)", h[how]["all"]))
     L += _table(["models", "speedup: mean", "geomean", "min", "max", "configs", "Zeppelin slower in"], rows)
     if h["datasets"]:
         L += ["", f"Long-context mixes at {LONG_CONTEXT_TOKENS >> 10}K beside issue 49's aim, a mean speedup of "

@@ -1,5 +1,6 @@
 """Zeppelin's regrouped accumulations, a global batch's documents assigned to its micro-batches jointly
-(``zeppelin+joint``) or by length (``zeppelin+by_length``, planner/accumulation.py), against
+(``zeppelin+joint``), by length (``zeppelin+by_length``) or as dynamic CP's rounds (``zeppelin+rounds``,
+planner/accumulation.py), against
 per-micro-batch planning in data order (``zeppelin``), on the same runs.
 
 >>> def rec(key, v, t):
@@ -39,13 +40,14 @@ def joint_speedups(runs: Sequence[Dict], study: str, variant: str = "zeppelin+jo
 def joint_line(runs: Sequence[Dict], study: str) -> List[str]:
     """The study section's lines on the regrouped accumulations (none where the study did not run
     one beside data order)."""
+    from megatron_zeppelin.reports.headline import ASSIGNED_ROWS
     from megatron_zeppelin.sim.runs import ASSIGNED
     L: List[str] = []
     for v, how in ASSIGNED.items():
         s = joint_speedups(runs, study, v)
         if not s:
             continue
-        name = "joint assignment" if how.value == "joint" else "documents grouped by length"
+        name = ASSIGNED_ROWS[how.value]
         L += ["", f"`{v}` vs `zeppelin`: {name}'s speedup over data order (data order's mean "
                   f"iteration / {how.value}'s) mean {s['mean_speedup']:.3f}x, min {s['min_speedup']:.3f}x, max "
                   f"{s['max_speedup']:.3f}x, geomean {s['geomean_speedup']:.3f}x over {s['configs']} "

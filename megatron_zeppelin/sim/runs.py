@@ -75,10 +75,12 @@ from megatron_zeppelin.spec.words import Accumulation, Comm, Link, StrategyName
 
 JOINT = "zeppelin+joint"  # Zeppelin with --zeppelin-accumulation joint (planner/accumulation.py)
 BY_LENGTH = "zeppelin+by_length"  # Zeppelin with --zeppelin-accumulation by_length (planner/accumulation.py)
-ASSIGNED = {JOINT: Accumulation.JOINT, BY_LENGTH: Accumulation.BY_LENGTH}  # Zeppelin's regrouped variants
+ROUNDS = "zeppelin+rounds"  # Zeppelin with --zeppelin-accumulation rounds (planner/accumulation.py)
+ASSIGNED = {JOINT: Accumulation.JOINT, BY_LENGTH: Accumulation.BY_LENGTH,
+            ROUNDS: Accumulation.ROUNDS}  # Zeppelin's regrouped variants
 PARTITIONER = "zeppelin-partitioner"  # Zeppelin with the paper's partitioner alone (no portfolio of shapes)
 # Zeppelin's variants: no baseline
-ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", JOINT, BY_LENGTH, PARTITIONER)
+ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", JOINT, BY_LENGTH, ROUNDS, PARTITIONER)
 VARIANTS = STRATEGIES + ABLATIONS
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
 DEFAULT_BATCHES = 16

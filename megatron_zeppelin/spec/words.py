@@ -83,6 +83,7 @@ class Accumulation(_Word):
     DATA_ORDER = "data_order"  # as the data loader reads them: each micro-batch planned on its own
     JOINT = "joint"  # assigned jointly over the micro-batches, each of like work (planner/accumulation.py)
     BY_LENGTH = "by_length"  # assigned jointly, documents of like length together (planner/accumulation.py)
+    ROUNDS = "rounds"  # assigned jointly, as Megatron's dynamic-CP scheduler packs rounds (planner/accumulation.py)
 
 
 class KernelBackend(_Word):

@@ -1,4 +1,4 @@
-"""``--zeppelin-accumulation joint`` and ``by_length`` through Megatron-LM's own ``pretrain()`` (issues 49
+"""``--zeppelin-accumulation joint``, ``by_length`` and ``rounds`` through Megatron-LM's own ``pretrain()`` (issues 49
 and 52).
 
 An iteration of 4 micro-batches per DP rank: the joint run trains the same documents per iteration as
@@ -7,7 +7,7 @@ integration/data.py JointBatches), so with ``--calculate-per-token-loss`` each i
 sum over its micro-batches over their token count), grad norm and validation loss equal the
 data-order run's up to float summation order (rel. 1e-5). DP 4 (2 nodes x 2) in the default run;
 PP 2 x DP 2 (1F1B, every stage regrouping alike) too; by_length (documents of like length together)
-at DP 4.
+and rounds (packed as Megatron's dynamic-CP scheduler packs its rounds) at DP 4.
 """
 
 import re
@@ -77,6 +77,9 @@ def test_joint_equals_data_order_pp2_dp2(data, tmp_path):
     assert _digests(log, 0) == _digests(log, 1)  # both stages planned the same regrouped micro-batches
 
 
-def test_by_length_equals_data_order_dp4(data, tmp_path):
-    log, ref_log = _both(data, tmp_path, 4, 4, [], how="by_length")
-    _check_regrouped(log, ref_log, how="by_length")
+@pytest.mark.parametrize("how", [pytest.param("by_length", marks=pytest.mark.slow), "rounds"])
+def test_regrouped_equals_data_order_dp4(data, tmp_path, how):
+    """by_length and rounds differ only in which indices they hand JointBatches (unit-tested in
+    tests/unit/test_joint_accumulation.py): one of them in the default run."""
+    log, ref_log = _both(data, tmp_path, 4, 4, [], how=how)
+    _check_regrouped(log, ref_log, how=how)

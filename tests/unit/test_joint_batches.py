@@ -102,3 +102,19 @@ def test_by_length_regrouping_puts_the_long_documents_together_within_the_data_o
         assert any(d.numel() == longest for d in b[0])  # the longest documents open the iteration
     # short documents last: data order has 89-token documents in every micro-batch of the first iteration
     assert max(d.numel() - 1 for d in grouped[0][-1]) == 59 and max(d.numel() - 1 for d in order[0][-1]) == 89
+
+
+def test_rounds_regrouping_keeps_megatrons_micro_batches_each_within_the_capacity():
+    topo = Topology(2, 2)
+    cfg = ZeppelinConfig(gpus_per_node=2, accumulation="rounds")
+    planned = joint_config(topo, TOY_PROFILE, TOY_MODEL, cfg, TOKENS)
+    planner = Planner(topo, TOY_PROFILE, TOY_MODEL, planned)
+    order = _iterations(DocumentBatches(Stream(LENGTHS), TOKENS, 1000))
+    grouped = _iterations(zl._joint(DocumentBatches(Stream(LENGTHS), TOKENS, 1000), planner, K))
+    for a, b in zip(order, grouped):
+        assert sorted(tuple(d.tolist()) for s in a for d in s) == sorted(tuple(d.tolist()) for s in b for d in s)
+        assert len(b) == len(a) and all(b)  # Megatron's k micro-batches, each training something
+        # a round fills up to the capacity of every rank (data order's micro-batches hold their share)
+        assert all(sum(d.numel() - 1 for d in s) <= planned.capacity_tokens * topo.world_size for s in b)
+        assert all([d[0].item() for d in s] == sorted(d[0].item() for d in s) for s in b)  # data order kept
+    assert any(len(a) and [len(s) for s in a] != [len(s) for s in b] for a, b in zip(order, grouped))

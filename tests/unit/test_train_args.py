@@ -100,10 +100,10 @@ def test_pipeline_parallelism_points_at_the_megatron_lm_entry(tmp_path, capsys, 
     assert "Megatron-LM entry" in " ".join(sub.format_help().split())
 
 
-@pytest.mark.parametrize("how", ["joint", "by_length"])
+@pytest.mark.parametrize("how", ["joint", "by_length", "rounds"])
 def test_joint_accumulation_points_at_the_megatron_lm_entry(tmp_path, capsys, how):
     rc, err = _run(tmp_path, capsys, "--zeppelin-balance", "--zeppelin-accumulation", how)
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert "--zeppelin-accumulation data_order" in err and "megatron_zeppelin.integration.pretrain_gpt" in err, err
     sub = build_parser()._subparsers._group_actions[0].choices["train"]
-    assert "refuses both" in " ".join(sub.format_help().split())
+    assert "refuses them" in " ".join(sub.format_help().split())

@@ -63,8 +63,8 @@ from megatron_zeppelin.planner.partitioner.lpt import place_short
 from megatron_zeppelin.planner.strategies import Candidate, Search, pick, strategy
 from megatron_zeppelin.planner.partitioner.thresholds import inter_share, zeppelin_thresholds
 from megatron_zeppelin.planner.partitioner.ulysses_rings import with_a2a_rings
-from megatron_zeppelin.planner.portfolio.shapes import (candidate_placements, compute_bound, placement_key,
-                                                          ring_chain_bound)
+from megatron_zeppelin.planner.portfolio.shapes import (candidate_placements, compute_bound, megatron_groups,
+                                                          placement_key, ring_chain_bound)
 from megatron_zeppelin.planner.portfolio.budget import chunk_rows_of, placement_units
 from megatron_zeppelin.planner.types import DocPlan, PlanError, Ring
 from megatron_zeppelin.spec.words import DocClass, Link, StrategyName
@@ -341,6 +341,23 @@ def zeppelin_candidates(lengths: Sequence[int], ctx: PlanContext, search: Search
             search.budget.skipped("fixed shapes (near the lower bound)")
         return
     yield from _weighed(lengths, ctx, search, memo, seen, shapes)
+    if search.best is None and shapes:
+        yield _last_resort(lengths, ctx)
+
+
+def _last_resort(lengths: Sequence[int], ctx: PlanContext) -> Candidate:
+    """Where nothing fit (a batch packed to the capacity, as ``--zeppelin-accumulation rounds``
+    packs them; too many documents per rank for the baselines' shapes to be weighed): dynamic_cp's
+    groups at max_seqlen_per_dp_cp_rank = the capacity, which fit the batch that Megatron's
+    scheduler packed (portfolio/shapes.py ``megatron_groups``)."""
+    from dataclasses import replace as dc_replace
+    label = f"dynamic_cp/{ctx.capacity}"
+    try:
+        pl0 = megatron_groups(lengths, ctx, ctx.capacity)
+        pl0 = dc_replace(pl0, remap=False, balance_linear=False, routing=False, meta={**pl0.meta, "shape": label})
+        return Candidate(pl0, f"{label}/off", prepared=prepare(ctx, pl0))
+    except PlanError as e:
+        return Candidate(None, label, error=e)
 
 
 def _placements_of(rings: str, ctx: PlanContext):
