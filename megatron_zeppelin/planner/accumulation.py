@@ -196,7 +196,8 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
 def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int, world: int,
                   how: Accumulation = Accumulation.JOINT) -> List[List[int]]:
     """The micro-batches of ``steps`` assigned as ``how`` says (``assign_indices`` for joint,
-    ``length_indices`` for by_length, ``round_indices`` for rounds, else by_length's) for
+    ``length_indices`` for by_length, ``round_indices`` for rounds: by_length's where the scheduler
+    needs more rounds than there are micro-batches) for
     micro-batches planned with per-rank ``capacity`` tokens on ``world`` ranks: the room of the module
     doc (the largest data-order micro-batch, plus ``TOKEN_SLACK`` for joint, within what the domain
     holds). Raises PlanError where a document fits no micro-batch."""
@@ -206,7 +207,10 @@ def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     hard = capacity * world
     room = min(hard, int(largest * (1.0 + (TOKEN_SLACK if how == Accumulation.JOINT else 0.0))))
     if how == Accumulation.ROUNDS:
-        rounds = round_indices(steps, cost, capacity)
+        try:
+            rounds = round_indices(steps, cost, capacity)
+        except PlanError as e:  # the scheduler's words name dynamic_cp: say which flag packed them
+            raise PlanError(f"--zeppelin-accumulation rounds: {e}") from None
         if rounds is not None:
             return rounds
     try:

@@ -48,7 +48,7 @@ def joint_line(runs: Sequence[Dict], study: str) -> List[str]:
         if not s:
             continue
         name = ASSIGNED_ROWS[how.value]
-        L += ["", f"`{v}` vs `zeppelin`: {name}'s speedup over data order (data order's mean "
+        L += ["", f"`{v}` vs `zeppelin` ({name}): speedup over data order (data order's mean "
                   f"iteration / {how.value}'s) mean {s['mean_speedup']:.3f}x, min {s['min_speedup']:.3f}x, max "
                   f"{s['max_speedup']:.3f}x, geomean {s['geomean_speedup']:.3f}x over {s['configs']} "
                   f"configurations; {how.value} faster in {s['faster']}."]

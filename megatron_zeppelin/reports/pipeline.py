@@ -1,6 +1,6 @@
 """A pipeline study's table (issue 52): per pipeline size, Zeppelin's speedup over every baseline and
-over the best deployed baseline of each configuration, planned in data order (``zeppelin``) and
-jointly (``zeppelin+joint``), on the same runs (sim/iteration.py ``pipeline``: 1F1B stages, each
+over the best deployed baseline of each configuration, planned in data order (``zeppelin``) and with
+each regrouped accumulation that ran (``zeppelin+joint``, ``+by_length``, ``+rounds``), on the same runs (sim/iteration.py ``pipeline``: 1F1B stages, each
 micro-batch planned on one stage's DP ranks).
 
 >>> def rec(key, pp, v, t):
@@ -13,6 +13,8 @@ micro-batch planned on one stage's DP ranks).
 '| 1 | 16 | 1 | 1.20x / 1.50x | 1.60x / 2.00x | 1.20x / 1.50x (min 1.20x, max 1.20x) | 1.250x |'
 >>> t[3]
 '| 2 | 8 | 1 | 1.50x | - | 1.50x (min 1.50x, max 1.50x) | - |'
+>>> pipeline_table(runs + [rec("a", 1, "zeppelin+rounds", 0.5)], "pipeline")[2]   # data order / joint / rounds
+'| 1 | 16 | 1 | 1.20x / 1.50x / 2.40x | 1.60x / 2.00x / 3.20x | 1.20x / 1.50x / 2.40x (min 1.20x, max 1.20x) | 1.250x | 2.000x |'
 >>> iteration_table(runs, "pipeline")[2:]
 ['| 1 | 1.00 (1) | 0.80 (1) | 1.20 (1) | 1.60 (1) |', '| 2 | 2.00 (1) | - | 3.00 (1) | - |']
 """
@@ -36,30 +38,40 @@ def _x(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _regrouped(runs: Sequence[Dict], study: str) -> List[str]:
+    """The regrouped accumulations (sim/runs.py ASSIGNED) that ran in ``study``, in ASSIGNED's order."""
+    from megatron_zeppelin.sim.runs import ASSIGNED
+    ran = {r["variant"] for r in runs if r["study"] == study}
+    return [v for v in ASSIGNED if v in ran]
+
+
 def pipeline_table(runs: Sequence[Dict], study: str) -> List[str]:
     """Rows per pipeline size: its DP ranks per stage, configurations, then Zeppelin's mean speedup
-    over each baseline and over the best deployed baseline per configuration, "data order / joint"."""
-    from megatron_zeppelin.sim.runs import ABLATIONS, JOINT
+    over each baseline and over the best deployed baseline per configuration, "data order / joint /
+    ..." (each regrouped accumulation that ran), and each regrouping's speedup over data order."""
+    from megatron_zeppelin.sim.runs import ABLATIONS
     by: Dict[int, Dict[str, Dict[str, Dict]]] = defaultdict(lambda: defaultdict(dict))
     for r in runs:
         if r["study"] == study and not r.get("error") and r.get("iteration_s"):
             by[int(r.get("pipeline", 1) or 1)][r["key"]][r["variant"]] = r
     bases = sorted({v for p in by.values() for vs in p.values() for v in vs
                     if v != "zeppelin" and v not in ABLATIONS})
+    zs = ["zeppelin"] + _regrouped(runs, study)
     rows = []
     for pp in sorted(by):
-        cells: Dict[str, Dict[str, List[float]]] = {b: {"zeppelin": [], JOINT: []} for b in bases + ["best"]}
+        cells: Dict[str, Dict[str, List[float]]] = {b: {z: [] for z in zs} for b in bases + ["best"]}
         ranks = sorted({vs["zeppelin"].get("ranks") for vs in by[pp].values() if "zeppelin" in vs} - {None})
-        joint = []
+        over_data: Dict[str, List[float]] = {z: [] for z in zs[1:]}
         configs = 0
         for vs in by[pp].values():
             if "zeppelin" not in vs:
                 continue
             configs += 1
-            if JOINT in vs:
-                joint.append(vs["zeppelin"]["iteration_s"] / vs[JOINT]["iteration_s"])
+            for z in zs[1:]:
+                if z in vs:
+                    over_data[z].append(vs["zeppelin"]["iteration_s"] / vs[z]["iteration_s"])
             best = min((vs[b]["iteration_s"] for b in bases if b in vs), default=None)
-            for z in ("zeppelin", JOINT):
+            for z in zs:
                 if z not in vs:
                     continue
                 for b in bases:
@@ -69,14 +81,17 @@ def pipeline_table(runs: Sequence[Dict], study: str) -> List[str]:
                     cells["best"][z].append(best / vs[z]["iteration_s"])
 
         def cell(b: str) -> str:
-            d, j = _mean(cells[b]["zeppelin"]), _mean(cells[b][JOINT])
-            return _x(d) + (f" / {_x(j)}" if j is not None else "")
+            means = [_mean(cells[b][z]) for z in zs]
+            if all(m is None for m in means[1:]):
+                return _x(means[0])
+            return " / ".join(_x(m) for m in means)
         best = cells["best"]["zeppelin"]
         span = f" (min {_x(min(best))}, max {_x(max(best))})" if best else ""
         rows.append([str(pp), "/".join(str(x) for x in ranks) or "-", str(configs)] + [cell(b) for b in bases]
-                    + [cell("best") + span, f"{_mean(joint):.3f}x" if joint else "-"])
+                    + [cell("best") + span] + [f"{_mean(over_data[z]):.3f}x" if over_data[z] else "-"
+                                               for z in zs[1:]])
     head = (["PP", "DP ranks per stage", "configs"] + [f"over {b}" for b in bases]
-            + ["over the best deployed baseline", "joint's speedup over data order"])
+            + ["over the best deployed baseline"] + [f"{z.split('+')[1]}: speedup over data order" for z in zs[1:]])
     return (["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
             + ["| " + " | ".join(r) + " |" for r in rows])
 
@@ -85,12 +100,12 @@ def iteration_table(runs: Sequence[Dict], study: str) -> List[str]:
     """Rows per pipeline size: every variant's mean simulated iteration (s) over the configurations,
     Zeppelin in data order and joint first, so a baseline faster than Zeppelin at some size shows as is
     (its losses are also listed per configuration under the regime's summary)."""
-    from megatron_zeppelin.sim.runs import JOINT
     by: Dict[int, Dict[str, List[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         if r["study"] == study and not r.get("error") and r.get("iteration_s"):
             by[int(r.get("pipeline", 1) or 1)][r["variant"]].append(r["iteration_s"])
-    variants = sorted({v for p in by.values() for v in p}, key=lambda v: (v != "zeppelin", v != JOINT, v))
+    zs = ["zeppelin"] + _regrouped(runs, study)
+    variants = sorted({v for p in by.values() for v in p}, key=lambda v: (zs.index(v) if v in zs else len(zs), v))
     rows = [[str(pp)] + [(f"{_mean(by[pp][v]):.2f} ({len(by[pp][v])})" if by[pp][v] else "-") for v in variants]
             for pp in sorted(by)]
     head = ["PP"] + [f"{v} (s)" for v in variants]
@@ -102,10 +117,12 @@ def pipeline_section(runs: Sequence[Dict], study: str) -> List[str]:
     """The study section's pipeline part (none for a study without pipeline stages)."""
     if not is_pipeline_study(runs, study):
         return []
+    zs = ["zeppelin"] + _regrouped(runs, study)
+    names = " / ".join(["data order"] + [z.split("+")[1] for z in zs[1:]])
     return ["", "By pipeline size (1F1B; a stage's time is its slowest DP rank's, the bubble included): Zeppelin's "
                 "mean speedup over each baseline's iteration as deployed, and over the best deployed baseline of "
-                "each configuration, as `data order / joint` (`zeppelin` / `zeppelin+joint`):", ""] + \
+                f"each configuration, as `{names}` ({' / '.join(f'`{z}`' for z in zs)}):", ""] + \
         pipeline_table(runs, study) + \
-        ["", "Mean simulated iteration (s) by pipeline size, data order (`zeppelin`), joint (`zeppelin+joint`) "
-             "and each baseline as deployed (configurations completed in parentheses; a mean over different "
-             "configurations where a strategy ran out of memory in some):", ""] + iteration_table(runs, study)
+        ["", f"Mean simulated iteration (s) by pipeline size, Zeppelin ({names}) and each baseline as deployed "
+             "(configurations completed in parentheses; a mean over different configurations where a strategy "
+             "ran out of memory in some):", ""] + iteration_table(runs, study)
