@@ -174,10 +174,9 @@ class JointBatches:
     in data order), regrouped by ``order`` and yielded one by one: ``order(lengths)`` takes the k
     micro-batches' document lengths and returns each new micro-batch's documents as indices into
     their documents in data order (``--zeppelin-accumulation joint`` / ``by_length`` / ``rounds``:
-    planner/accumulation.py ``joint_indices``). An iteration keeps its documents, only which micro-batch
-    holds each changes,
-    and every rank regroups alike (``order`` is a pure function of the lengths). A last, partial
-    iteration is regrouped over the micro-batches it has.
+    planner/accumulation.py ``joint_indices``). An iteration keeps its documents, only which
+    micro-batch holds each changes, and every rank regroups alike (``order`` is a pure function of the
+    lengths). A last, partial iteration is regrouped over the micro-batches it has.
 
     >>> order = lambda lengths: [[0, 3], [1, 2]]            # as if planned: the two long ones apart
     >>> list(JointBatches(iter([[9, 1], [2, 8]]), 2, order, lengths_of=list))

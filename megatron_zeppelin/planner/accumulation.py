@@ -175,12 +175,12 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     >>> [[docs[i] for i in m] for m in rounds]      # two rounds, the first all 4 x 4000 tokens; the third gets its 500
     [[6000, 6000, 2000, 1500], [3000, 1000, 200, 800], [500]]
     """
+    from megatron_zeppelin.planner import make_context
     from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_rounds
-    from megatron_zeppelin.planner.context import PlanContext
     from megatron_zeppelin.spec.config import ZeppelinConfig
-    topo = cost.topology
-    ctx = PlanContext(topo, cost.model, cost.profile,
-                      ZeppelinConfig(gpus_per_node=topo.gpus_per_node, capacity_tokens=capacity), cost, capacity)
+    topo = cost.topology  # the scheduler reads the domain and the capacity of a batch's context
+    ctx = make_context(topo, cost.profile, cost.model,
+                       ZeppelinConfig(gpus_per_node=topo.gpus_per_node, capacity_tokens=capacity), cost=cost)
     docs = [int(L) for s in steps for L in s]
     members = [sorted(r) for r in dynamic_cp_rounds(docs, ctx, capacity, pad=False)]
     if len(members) > len(steps):
