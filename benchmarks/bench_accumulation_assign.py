@@ -1,5 +1,6 @@
 """One iteration of a stored accumulation configuration, micro-batch by micro-batch: Zeppelin's plans
-in data order, jointly assigned, grouped by length and packed in rounds (planner/accumulation.py),
+in data order, jointly assigned, grouped by length and packed in rounds (planner/accumulation.py;
+``rounds_full``: the rounds each filled to the capacity, as ``rounds`` packed them before ``round_fill``),
 each micro-batch's simulated and predicted seconds, its lower bound and its longest documents, beside dynamic_cp's
 rounds at its deployed max_seqlen_per_dp_cp_rank (the whole global batch, as Megatron's scheduler).
 What docs/results.md reports as one mean per run, taken apart to see where the time goes.
@@ -7,6 +8,9 @@ What docs/results.md reports as one mean per run, taken apart to see where the t
     PYTHONPATH=. .venv/bin/python benchmarks/bench_accumulation_assign.py \\
         --study results/bench/accumulation.json --label "a800 llama-7b github 64K 4n mem gbs 1M x9" \\
         --out results/s53/assign_a800_7b_github.json
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_accumulation_assign.py --only rounds rounds_full \\
+        --study results/bench/accumulation.json --label "h200 llama3-8b github 64K 4n mem gbs 1M x4" \\
+        --out results/s54/fill_h200_8b_github.json
 
 Every number is simulated (deterministic): rerunning gives the same.
 """
@@ -21,7 +25,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_zeppelin.planner.accumulation import joint_steps  # noqa: E402
+from megatron_zeppelin.planner import make_context  # noqa: E402
+from megatron_zeppelin.planner.accumulation import joint_indices, joint_steps  # noqa: E402
 from megatron_zeppelin.sim import runs  # noqa: E402
 from megatron_zeppelin.sim.iteration import SimOptions, simulate  # noqa: E402
 from megatron_zeppelin.sim.stored import recorded_setup, stored_runs  # noqa: E402
@@ -40,12 +45,26 @@ def _micro_batches(steps, topo, profile, model, config, tp):
     return out
 
 
+def _rounds_full(steps, topo, profile, model, config):
+    """(micro-batches, config) of rounds each filled to the capacity they are planned with."""
+    c = joint_steps(steps, topo, profile, model, config, Accumulation.ROUNDS)[1]
+    ctx = make_context(topo, profile, model, c)
+    docs = [L for s in steps for L in s]
+    idx = joint_indices(steps, ctx.cost, ctx.capacity, topo.world_size, Accumulation.ROUNDS, (ctx.capacity,) * 2)
+    return [[docs[i] for i in m] for m in idx], c
+
+
+ASSIGNMENTS = ("data_order", "joint", "by_length", "rounds", "rounds_full")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", required=True, help="a study file of `zeppelin bench --out-dir`")
     ap.add_argument("--label", required=True, help="the configuration's label, as docs/results.md prints it")
     ap.add_argument("--batch", type=int, default=0, help="which iteration of the run")
     ap.add_argument("--out", required=True, help="JSON to write (under results/)")
+    ap.add_argument("--only", nargs="+", choices=ASSIGNMENTS, default=ASSIGNMENTS,
+                    help="the assignments to simulate (default all), dynamic_cp's rounds only with all")
     args = ap.parse_args()
     spec, rec = stored_runs(args.study, label=args.label)[0]
     profile, model, topo, config = recorded_setup(spec, rec)
@@ -53,14 +72,20 @@ def main() -> int:
     out = {"label": args.label, "study": args.study, "batch": args.batch, "recompute": rec["recompute"],
            "capacity_tokens": config.capacity_tokens, "assignments": {}}
     for name, how in (("data_order", None), ("joint", Accumulation.JOINT), ("by_length", Accumulation.BY_LENGTH),
-                      ("rounds", Accumulation.ROUNDS)):
-        s, c = (steps, config) if how is None else joint_steps(steps, topo, profile, model, config, how)
+                      ("rounds", Accumulation.ROUNDS), ("rounds_full", None)):
+        if name not in args.only:
+            continue
+        if name == "rounds_full":
+            s, c = _rounds_full(steps, topo, profile, model, config)
+        else:
+            s, c = (steps, config) if how is None else joint_steps(steps, topo, profile, model, config, how)
         mbs = _micro_batches(s, topo, profile, model, c, spec.tp)
         out["assignments"][name] = {"simulated_s": sum(m["simulated_s"] for m in mbs), "micro_batches": mbs}
         print(f"{name:10s} {len(mbs)} micro-batches, simulated {out['assignments'][name]['simulated_s']:.3f} s "
               f"(lower bounds {sum(m['lower_bound_s'] for m in mbs):.3f} s): "
               + ", ".join(f"{m['simulated_s']:.2f}" for m in mbs))
-    dc = next((r for _, r in stored_runs(args.study, variant="dynamic_cp", label=args.label)), None)
+    dc = (next((r for _, r in stored_runs(args.study, variant="dynamic_cp", label=args.label)), None)
+          if set(args.only) == set(ASSIGNMENTS) else None)
     if dc and dc.get("run_setting"):
         dc_config = recorded_setup(spec, dc)[3]
         plans, rr = runs._global_batch_rounds(steps, topo, profile, model, dc_config, int(dc["run_setting"]),

@@ -77,8 +77,8 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Documents of an iteration's global batch to its micro-batches: data_order (as read), "
                         "joint (the planner spreads long documents over the micro-batches, evening them), or "
                         "by_length (documents of like length together, longest first), or rounds (packed as "
-                        "Megatron's dynamic-CP scheduler packs its rounds, each up to the capacity, the last "
-                        "micro-batches nearly empty: where memory is tight, docs/megatron.md); the same "
+                        "Megatron's dynamic-CP scheduler packs its rounds, each only as full as k rounds need, from "
+                        "the data-order micro-batches' size up to the capacity: docs/megatron.md); the same "
                         "documents per iteration (planner/accumulation.py; --zeppelin-strategy zeppelin only). "
                         "Trained by the Megatron-LM entry, planned by `zeppelin plan` / `simulate` / `bench`; "
                         "`zeppelin train` runs one micro-batch per step and refuses them.")

@@ -27,17 +27,18 @@ pays for in bubbles, yet in docs/results.md's pipeline study it beats joint's ev
 stages on: how well each micro-batch balances outweighs the bubbles there.
 
 ``rounds`` pools them and packs them as Megatron's dynamic-CP scheduler packs a global batch into
-HDP rounds (planner/baselines/dynamic_cp.py ``dynamic_cp_rounds``, its packing-aware rules, at
-``max_seqlen_per_dp_cp_rank`` = the capacity, on the real lengths): longest first, each round filled
-up to the capacity of every rank, a long document beside the shorter ones that fit around its group
-(not only like lengths: by_length's first micro-batch of five 25-30K documents on 32 ranks could
-not balance at 90% of memory, the scheduler's round of twelve documents at 100% could). Its rounds
-are as full as memory allows, so there are fewer of them than Megatron's k micro-batches (the
-data-order ones are as full as their largest): the micro-batches beyond the rounds each take the
-shortest document of the round holding the most, so Megatron still runs k forward steps, the last
-ones nearly empty. Where the scheduler needs more than k rounds, by_length's grouping. Megatron's
-dynamic CP itself runs as many micro-batches as its rounds (the benchmark's dynamic_cp, sim/runs.py);
-``rounds`` is the same packing within Megatron's fixed count, planned by Zeppelin.
+HDP rounds (planner/baselines/dynamic_cp.py ``dynamic_cp_rounds``, its packing-aware rules, on the
+real lengths, at ``max_seqlen_per_dp_cp_rank`` = the least fill, from the data-order micro-batches'
+per-rank share up to the capacity, at which k rounds hold the iteration: ``round_fill``): longest
+first, each round filled up to that on every rank, a long document beside the shorter ones that fit
+around its group (not only like lengths: by_length's first micro-batch of five 25-30K documents on
+32 ranks could not balance at 90% of memory, the scheduler's round of twelve documents at 100%
+could). Where fewer rounds hold the iteration than Megatron's k micro-batches, each micro-batch
+beyond them takes the shortest document of the round holding the most, so Megatron still runs k
+forward steps; where the scheduler needs more than k rounds even at the capacity, by_length's
+grouping. Megatron's dynamic CP itself runs as many micro-batches as its rounds (the benchmark's
+dynamic_cp, sim/runs.py); ``rounds`` is the same packing within Megatron's fixed count, planned by
+Zeppelin.
 
 Memory as the capacity says: a micro-batch's room is the largest data-order micro-batch's tokens
 (joint: plus ``TOKEN_SLACK``, whole documents rarely pack exactly), never above what the domain holds
@@ -76,6 +77,7 @@ from megatron_zeppelin.spec.model import ModelSpec
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.spec.words import Accumulation, StrategyName
 
+FILL_STEPS = 8  # rounds' fill climbs from the least in steps of 1/FILL_STEPS of it (round_indices)
 TOKEN_SLACK = 0.05  # a micro-batch may hold this much more than the largest data-order one (whole documents)
 JOINT_STRATEGIES = (StrategyName.ZEPPELIN,)  # the strategies an assigning --zeppelin-accumulation applies to
 ASSIGNING = (Accumulation.JOINT, Accumulation.BY_LENGTH, Accumulation.ROUNDS)  # the accumulations that regroup
@@ -158,14 +160,16 @@ def length_indices(steps: Sequence[Sequence[int]], room: int, hard_room: int = 0
     return [sorted(m) for m in members]
 
 
-def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int) -> Optional[List[List[int]]]:
+def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int,
+                  most: int = 0) -> Optional[List[List[int]]]:
     """Which documents go in which micro-batch (as ``assign_indices``): the HDP rounds Megatron's
     dynamic-CP scheduler packs them into at ``max_seqlen_per_dp_cp_rank`` = ``capacity`` (per-rank
-    tokens, on the real lengths), in its order, longest first; while there are fewer rounds than
-    micro-batches, the round holding the most documents gives its shortest (ties: the later) to a
-    micro-batch of its own, at the end; None where the rounds are more than the micro-batches. Each
-    keeps its documents in data order (module doc). Raises PlanError where the longest document does
-    not fit the domain.
+    tokens, on the real lengths), or, where those are more than the micro-batches, at the least of
+    ``capacity`` x (1 + j / FILL_STEPS) up to ``most`` at which they are not, in its order, longest
+    first; while there are fewer rounds than micro-batches, the round holding the most documents
+    gives its shortest (ties: the later) to a micro-batch of its own, at the end; None where the
+    rounds are more than the micro-batches at every fill. Each keeps its documents in data order
+    (module doc). Raises PlanError where the longest document does not fit the domain.
 
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> ctx = toy_context(gpus=4, capacity=4000)
@@ -177,12 +181,24 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     """
     from megatron_zeppelin.planner import make_context
     from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_rounds
+    from megatron_zeppelin.planner.types import PlanError
     from megatron_zeppelin.spec.config import ZeppelinConfig
     topo = cost.topology  # the scheduler reads the domain and the capacity of a batch's context
-    ctx = make_context(topo, cost.profile, cost.model,
-                       ZeppelinConfig(gpus_per_node=topo.gpus_per_node, capacity_tokens=capacity), cost=cost)
     docs = [int(L) for s in steps for L in s]
-    members = [sorted(r) for r in dynamic_cp_rounds(docs, ctx, capacity, pad=False)]
+    top = max(capacity, most)
+    steps_up = FILL_STEPS * -(-top // capacity)  # capacity x (1 + j / FILL_STEPS) up to ``top``
+    fills = sorted({min(top, capacity + capacity * j // FILL_STEPS) for j in range(steps_up + 1)})
+    for fill in fills:
+        ctx = make_context(topo, cost.profile, cost.model,
+                           ZeppelinConfig(gpus_per_node=topo.gpus_per_node, capacity_tokens=fill), cost=cost)
+        try:
+            members = [sorted(r) for r in dynamic_cp_rounds(docs, ctx, fill, pad=False)]
+        except PlanError:  # a document too long for this fill: a fuller one may hold it
+            if fill == top:
+                raise
+            continue
+        if len(members) <= len(steps):
+            break
     if len(members) > len(steps):
         return None
     while len(members) < len(steps):
@@ -193,11 +209,30 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     return members
 
 
+def round_fill(steps: Sequence[Sequence[int]], world: int, capacity: int) -> Tuple[int, int]:
+    """(least, most) per-rank tokens ``rounds`` may pack each round up to (``round_indices`` takes
+    the least at which its rounds fit the k micro-batches): from the largest data-order
+    micro-batch's per-rank share up to ``capacity`` (the one the micro-batches are planned with).
+    Filled to the capacity, the rounds were fewer than k, the last micro-batches nearly empty and the
+    others full, which balance worse than k rounds each as full as the scheduler needs: on one
+    iteration of each of 7 memory-bound accumulation configurations the least fill was faster in 6,
+    by up to 11%, and 0.7% slower in one (``benchmarks/bench_accumulation_assign.py``,
+    ``rounds_full``: docs/megatron.md). With pipeline stages, 1F1B also pays for uneven
+    micro-batches in bubbles.
+
+    >>> round_fill([[3000, 1000], [2500, 2000]], 4, capacity=2250)
+    (1125, 2250)
+    """
+    largest = max(sum(int(L) for L in s) for s in steps)
+    return min(max(1, -(-largest // world)), capacity), max(1, capacity)
+
+
 def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int, world: int,
-                  how: Accumulation = Accumulation.JOINT) -> List[List[int]]:
+                  how: Accumulation = Accumulation.JOINT, fill: Tuple[int, int] = (0, 0)) -> List[List[int]]:
     """The micro-batches of ``steps`` assigned as ``how`` says (``assign_indices`` for joint,
-    ``length_indices`` for by_length, ``round_indices`` for rounds: by_length's where the scheduler
-    needs more rounds than there are micro-batches) for
+    ``length_indices`` for by_length, ``round_indices`` for rounds, each round up to the least of
+    ``fill``'s per-rank tokens (``round_fill``; (0, 0): ``capacity``) at which they fit: by_length's
+    where the scheduler needs more rounds than there are micro-batches at every fill) for
     micro-batches planned with per-rank ``capacity`` tokens on ``world`` ranks: the room of the module
     doc (the largest data-order micro-batch, plus ``TOKEN_SLACK`` for joint, within what the domain
     holds). Raises PlanError where a document fits no micro-batch."""
@@ -208,7 +243,7 @@ def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     room = min(hard, int(largest * (1.0 + (TOKEN_SLACK if how == Accumulation.JOINT else 0.0))))
     if how == Accumulation.ROUNDS:
         try:
-            rounds = round_indices(steps, cost, capacity)
+            rounds = round_indices(steps, cost, *(fill if fill[0] else (capacity, capacity)))
         except PlanError as e:  # the scheduler's words name dynamic_cp: say which flag packed them
             raise PlanError(f"--zeppelin-accumulation rounds: {e}") from None
         if rounds is not None:
@@ -243,7 +278,8 @@ def joint_steps(steps: Sequence[Sequence[int]], topology: Topology, profile: Har
     ctx = make_context(topology, profile, model, config, total_tokens=largest)
     docs = [int(L) for s in steps for L in s]
     how = how or (config.accumulation if config.accumulation in ASSIGNING else Accumulation.JOINT)
-    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size, how)]
+    fill = round_fill(steps, topology.world_size, ctx.capacity)
+    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size, how, fill)]
     return out, config.with_(capacity_tokens=ctx.capacity)
 
 

@@ -94,6 +94,28 @@ def test_rounds_packs_as_megatrons_scheduler_and_keeps_megatrons_count_of_micro_
             == joint_indices(full, tight.cost, 100, 2, Accumulation.BY_LENGTH))
 
 
+def test_rounds_fill_climbs_from_data_orders_share_only_as_far_as_k_rounds_need():
+    """Rounds start at the largest data-order micro-batch's per-rank share, where the scheduler's
+    packing may need one round more than the k micro-batches, and climb by 1/FILL_STEPS of it to the
+    least fill that fits: never to the capacity when less does."""
+    from megatron_zeppelin.planner.accumulation import round_fill
+    steps = [[3000, 900, 100], [2500, 1500], [1200, 1200, 1200, 400], [2000, 1000, 700, 300]]  # 4000 each
+    ctx = toy_context(gpus=4, capacity=2000)
+    docs = [L for s in steps for L in s]
+    assert round_fill(steps, 4, capacity=2000) == (1000, 2000)
+    assert joint_indices(steps, ctx.cost, 2000, 4, Accumulation.ROUNDS, (1000, 2000)) == round_indices(
+        steps, ctx.cost, 1000, 2000)
+
+    def rounds(*fill):
+        return [sorted((docs[i] for i in m), reverse=True) for m in round_indices(steps, ctx.cost, *fill)]
+
+    # at 1000 a rank the scheduler needs 5 rounds; at 1125 four, each within 4 x 1125 tokens
+    assert rounds(1000, 2000) == [[3000, 1500], [2500, 2000], [1200, 1200, 1000, 900, 100], [1200, 700, 400, 300]]
+    assert round_indices(steps, ctx.cost, 1000) is None  # no room above the fill: no climb
+    # filled to the capacity: two rounds of 8000 and 7000 tokens, two near-empty micro-batches
+    assert rounds(2000) == [[3000, 2500, 1500, 1000], [2000, 1200, 1200, 1200, 700, 400, 300], [900], [100]]
+
+
 def test_rounds_beats_by_length_and_data_order_on_a_memory_bound_accumulation_iteration():
     """The iteration of the by_length test: by_length's first micro-batch holds the five longest
     documents, which cannot balance within the capacity; the scheduler's rounds put a long document
@@ -218,11 +240,11 @@ def test_dynamic_cp_schedules_the_whole_global_batch_as_megatron_does():
 
 
 def test_a_round_packed_to_the_capacity_always_plans():
-    """The scheduler fills a round to the capacity of every rank; with more documents than the
+    """Filled to the capacity of every rank (as the scheduler packs at it); with more documents than the
     baselines' shapes are weighed for (SMALL_BATCH per rank), Zeppelin's greedy found no room for a
     420-token document in the a800 llama-7b prolong64k iteration's 135-document round, and the plan
     failed: the last resort is dynamic_cp's groups at the capacity, which the scheduler fit."""
-    from megatron_zeppelin.planner import plan_batch
+    from megatron_zeppelin.planner import make_context, plan_batch
     from megatron_zeppelin.planner.portfolio.shapes import SMALL_BATCH
     from megatron_zeppelin.sim.matrix import load_matrix
     from megatron_zeppelin.sim.memory_fit import domain_topology
@@ -235,7 +257,9 @@ def test_a_round_packed_to_the_capacity_always_plans():
     topo = domain_topology(prof, spec.nodes, spec.tp)
     steps = run_steps(spec, topo.world_size)[0]
     cfg = ZeppelinConfig(gpus_per_node=8, capacity_tokens=4561)  # no recompute: the capacity of the run's first rung
-    rounds, planned = joint_steps(steps, topo, prof, model, cfg, Accumulation.ROUNDS)
+    planned = joint_steps(steps, topo, prof, model, cfg, Accumulation.ROUNDS)[1]
+    docs = [L for s in steps for L in s]  # the rounds filled to the capacity (as rounds packed them before round_fill)
+    rounds = [[docs[i] for i in m] for m in round_indices(steps, make_context(topo, prof, model, planned).cost, 4561)]
     full = [m for m in rounds if len(m) > SMALL_BATCH * topo.world_size and sum(m) > 0.99 * 4561 * topo.world_size]
     assert full
     for m in full:
