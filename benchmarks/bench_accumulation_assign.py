@@ -10,7 +10,7 @@ What docs/results.md reports as one mean per run, taken apart to see where the t
         --out results/s53/assign_a800_7b_github.json
     PYTHONPATH=. .venv/bin/python benchmarks/bench_accumulation_assign.py --only rounds rounds_full \\
         --study results/bench/accumulation.json --label "h200 llama3-8b github 64K 4n mem gbs 1M x4" \\
-        --out results/s54/fill_h200_8b_github.json
+        --out results/s54/fill_h200_llama3-8b_github.json
 
 Every number is simulated (deterministic): rerunning gives the same.
 """

@@ -299,16 +299,15 @@ def _joint(batches, planner, k: int, say: bool = True):
     run's cost model and capacity; ``--zeppelin-debug-plan`` prints each regrouping on rank 0
     (where ``say``: the first model chunk's iterators, not the later chunks' same regroupings)."""
     from megatron_zeppelin.integration.data import JointBatches
-    from megatron_zeppelin.planner.accumulation import document_s, joint_indices, round_fill
+    from megatron_zeppelin.planner.accumulation import document_s, joint_indices
 
     if k == 1:  # one micro-batch per iteration: nothing to assign
         return batches
     world = planner.topology.world_size
 
     def order(steps):
-        capacity = planner.config.capacity_tokens
-        out = joint_indices(steps, planner.cost, capacity, world, planner.config.accumulation,
-                            round_fill(steps, world, capacity))
+        out = joint_indices(steps, planner.cost, planner.config.capacity_tokens, world,
+                            planner.config.accumulation)
         if say and planner.config.debug_plan and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
             docs = [L for s in steps for L in s]
             work = [[sum(document_s(planner.cost, L) for L in s) for s in steps],

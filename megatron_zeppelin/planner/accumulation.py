@@ -202,9 +202,9 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     if len(members) > len(steps):
         return None
     while len(members) < len(steps):
-        most = max(range(len(members)), key=lambda m: (len(members[m]), -m))
-        shortest = min(members[most], key=lambda i: (docs[i], -i))
-        members[most].remove(shortest)
+        fullest = max(range(len(members)), key=lambda m: (len(members[m]), -m))
+        shortest = min(members[fullest], key=lambda i: (docs[i], -i))
+        members[fullest].remove(shortest)
         members.append([shortest])
     return members
 
@@ -228,11 +228,11 @@ def round_fill(steps: Sequence[Sequence[int]], world: int, capacity: int) -> Tup
 
 
 def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int, world: int,
-                  how: Accumulation = Accumulation.JOINT, fill: Tuple[int, int] = (0, 0)) -> List[List[int]]:
+                  how: Accumulation = Accumulation.JOINT, fill: Optional[Tuple[int, int]] = None) -> List[List[int]]:
     """The micro-batches of ``steps`` assigned as ``how`` says (``assign_indices`` for joint,
-    ``length_indices`` for by_length, ``round_indices`` for rounds, each round up to the least of
-    ``fill``'s per-rank tokens (``round_fill``; (0, 0): ``capacity``) at which they fit: by_length's
-    where the scheduler needs more rounds than there are micro-batches at every fill) for
+    ``length_indices`` for by_length, ``round_indices`` for rounds, each round up to the least of the
+    per-rank tokens ``fill`` (default ``round_fill``'s) allows at which they fit: by_length's where
+    the scheduler needs more rounds than there are micro-batches at every fill) for
     micro-batches planned with per-rank ``capacity`` tokens on ``world`` ranks: the room of the module
     doc (the largest data-order micro-batch, plus ``TOKEN_SLACK`` for joint, within what the domain
     holds). Raises PlanError where a document fits no micro-batch."""
@@ -243,7 +243,7 @@ def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     room = min(hard, int(largest * (1.0 + (TOKEN_SLACK if how == Accumulation.JOINT else 0.0))))
     if how == Accumulation.ROUNDS:
         try:
-            rounds = round_indices(steps, cost, *(fill if fill[0] else (capacity, capacity)))
+            rounds = round_indices(steps, cost, *(fill or round_fill(steps, world, capacity)))
         except PlanError as e:  # the scheduler's words name dynamic_cp: say which flag packed them
             raise PlanError(f"--zeppelin-accumulation rounds: {e}") from None
         if rounds is not None:
@@ -278,8 +278,7 @@ def joint_steps(steps: Sequence[Sequence[int]], topology: Topology, profile: Har
     ctx = make_context(topology, profile, model, config, total_tokens=largest)
     docs = [int(L) for s in steps for L in s]
     how = how or (config.accumulation if config.accumulation in ASSIGNING else Accumulation.JOINT)
-    fill = round_fill(steps, topology.world_size, ctx.capacity)
-    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size, how, fill)]
+    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size, how)]
     return out, config.with_(capacity_tokens=ctx.capacity)
 
 

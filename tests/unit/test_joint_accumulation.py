@@ -103,8 +103,7 @@ def test_rounds_fill_climbs_from_data_orders_share_only_as_far_as_k_rounds_need(
     ctx = toy_context(gpus=4, capacity=2000)
     docs = [L for s in steps for L in s]
     assert round_fill(steps, 4, capacity=2000) == (1000, 2000)
-    assert joint_indices(steps, ctx.cost, 2000, 4, Accumulation.ROUNDS, (1000, 2000)) == round_indices(
-        steps, ctx.cost, 1000, 2000)
+    assert joint_indices(steps, ctx.cost, 2000, 4, Accumulation.ROUNDS) == round_indices(steps, ctx.cost, 1000, 2000)
 
     def rounds(*fill):
         return [sorted((docs[i] for i in m), reverse=True) for m in round_indices(steps, ctx.cost, *fill)]
