@@ -186,9 +186,8 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     topo = cost.topology  # the scheduler reads the domain and the capacity of a batch's context
     docs = [int(L) for s in steps for L in s]
     top = max(capacity, most)
-    steps_up = FILL_STEPS * -(-top // capacity)  # capacity x (1 + j / FILL_STEPS) up to ``top``
-    fills = sorted({min(top, capacity + capacity * j // FILL_STEPS) for j in range(steps_up + 1)})
-    for fill in fills:
+    fill, j = capacity, 0
+    while True:  # capacity x (1 + j / FILL_STEPS), up to ``top``
         ctx = make_context(topo, cost.profile, cost.model,
                            ZeppelinConfig(gpus_per_node=topo.gpus_per_node, capacity_tokens=fill), cost=cost)
         try:
@@ -196,9 +195,12 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
         except PlanError:  # a document too long for this fill: a fuller one may hold it
             if fill == top:
                 raise
-            continue
-        if len(members) <= len(steps):
+            members = None
+        if fill == top or (members is not None and len(members) <= len(steps)):
             break
+        while min(top, capacity + capacity * j // FILL_STEPS) == fill:  # the next larger fill
+            j += 1
+        fill = min(top, capacity + capacity * j // FILL_STEPS)
     if len(members) > len(steps):
         return None
     while len(members) < len(steps):
