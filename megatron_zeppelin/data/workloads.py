@@ -45,6 +45,8 @@ from typing import Optional, Tuple
 import numpy as np
 import yaml
 
+from megatron_zeppelin.spec.yaml_load import safe_load
+
 from megatron_zeppelin.data.jsonl_lengths import jsonl_lengths
 from megatron_zeppelin.data.blend import Blend, describe_blend, is_blend, load_blend, sample_blend
 from megatron_zeppelin.data.errors import WorkloadError
@@ -154,7 +156,7 @@ def load_distribution(name_or_path: str, flag: str = "--dataset") -> Distributio
                             f"{', '.join(PRESETS)}, or a path to lengths / a Megatron .idx prefix)")
     try:
         with open(path) as f:
-            d = yaml.safe_load(f)
+            d = safe_load(f)
     except yaml.YAMLError as e:
         msg = " ".join(str(e).split())  # one line: YAML errors span several
         raise WorkloadError(f"malformed dataset distribution {path}: {msg} (fix {flag})") from None

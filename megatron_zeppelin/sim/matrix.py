@@ -52,6 +52,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from megatron_zeppelin.spec.yaml_load import safe_load
+
 from megatron_zeppelin.spec.token_counts import parse_tokens  # noqa: F401 - one parser for every command
 from megatron_zeppelin.sim.gpu_terms import NOTHING, check
 from megatron_zeppelin.sim.iteration import SimOptions
@@ -86,7 +88,7 @@ def load_matrix(path: Optional[str] = None) -> Tuple[List[Tuple[RunSpec, Tuple[s
     path = resolve_matrix(path)
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f)
+            doc = safe_load(f)
     except FileNotFoundError:
         raise MatrixError(f"matrix file {path} not found (set --matrix, e.g. megatron_zeppelin/presets/runs/paper.yaml)") from None
     except yaml.YAMLError as e:

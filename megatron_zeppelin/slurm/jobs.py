@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Dict, List, Sequence
 
-import yaml
+from megatron_zeppelin.spec.yaml_load import safe_load
 
 from megatron_zeppelin.presets import preset_dir
 from megatron_zeppelin.slurm.args import (DEFAULTS as ARG_DEFAULTS, MODES, SlurmError, check_run, data_words,  # noqa: F401
@@ -78,7 +78,7 @@ def load_matrix(path: str) -> Dict:
     if not os.path.exists(path):
         raise SlurmError(f"matrix file {path} not found (pass --matrix FILE)")
     with open(path) as f:
-        d = yaml.safe_load(f) or {}
+        d = safe_load(f) or {}
     if not isinstance(d, dict) or not isinstance(d.get("runs"), list) or not d["runs"]:
         raise SlurmError(f"{path}: a matrix needs a non-empty `runs:` list (and optional `defaults:`)")
     return d

@@ -25,6 +25,8 @@ from typing import Tuple
 
 import yaml
 
+from megatron_zeppelin.spec.yaml_load import safe_load
+
 from megatron_zeppelin.spec.words import Link
 from megatron_zeppelin.presets import preset_dir
 
@@ -295,7 +297,7 @@ def load_profile(name_or_path: str, flag: str = "--cluster") -> HardwareProfile:
                            '("Your own cluster") shows how to write one')
     try:
         with open(path) as f:
-            d = yaml.safe_load(f)
+            d = safe_load(f)
     except yaml.YAMLError as e:
         raise ProfileError(f"malformed profile {path}: {' '.join(str(e).split())}") from None
     if not isinstance(d, dict):

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
 import numpy as np
-import yaml
+from megatron_zeppelin.spec.yaml_load import safe_load
 
 from megatron_zeppelin.errors import ZeppelinError
 
@@ -138,6 +138,6 @@ def load_host(path: str) -> Optional[HostModel]:
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        d = yaml.safe_load(f)
+        d = safe_load(f)
     section = d.get("host") if isinstance(d, dict) else None
     return None if section is None else HostModel.from_dict(section, source=path)

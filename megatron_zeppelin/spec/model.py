@@ -22,7 +22,7 @@ from megatron_zeppelin.errors import ZeppelinError
 import os
 from dataclasses import asdict, dataclass
 
-import yaml
+from megatron_zeppelin.spec.yaml_load import safe_load
 from megatron_zeppelin.presets import preset_dir
 
 MODELS_DIR = preset_dir("models")
@@ -118,7 +118,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         known = sorted(f[:-5] for f in os.listdir(MODELS_DIR) if f.endswith(".yaml"))
         raise ModelSpecError(f"unknown model '{name_or_path}' (set --model to one of {known} or a YAML path)")
     with open(path) as f:
-        d = yaml.safe_load(f)
+        d = safe_load(f)
     if not isinstance(d, dict):
         raise ModelSpecError(f"{path}: expected a mapping of model fields")
     try:
