@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from megatron_zeppelin.sim.dominated import Beyond
 from megatron_zeppelin.sim.network import fair_shares
 
 DELAY, FLOW, WORK = 0, 1, 2  # WORK: compute sharing the host CPU (nbytes = core-seconds)
@@ -139,7 +140,9 @@ class TaskGraph:
         """A compute task's own seconds (its work at one core for WORK; the delay otherwise)."""
         return self.nbytes[i] if self.kind[i] == WORK else self.dur[i]
 
-    def run(self, capacity: np.ndarray) -> RunResult:
+    def run(self, capacity: np.ndarray, until: float = inf) -> RunResult:
+        """Every task's start and end, flows sharing ``capacity`` fairly; past ``until`` seconds of
+        simulated time, raise sim/dominated.py ``Beyond`` (the makespan is at least that)."""
         # Plain Python floats and lists: a layer's graph has thousands of events over a few dozen
         # active flows, where numpy's per-call overhead would dominate. Every time and byte count is
         # computed with the same float operations, in the same order, as element-wise numpy would.
@@ -211,6 +214,8 @@ class TaskGraph:
                     rem = [rem[k] for k in keep]
                     dirty = True
             t = t_new
+            if t > until:
+                raise Beyond(t)
             while heap and heap[0][0] <= t:
                 _, i, what = heapq.heappop(heap)
                 if what == 0:

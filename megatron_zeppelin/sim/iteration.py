@@ -23,6 +23,7 @@ backward: the forward it reruns, as tasks, before the backward it serves (layer.
 from __future__ import annotations
 
 from collections import defaultdict
+from math import inf
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -89,17 +90,18 @@ class SimResult:
 class _Run:
     """A graph, its result, and how many times it counts in the iteration."""
 
-    def __init__(self, g: TaskGraph, links: LinkTable, times: int, offset: float = 0.0):
+    def __init__(self, g: TaskGraph, links: LinkTable, times: int, offset: float = 0.0, until: float = inf):
         self.g, self.times, self.offset = g, times, offset
-        self.res = g.run(links.capacity)
+        self.res = g.run(links.capacity, until)
 
 
 def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int = 1,
              options: Optional[SimOptions] = None, sequence_parallel: bool = False,
-             host: Optional[HostModel] = None) -> SimResult:
+             host: Optional[HostModel] = None, beyond: Optional[float] = None) -> SimResult:
     """One iteration of ``plan`` on ``profile``; ``host``: the ranks share one CPU (the CPU
     validation's, spec/host.py: its cores shared by the ranks' compute, copies and engine CPU;
-    None on GPUs)."""
+    None on GPUs). ``beyond``: raise sim/dominated.py ``Beyond`` as soon as the time simulated so
+    far (a lower bound of the iteration's) passes it."""
     opt = options or SimOptions()
     if opt.layers not in ("scale", "all"):
         from megatron_zeppelin.errors import ZeppelinError
@@ -120,12 +122,14 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
         cache: dict = {}
         gf = TaskGraph()
         LayerBuilder(plan, costs, links, gf, opt.tp_comm, cache, opt.remap_point).forward()
-        rf = _Run(gf, links, L)
+        left = inf if beyond is None else beyond - head_s  # what the layers may take before it
+        rf = _Run(gf, links, L, until=left / L)
         runs, fwd, bwd, layer_ends = [rf], L * rf.res.makespan, 0.0, []
         for n, rc in reversed(cost.recompute.groups(L)):  # the backward's last layers first (block recompute)
             gb = TaskGraph()
             LayerBuilder(plan, costs, links, gb, opt.tp_comm, cache, opt.remap_point).backward(recompute=rc)
-            rb = _Run(gb, links, n, offset=sum(r.res.makespan for r in runs))  # the timeline: one layer of each
+            rb = _Run(gb, links, n, offset=sum(r.res.makespan for r in runs),  # the timeline: one layer of each
+                      until=(left - fwd - bwd) / n)
             runs.append(rb)
             layer_ends += [fwd + head_s + bwd + (i + 1) * rb.res.makespan for i in range(n)]
             bwd += n * rb.res.makespan
@@ -142,7 +146,7 @@ def simulate(plan: Plan, profile: HardwareProfile, model: ModelSpec, *, tp: int 
         for i in reversed(range(L)):
             b.backward(remap_back=i < L - 1, recompute=per_layer[i])
             marks.append(g.join(list(b.cursor)))
-        run = _Run(g, links, 1)
+        run = _Run(g, links, 1, until=inf if beyond is None else beyond)
         runs = [run]
         end = run.res.end
         fwd = max(float(end[t]) for t in fwd_marks if t is not None)

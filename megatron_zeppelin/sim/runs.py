@@ -65,6 +65,7 @@ from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.topology import Topology
 from megatron_zeppelin.sim.attribution import count_kinds
 from megatron_zeppelin.sim.iteration import SimOptions, accumulate, pipeline, simulate
+from megatron_zeppelin.sim.dominated import DOMINATED, Beyond, Dominated
 from megatron_zeppelin.sim.gpu_terms import without
 from megatron_zeppelin.sim.perturb import factors, perturbed
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
@@ -272,10 +273,10 @@ class _Rounds:
 
 
 def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions = None,
-                    plan_profile=None):
+                    plan_profile=None, beyond: Optional[float] = None):
     """(the merged plan, _Rounds) of dynamic_cp run as Megatron runs it: each HDP round planned
     (with ``plan_profile``, default ``profile``) and simulated on its own (no DP all-reduce but
-    after the last), times summed."""
+    after the last), times summed. ``beyond``: ``_rounds_simulated``'s."""
     from dataclasses import replace as dc_replace
 
     from megatron_zeppelin.planner import make_context
@@ -284,17 +285,27 @@ def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, 
     ctx = make_context(topo, plan_profile or profile, model, config, total_tokens=sum(lengths))
     merged = assemble("dynamic_cp", list(lengths), ctx, dynamic_cp_placement(list(lengths), ctx, mslpr))
     rounds = round_placements(list(lengths), ctx, mslpr)
-    opts = options or SimOptions()
-    plans, results = [], []
-    for k, (docs, pl) in enumerate(rounds):
-        plan = assemble("dynamic_cp", [int(lengths[i]) for i in docs], ctx, pl)
-        o = opts if k == len(rounds) - 1 else dc_replace(opts, allreduce=False)
-        plans.append(plan)
-        results.append(simulate(plan, profile, model, tp=tp, options=o))
-    rr = _Rounds(plans, results)
+    plans = [assemble("dynamic_cp", [int(lengths[i]) for i in docs], ctx, pl) for docs, pl in rounds]
+    rr = _Rounds(plans, _rounds_simulated(plans, profile, model, tp, options or SimOptions(), beyond))
     # The prediction of the rounds run one after another (each from a barrier), for the record.
     merged_rounds = dc_replace(merged, cost=tuple(_sum_costs([p.cost for p in plans])))
     return merged_rounds, rr
+
+
+def _rounds_simulated(plans, profile, model, tp: int, options: SimOptions, beyond: Optional[float] = None):
+    """Each round's SimResult, one after the other (the DP all-reduce after the last only). Every
+    round is planned before (a round that does not fit is an error before anything is simulated);
+    ``beyond``: raise sim/dominated.py ``Beyond`` once the rounds so far take longer."""
+    from dataclasses import replace as dc_replace
+    results, so_far = [], 0.0
+    for k, plan in enumerate(plans):
+        o = options if k == len(plans) - 1 else dc_replace(options, allreduce=False)
+        results.append(simulate(plan, profile, model, tp=tp, options=o,
+                                beyond=None if beyond is None else beyond - so_far))
+        so_far += results[-1].iteration_s
+        if beyond is not None and so_far > beyond:
+            raise Beyond(so_far)
+    return results
 
 
 def _sum_costs(costs):
@@ -373,23 +384,32 @@ def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: st
 
 
 def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, options, stages: int = 1,
-                    plan_profile=None):
+                    plan_profile=None, beyond: Optional[float] = None):
     """(the micro-batches' plans, the iteration's result): each micro-batch simulated, then
     accumulated as Megatron runs them (sim/iteration.py ``accumulate``: the gradient reduce once,
     after the last; with ``stages`` > 1 ``pipeline``: 1F1B over the stages). dynamic_cp schedules
     the whole global batch at once, as Megatron's scheduler does (``DefaultDynamicCPScheduler.run``
     fetches every micro-batch of the iteration, megatron/core/datasets/data_schedule.py, and packs
     their sequences into as many HDP rounds as it needs): its rounds run one after another, the
-    reduce after the very last round."""
+    reduce after the very last round. ``beyond`` (one stage only: the 1F1B time is no sum of
+    the steps'): raise sim/dominated.py ``Beyond`` once the iteration so far takes longer."""
+    beyond = beyond if stages == 1 else None
     if v != "dynamic_cp":
-        results = [simulate(p, profile, model, tp=tp, options=options) for p in plans]
+        results, so_far = [], 0.0  # the steps so far, each without its reduce (accumulate)
+        for p in plans:
+            results.append(simulate(p, profile, model, tp=tp, options=options,
+                                    beyond=None if beyond is None else beyond - so_far))
+            so_far += results[-1].iteration_s - results[-1].allreduce_exposed_s
+            if beyond is not None and so_far > beyond:
+                raise Beyond(so_far)
         return plans, (accumulate(results) if stages == 1 else pipeline(results, stages))
     opts = options or SimOptions()
     if len(steps) == 1:
-        plan, rr = simulate_rounds(steps[0], topo, profile, model, config, int(s), tp, opts, plan_profile)
+        plan, rr = simulate_rounds(steps[0], topo, profile, model, config, int(s), tp, opts, plan_profile, beyond)
         plans = [plan]
     else:
-        plans, rr = _global_batch_rounds(steps, topo, profile, model, config, int(s), tp, opts, plan_profile)
+        plans, rr = _global_batch_rounds(steps, topo, profile, model, config, int(s), tp, opts, plan_profile,
+                                         beyond)
     if stages > 1:
         rr.iteration_s = pipeline(rr.results, stages).iteration_s
         rr.allreduce_exposed_s /= stages
@@ -397,7 +417,7 @@ def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, option
 
 
 def _global_batch_rounds(steps, topo, profile, model, config, mslpr: int, tp: int, options: SimOptions,
-                         plan_profile=None):
+                         plan_profile=None, beyond: Optional[float] = None):
     """(the rounds' plans, _Rounds) of dynamic_cp over the whole global batch (every micro-batch's
     documents, scheduled together): each round planned and simulated on its own, the capacity that
     of one data-order micro-batch (a rank holds one round at a time)."""
@@ -406,14 +426,9 @@ def _global_batch_rounds(steps, topo, profile, model, config, mslpr: int, tp: in
     from megatron_zeppelin.planner.baselines.dynamic_cp import round_placements
     pooled = [int(L) for lengths in steps for L in lengths]
     ctx = make_context(topo, plan_profile or profile, model, config, total_tokens=max(sum(int(L) for L in x) for x in steps))
-    rounds = round_placements(pooled, ctx, mslpr)
-    plans, results = [], []
-    for k, (docs, pl) in enumerate(rounds):
-        plan = assemble("dynamic_cp", [pooled[i] for i in docs], ctx, pl)
-        o = options if k == len(rounds) - 1 else dataclasses.replace(options, allreduce=False)
-        plans.append(plan)
-        results.append(simulate(plan, profile, model, tp=tp, options=o))
-    return plans, _Rounds(plans, results)
+    plans = [assemble("dynamic_cp", [pooled[i] for i in docs], ctx, pl)
+             for docs, pl in round_placements(pooled, ctx, mslpr)]
+    return plans, _Rounds(plans, _rounds_simulated(plans, profile, model, tp, options, beyond))
 
 
 def recompute_rungs(spec: RunSpec) -> List[Tuple[str, int]]:
@@ -467,6 +482,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
         batch_recs: Dict = {}
         errors: Dict = {}
         fitted = set()  # settings that fit every batch at a faster rung: no slower one for them
+        seen = Dominated(len(runs))  # what the settings so far let the next one stop early on
         for rc, cap in rungs:
             rc_config = config.with_(recompute=rc, capacity_tokens=cap) if spec.recompute_per_strategy else config
             capacity = cap or 2 * spec.tokens_per_gpu  # the planner's default: twice the mean per rank
@@ -489,16 +505,20 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                                  [make_plan(v, lengths, topo, plan_profile, model, v_config, s) for lengths in v_steps])
                         t1 = time.perf_counter()
                         plans, res = _simulate_steps(v, v_steps, plans, topo, profile, model, v_config, s, spec.tp,
-                                                     options, spec.pipeline, plan_profile)
+                                                     options, spec.pipeline, plan_profile, seen.beyond(key, b))
                         t2 = time.perf_counter()
-                    except ZeppelinError as e:
-                        times[key].append(None)
+                    except (ZeppelinError, Beyond) as e:
+                        t = DOMINATED if isinstance(e, Beyond) else None
+                        times[key].append(t)
                         batch_recs[key].append(None)
-                        errors.setdefault(key, f"batch {b}: {e}")
+                        seen.done(key, b, t)
+                        if t is None:
+                            errors.setdefault(key, f"batch {b}: {e}")
                         continue
                     br = _batch_record(plans, res, spec, model, profile, t1 - t0, t2 - t1, rc)
                     times[key].append(br["iteration_s"])
                     batch_recs[key].append(br)
+                    seen.done(key, b, br["iteration_s"])
                 if all(t is not None for t in times[key]):
                     fitted.add(s)
         dep, dep_times, oracle = deployed_and_oracle(times)
@@ -508,12 +528,14 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
         def shown(k):  # a setting as the record spells it
             return str(k[0] if spec.recompute_per_strategy else k) + (f" rc={k[1]}" if spec.recompute_per_strategy
                                                                      else "")
+
+        def mean(ts):  # None where a batch does not fit or the setting stopped early (sim/dominated.py)
+            return sum(ts) / len(ts) if all(t is not None and t != DOMINATED for t in ts) else None
         if spec.recompute_per_strategy:
-            rec["tried"] = {shown(k): (sum(ts) / len(ts) if all(t is not None for t in ts) else None)
-                            for k, ts in times.items()}
+            rec["tried"] = {shown(k): mean(ts) for k, ts in times.items()}
         else:
-            rec["tried"] = {str(s): (sum(ts) / len(ts) if all(t is not None for t in ts) else None)
-                            for s, ts in times.items()} if not auto else {}
+            rec["tried"] = {str(s): mean(ts) for s, ts in times.items()} if not auto else {}
+        rec["dominated"] = [shown(k) for k, ts in times.items() if DOMINATED in ts]  # neither deployed nor oracle
         if dep is None:
             why = "; ".join(f"{name} {shown(k)}: {e}" if not auto else
                             (f"rc={k[1]}: {e}" if spec.recompute_per_strategy else e) for k, e in errors.items())
