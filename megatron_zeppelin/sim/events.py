@@ -45,7 +45,7 @@ import numpy as np
 from megatron_zeppelin.sim.network import fair_shares
 
 DELAY, FLOW, WORK = 0, 1, 2  # WORK: compute sharing the host CPU (nbytes = core-seconds)
-_FAIR: list = [None, {}]  # the last run's capacities, {its active link groups: their rates}
+_FAIR: list = [None, {}]  # the last run's capacities, {key: (active link groups, their rates)}
 _FAIR_MAX = 20_000
 
 
@@ -158,10 +158,12 @@ class TaskGraph:
         tiny: List[float] = []
         thr: List[float] = []  # bytes left at or below which a flow is done (see below)
         groups: Dict[tuple, int] = {}  # links -> active flows on them (they share one rate)
+        key = 0  # the sum of hash((links, flows)) over ``groups``: kept as flows come and go
         dirty = False
         # The fair rates are a function of the active flows' links alone, and a pattern of
         # concurrent flows recurs (every ring step, every batch's plans on the same links): computed
-        # once each, kept across runs on the same capacities (bounded: a few hundred MB at most).
+        # once each, kept across runs on the same capacities (bounded: a few hundred MB at most),
+        # found by ``key`` and checked against the groups they were computed for.
         if _FAIR[0] != cap or len(_FAIR[1]) > _FAIR_MAX:
             _FAIR[:] = [cap, {}]
         fair = _FAIR[1]
@@ -184,14 +186,16 @@ class TaskGraph:
             # same state gives the same rates, so every number stays the same).
             if act and not (t_new == t and (not dirty or min(rem) > near)):
                 if dirty:
-                    key = frozenset(groups.items())
-                    share = fair.get(key)
-                    if share is None:
-                        share = fair[key] = fair_shares(groups, cap)
+                    hit = fair.get(key)
+                    if hit is not None and hit[0] == groups:
+                        share = hit[1]
+                    else:
+                        share = fair_shares(groups, cap)
+                        fair[key] = (dict(groups), share)
                     rates = list(map(share.__getitem__, act_links))
                     # a flow ends when its bytes left are within rounding of 0: relative to its
                     # size (tiny) or to what it moves in 1e-12 s (r <= max(a, b): r <= a or r <= b)
-                    thr = list(map(max, tiny, map(mul, rates, repeat(1e-12))))
+                    thr = [a if a > b else b for a, b in zip(tiny, map(mul, rates, repeat(1e-12)))]
                     dirty = False
                 t_flow = t + min(map(truediv, rem, rates))
                 if t_flow < t_new:
@@ -203,10 +207,13 @@ class TaskGraph:
                     finished = list(compress(act, map(not_, keep)))
                     for i in finished:
                         ls = links[i]
-                        if groups[ls] == 1:
+                        c = groups[ls]
+                        key -= hash((ls, c))
+                        if c == 1:
                             del groups[ls]
                         else:
-                            groups[ls] -= 1
+                            groups[ls] = c - 1
+                            key += hash((ls, c - 1))
                     act = list(compress(act, keep))
                     act_links = list(compress(act_links, keep))
                     tiny = list(compress(tiny, keep))
@@ -223,7 +230,11 @@ class TaskGraph:
                     act_links.append(ls)
                     tiny.append(1e-9 * nbytes[i])
                     rem.append(nbytes[i])
-                    groups[ls] = groups.get(ls, 0) + 1
+                    c = groups.get(ls, 0)
+                    if c:
+                        key -= hash((ls, c))
+                    groups[ls] = c + 1
+                    key += hash((ls, c + 1))
                     dirty = True
             done += len(finished)
             for i in finished:
