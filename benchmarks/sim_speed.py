@@ -81,6 +81,7 @@ def _child(src: str, plans: str, out: str) -> list:
 def compare(plans: str, old: str, rounds: int, out: str) -> int:
     with open(plans, "rb") as f:
         src = [c["src"] for c in pickle.load(f)]
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     tmp = out + ".part"
     runs = {"new": [], "old": []}
     for _ in range(rounds):
@@ -99,7 +100,6 @@ def compare(plans: str, old: str, rounds: int, out: str) -> int:
            "identical": not differ, "differing_plans": differ, "rounds": rounds, "old_src": old,
            "old_s": old_s, "new_s": new_s, "ratio": old_s / new_s,
            "by_slice": {s: {"plans": n, "old_s": o, "new_s": w, "ratio": o / w} for s, (n, o, w) in by_src.items()}}
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     for s, d in doc["by_slice"].items():
