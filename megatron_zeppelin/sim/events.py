@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import heapq
 from math import inf, nan
-from itertools import repeat
-from operator import le, mul, sub, truediv
+from itertools import compress, repeat
+from operator import gt, mul, not_, sub, truediv
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -46,7 +46,7 @@ from megatron_zeppelin.sim.dominated import Beyond
 from megatron_zeppelin.sim.network import fair_shares
 
 DELAY, FLOW, WORK = 0, 1, 2  # WORK: compute sharing the host CPU (nbytes = core-seconds)
-_FAIR: list = [None, {}]  # the last run's capacities, {its active link groups: their rates}
+_FAIR: list = [None, {}]  # the last run's capacities, {key: (active link groups, their rates)}
 _FAIR_MAX = 20_000
 
 
@@ -151,74 +151,83 @@ class TaskGraph:
         start = [nan] * n
         end = [nan] * n
         npred = list(self.npred)
-        heap: List[Tuple[float, int, int]] = []  # (time, task, what) what: 0 = delay done, 1 = flow starts moving
+        heap: List[Tuple[float, int]] = []  # (time, task): a delay is done, or a flow (work) starts moving
+        push, pop = heapq.heappush, heapq.heappop
         cap = capacity.tolist()
         act: List[int] = []  # active flows (and work): their links, bytes left, rates, 1e-9 x bytes
         act_links: List[tuple] = []
         rem: List[float] = []
         rates: List[float] = []
         tiny: List[float] = []
-        moved: List[float] = []  # rates x 1e-12
+        thr: List[float] = []  # bytes left at or below which a flow is done (see below)
         groups: Dict[tuple, int] = {}  # links -> active flows on them (they share one rate)
+        key = 0  # the sum of hash((links, flows)) over ``groups``: kept as flows come and go
         dirty = False
         # The fair rates are a function of the active flows' links alone, and a pattern of
         # concurrent flows recurs (every ring step, every batch's plans on the same links): computed
-        # once each, kept across runs on the same capacities (bounded: a few hundred MB at most).
+        # once each, kept across runs on the same capacities (bounded: a few hundred MB at most),
+        # found by ``key`` and checked against the groups they were computed for.
         if _FAIR[0] != cap or len(_FAIR[1]) > _FAIR_MAX:
             _FAIR[:] = [cap, {}]
         fair = _FAIR[1]
-
-        def ready(i: int, t: float):
-            start[i] = t
-            heapq.heappush(heap, (t + dur[i], i, 0 if kind[i] == DELAY else 1))  # flow or work: shared
-
         for i in range(n):
             if npred[i] == 0:
-                ready(i, 0.0)
+                start[i] = 0.0
+                push(heap, (dur[i], i))
         t = 0.0
         done = 0
+        # No flow moves more than the largest capacity: one whose bytes left exceed what that moves
+        # in 2e-12 s cannot end within rounding, whatever its new rate (see the skip below).
+        near = 2e-12 * max(cap, default=0.0)
         while heap or act:
             t_new = heap[0][0] if heap else inf
             finished: List[int] = []
-            if act:
+            # Another event at this very time: no bytes move (dt = 0), so the pass would only end
+            # flows that are within rounding of done at their new rates. None can be when the rates
+            # have not changed (the last pass checked them) or when every flow has more than
+            # ``near`` left; skip it then (the rates follow at the next time that moves bytes: the
+            # same state gives the same rates, so every number stays the same).
+            if act and not (t_new == t and (not dirty or min(rem) > near)):
                 if dirty:
-                    key = frozenset(groups.items())
-                    share = fair.get(key)
-                    if share is None:
-                        share = fair[key] = fair_shares(groups, cap)
+                    hit = fair.get(key)
+                    if hit is not None and hit[0] == groups:
+                        share = hit[1]
+                    else:
+                        share = fair_shares(groups, cap)
+                        fair[key] = (dict(groups), share)
                     rates = list(map(share.__getitem__, act_links))
-                    moved = list(map(mul, rates, repeat(1e-12, len(rates))))
+                    # a flow ends when its bytes left are within rounding of 0: relative to its
+                    # size (tiny) or to what it moves in 1e-12 s (r <= max(a, b): r <= a or r <= b)
+                    thr = [a if a > b else b for a, b in zip(tiny, map(mul, rates, repeat(1e-12)))]
                     dirty = False
                 t_flow = t + min(map(truediv, rem, rates))
                 if t_flow < t_new:
                     t_new = t_flow
                 dt = t_new - t
-                rem = list(map(sub, rem, map(mul, rates, repeat(dt, len(rates)))))  # r - q * dt
-                # flows that end now: bytes left within rounding of 0, relative to their size (tiny)
-                # or to what they move in 1e-12 s
-                if any(map(le, rem, tiny)) or any(map(le, rem, moved)):
-                    fin = [k for k, (r, a, b) in enumerate(zip(rem, tiny, moved)) if r <= a or r <= b]
-                    gone = set(fin)
-                    for k in fin:
-                        i = act[k]
-                        finished.append(i)
+                rem = list(map(sub, rem, map(mul, rates, repeat(dt))))  # r - q * dt
+                keep = list(map(gt, rem, thr))
+                if not all(keep):
+                    finished = list(compress(act, map(not_, keep)))
+                    for i in finished:
                         ls = links[i]
-                        if groups[ls] == 1:
+                        c = groups[ls]
+                        key -= hash((ls, c))
+                        if c == 1:
                             del groups[ls]
                         else:
-                            groups[ls] -= 1
-                    keep = [k for k in range(len(act)) if k not in gone]
-                    act = [act[k] for k in keep]
-                    act_links = [act_links[k] for k in keep]
-                    tiny = [tiny[k] for k in keep]
-                    rem = [rem[k] for k in keep]
+                            groups[ls] = c - 1
+                            key += hash((ls, c - 1))
+                    act = list(compress(act, keep))
+                    act_links = list(compress(act_links, keep))
+                    tiny = list(compress(tiny, keep))
+                    rem = list(compress(rem, keep))
                     dirty = True
             t = t_new
             if t > until:
                 raise Beyond(t)
             while heap and heap[0][0] <= t:
-                _, i, what = heapq.heappop(heap)
-                if what == 0:
+                i = pop(heap)[1]
+                if kind[i] == DELAY:
                     finished.append(i)
                 else:
                     ls = links[i]
@@ -226,15 +235,20 @@ class TaskGraph:
                     act_links.append(ls)
                     tiny.append(1e-9 * nbytes[i])
                     rem.append(nbytes[i])
-                    groups[ls] = groups.get(ls, 0) + 1
+                    c = groups.get(ls, 0)
+                    if c:
+                        key -= hash((ls, c))
+                    groups[ls] = c + 1
+                    key += hash((ls, c + 1))
                     dirty = True
+            done += len(finished)
             for i in finished:
                 end[i] = t
-                done += 1
                 for s in succ[i]:
                     npred[s] -= 1
                     if npred[s] == 0:
-                        ready(s, t)
+                        start[s] = t
+                        push(heap, (t + dur[s], s))
         if done != n:
             raise RuntimeError(f"task graph has a cycle or dangling dependency: {n - done} of {n} tasks never ran")
         end_a = np.array(end, dtype=float)

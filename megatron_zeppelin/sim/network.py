@@ -73,6 +73,7 @@ class LinkTable:
                 self.keys.append((kind, i))
                 caps.append(cap)
         self.capacity = np.array(caps, dtype=float)
+        self._of: Dict[tuple, Tuple[int, ...]] = {}
         self._cpu = ({r: (self.index[("core", r)], self.index[("host", 0)]) for r in range(w)},
                      {r: (self.index[("io", r)], self.index[("host", 0)]) for r in range(w)}) if shared else None
 
@@ -88,7 +89,11 @@ class LinkTable:
         return Link.NVLINK if kind.startswith("nv_") else kind.rsplit("_", 1)[0]
 
     def of(self, link: str, src: int, dst: int, nic: int) -> Tuple[int, ...]:
-        return tuple(self.index[k] for k in link_ports(link, src, dst, nic, self.topo))
+        at = (link, src, dst, nic)  # every message of a layer asks again: kept (one tuple per pair)
+        ports = self._of.get(at)
+        if ports is None:
+            ports = self._of[at] = tuple(self.index[k] for k in link_ports(link, src, dst, nic, self.topo))
+        return ports
 
     def cpu(self, rank: int):
         """(rank's core, host) resource indices for a compute task; None when the CPU is not shared."""
