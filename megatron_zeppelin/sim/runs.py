@@ -280,16 +280,42 @@ def simulate_rounds(lengths, topo, profile, model, config, mslpr: int, tp: int, 
     from dataclasses import replace as dc_replace
 
     from megatron_zeppelin.planner import make_context
-    from megatron_zeppelin.planner.build.assemble import assemble
     from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, round_placements
     ctx = make_context(topo, plan_profile or profile, model, config, total_tokens=sum(lengths))
-    merged = assemble("dynamic_cp", list(lengths), ctx, dynamic_cp_placement(list(lengths), ctx, mslpr))
-    rounds = round_placements(list(lengths), ctx, mslpr)
-    plans = [assemble("dynamic_cp", [int(lengths[i]) for i in docs], ctx, pl) for docs, pl in rounds]
-    rr = _Rounds(plans, _rounds_simulated(plans, profile, model, tp, options or SimOptions(), beyond))
+    whole = _Unpredicted(ctx, [(list(lengths), dynamic_cp_placement(list(lengths), ctx, mslpr))], beyond)
+    rounds = _Unpredicted(ctx, [([int(lengths[i]) for i in docs], pl)
+                                for docs, pl in round_placements(list(lengths), ctx, mslpr)], beyond)
+    rr = _Rounds(rounds.plans(), _rounds_simulated(rounds.plans(), profile, model, tp, options or SimOptions(), beyond))
+    merged = whole.predicted()[0]
+    rr.plans = rounds.predicted()
     # The prediction of the rounds run one after another (each from a barrier), for the record.
-    merged_rounds = dc_replace(merged, cost=tuple(_sum_costs([p.cost for p in plans])))
+    merged_rounds = dc_replace(merged, cost=tuple(_sum_costs([p.cost for p in rr.plans])))
     return merged_rounds, rr
+
+
+class _Unpredicted:
+    """dynamic_cp's plans of some placements ([(lengths, placement)]); where the setting may stop
+    early (``beyond``: sim/dominated.py) assembled without their prediction first (what it costs
+    most of; the simulator does not read it, and the memory check runs as always), and predicted
+    only once the simulation has not stopped: the same plans."""
+
+    def __init__(self, ctx, placed, beyond: Optional[float]):
+        from megatron_zeppelin.planner.build.assemble import assemble, prepare
+        self.ctx, self.placed, early = ctx, placed, beyond is not None
+        self.prepared = [prepare(ctx, pl, costs=not early) for _, pl in placed]
+        self._plans = [assemble("dynamic_cp", ls, ctx, pl, prepared=pre, predicted=not early)
+                       for (ls, pl), pre in zip(placed, self.prepared)]
+        self._predicted = None if early else self._plans
+
+    def plans(self):
+        return self._plans
+
+    def predicted(self):
+        from megatron_zeppelin.planner.build.assemble import assemble
+        if self._predicted is None:
+            self._predicted = [assemble("dynamic_cp", ls, self.ctx, pl, prepared=pre)
+                               for (ls, pl), pre in zip(self.placed, self.prepared)]
+        return self._predicted
 
 
 def _rounds_simulated(plans, profile, model, tp: int, options: SimOptions, beyond: Optional[float] = None):
@@ -422,13 +448,14 @@ def _global_batch_rounds(steps, topo, profile, model, config, mslpr: int, tp: in
     documents, scheduled together): each round planned and simulated on its own, the capacity that
     of one data-order micro-batch (a rank holds one round at a time)."""
     from megatron_zeppelin.planner import make_context
-    from megatron_zeppelin.planner.build.assemble import assemble
     from megatron_zeppelin.planner.baselines.dynamic_cp import round_placements
     pooled = [int(L) for lengths in steps for L in lengths]
     ctx = make_context(topo, plan_profile or profile, model, config, total_tokens=max(sum(int(L) for L in x) for x in steps))
-    plans = [assemble("dynamic_cp", [pooled[i] for i in docs], ctx, pl)
-             for docs, pl in round_placements(pooled, ctx, mslpr)]
-    return plans, _Rounds(plans, _rounds_simulated(plans, profile, model, tp, options, beyond))
+    rounds = _Unpredicted(ctx, [([pooled[i] for i in docs], pl) for docs, pl in round_placements(pooled, ctx, mslpr)],
+                          beyond)
+    rr = _Rounds(rounds.plans(), _rounds_simulated(rounds.plans(), profile, model, tp, options, beyond))
+    rr.plans = rounds.predicted()
+    return rr.plans, rr
 
 
 def recompute_rungs(spec: RunSpec) -> List[Tuple[str, int]]:

@@ -45,7 +45,9 @@ class Prepared:
     att_tokens: tuple = ()  # attention-layout tokens per rank
 
 
-def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
+def prepare(ctx: PlanContext, placement: Placement, costs: bool = True) -> Prepared:
+    """``placement``'s Prepared; ``costs`` False: without the ring costs (``parts`` None, see
+    ``priced``), all a simulation and the memory check read."""
     topo, cost = ctx.topology, ctx.cost
     # Queue order: inter rings first, then intra; stable within a class; ids renumbered.
     order = sorted(range(len(placement.rings)),
@@ -72,13 +74,36 @@ def prepare(ctx: PlanContext, placement: Placement) -> Prepared:
         ops = route_schedule(ops, topo, cost, ctx.config)
     if placement.padded:  # priced as the real system runs it: pad rows computed, exchanged, held
         cdocs = charged_docs(docs)
-        cops = charged_ops(rings, cdocs, cost, ctx.config, placement.routing)
         arrays = local_arrays(cdocs)
         tokens = tuple(attention_tokens(cdocs, rings, topo.world_size, arrays).astype(np.int64).tolist())
-        return Prepared(rings, docs, att, ops, ring_costs(cdocs, rings, cops, cost, arrays), tokens)
+        return Prepared(rings, docs, att, ops, _ring_costs(ctx, placement, docs, rings, ops, arrays) if costs else None,
+                        tokens)
     arrays = local_arrays(docs, local)  # the attention tokens and the ring costs both read them
     tokens = tuple(attention_tokens(docs, rings, topo.world_size, arrays).astype(np.int64).tolist())
-    return Prepared(rings, docs, att, ops, ring_costs(docs, rings, ops, cost, arrays), tokens)
+    return Prepared(rings, docs, att, ops, _ring_costs(ctx, placement, docs, rings, ops, arrays) if costs else None,
+                    tokens)
+
+
+def priced(ctx: PlanContext, placement: Placement, pre: Prepared) -> Prepared:
+    """``pre`` (prepared unpriced) with its ring costs, as ``prepare`` prices them."""
+    if pre.parts is not None:
+        return pre
+    local = placement.local
+    if local is None and not placement.padded:
+        local_ = DocClass.LOCAL
+        local = [d for d in pre.docs if d.cls == local_]
+    arrays = local_arrays(charged_docs(pre.docs)) if placement.padded else local_arrays(pre.docs, local)
+    return replace(pre, parts=_ring_costs(ctx, placement, pre.docs, pre.rings, pre.ops, arrays))
+
+
+def _ring_costs(ctx: PlanContext, placement: Placement, docs, rings, ops, arrays):
+    """ring_costs of a placement's documents; a padded one's as the padded system runs them (its
+    charged documents and their ring messages: ``arrays`` are those documents' local arrays)."""
+    if placement.padded:
+        cdocs = charged_docs(docs)
+        return ring_costs(cdocs, rings, charged_ops(rings, cdocs, ctx.cost, ctx.config, placement.routing), ctx.cost,
+                          arrays)
+    return ring_costs(docs, rings, ops, ctx.cost, arrays)
 
 
 class Flow(NamedTuple):
@@ -134,15 +159,20 @@ def least_iteration_s(ctx: PlanContext, pre: Prepared, remap: Remap) -> float:
 
 def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement: Placement,
              prepared: Optional[Prepared] = None, lower_bound_s: Optional[float] = None,
-             moved: Optional[Remap] = None) -> Plan:
+             moved: Optional[Remap] = None, predicted: bool = True) -> Plan:
     """The Plan of ``placement``; ``prepared``: its prepare() when shared with other candidates;
     ``lower_bound_s``: the batch's lower_bound when the caller assembles several candidates;
-    ``moved``: its ``remapped`` when the caller has it."""
+    ``moved``: its ``remapped`` when the caller has it. ``predicted`` False (a placement without a
+    remap): no prediction, ``cost`` empty: a plan to simulate, checked against the memory as every
+    plan is (the bench's settings that may stop early, sim/dominated.py: ``prepared`` unpriced)."""
     topo, cost = ctx.topology, ctx.cost
-    pre = prepared or prepare(ctx, placement)
+    predicted = predicted or placement.remap  # a time-balanced remap reads the ring costs
+    pre = prepared or prepare(ctx, placement, predicted)
+    if predicted:
+        pre = priced(ctx, placement, pre)
     docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
     lin, moves = (moved if moved is not None else remapped(ctx, placement, pre)).layout()
-    rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens)
+    rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens) if predicted else ()
     fits = ctx.capacity if ctx.memory_first else ctx.config.capacity_tokens
     if fits:  # a set capacity is memory: every strategy must fit it
         _check_fits(strategy, att, lin, fits)
