@@ -417,18 +417,22 @@ def _simulate_steps(v, steps, plans, topo, profile, model, config, s, tp, option
     the whole global batch at once, as Megatron's scheduler does (``DefaultDynamicCPScheduler.run``
     fetches every micro-batch of the iteration, megatron/core/datasets/data_schedule.py, and packs
     their sequences into as many HDP rounds as it needs): its rounds run one after another, the
-    reduce after the very last round. ``beyond`` (one stage only: the 1F1B time is no sum of
-    the steps'): raise sim/dominated.py ``Beyond`` once the iteration so far takes longer."""
-    beyond = beyond if stages == 1 else None
+    reduce after the very last round. ``beyond``: raise sim/dominated.py ``Beyond`` once the
+    iteration so far takes longer: the steps so far (each without its reduce), or in 1F1B the last
+    stage's own work so far (its 1/stages of each step's forward and backward, and the head): a
+    stage runs its work one piece after another, so no 1F1B schedule is shorter."""
     if v != "dynamic_cp":
-        results, so_far = [], 0.0  # the steps so far, each without its reduce (accumulate)
-        for p in plans:
+        results, so_far = [], 0.0
+        for p in plans:  # a step's simulated time so far, t, adds at least t / stages to the last stage
             results.append(simulate(p, profile, model, tp=tp, options=options,
-                                    beyond=None if beyond is None else beyond - so_far))
-            so_far += results[-1].iteration_s - results[-1].allreduce_exposed_s
+                                    beyond=None if beyond is None else (beyond - so_far) * stages))
+            r = results[-1]
+            so_far += (r.iteration_s - r.allreduce_exposed_s if stages == 1 else
+                       (r.forward_s + r.backward_s) / stages + r.head_s)
             if beyond is not None and so_far > beyond:
                 raise Beyond(so_far)
         return plans, (accumulate(results) if stages == 1 else pipeline(results, stages))
+    beyond = beyond if stages == 1 else None  # (rounds in 1F1B: run to the end)
     opts = options or SimOptions()
     if len(steps) == 1:
         plan, rr = simulate_rounds(steps[0], topo, profile, model, config, int(s), tp, opts, plan_profile, beyond)

@@ -15,10 +15,12 @@ def _spec(**kw):
     return RunSpec(**{**base, **kw})
 
 
-@pytest.mark.parametrize("micro_batches", [1, 2])
-def test_settings_stopped_early_change_no_record(monkeypatch, micro_batches):
+@pytest.mark.parametrize("micro_batches, stages", [(1, 1), (2, 1), (4, 2)])
+def test_settings_stopped_early_change_no_record(monkeypatch, micro_batches, stages):
+    """One micro-batch, gradient accumulation, and 1F1B over two stages (each stage's domain 8 ranks)."""
     from megatron_zeppelin.sim.runs import run_config
-    spec = _spec(global_batch_tokens=micro_batches * 1024 * 8 if micro_batches > 1 else 0, micro_batches=micro_batches)
+    spec = _spec(global_batch_tokens=micro_batches * 1024 * 8 if micro_batches > 1 else 0, micro_batches=micro_batches,
+                 nodes=stages, pipeline=stages)
     variants = ("zeppelin", "static_cp", "allgather_cp", "dynamic_cp")
     pruned = run_config(spec, variants, cp_sizes=(1, 2, 4, 8))
     monkeypatch.setattr(Dominated, "beyond", lambda self, key, batch: None)  # every setting to the end
