@@ -10,7 +10,8 @@ batch's best time so far (so the setting is not the batch's oracle) and what the
 spend while its mean stays below the best mean so far (so it is not deployed), the setting's time
 for the batch is ``DOMINATED``: every number reported is the same as when it ran to the end.
 
-    >>> seen = Dominated(batches=2)
+    >>> times = {}                          # the bench's {setting: [seconds per batch]}
+    >>> seen = Dominated(2, times)
     >>> seen.beyond("cp4", 0) is None       # nothing simulated yet: run to the end
     True
     >>> seen.done("cp4", 0, 3.0); seen.done("cp4", 1, 5.0)   # cp4: mean 4.0
@@ -20,6 +21,8 @@ for the batch is ``DOMINATED``: every number reported is the same as when it ran
     5.0
     >>> seen.done("cp16", 0, DOMINATED); round(seen.beyond("cp16", 1), 6)   # not deployable: batch 1's best
     5.0
+    >>> times["cp8"]
+    [6.0]
 """
 
 from __future__ import annotations
@@ -41,17 +44,17 @@ class Beyond(Exception):
 
 class Dominated:
     """What the settings simulated so far allow the next one to skip: per batch the least time,
-    over the settings that finished every batch the least total, and per setting its times so far
-    (``DOMINATED`` where it stopped, None where it does not fit)."""
+    over the settings that finished every batch the least total. ``times``: per setting its times
+    so far (``DOMINATED`` where it stopped, None where it does not fit), filled by ``done``."""
 
-    def __init__(self, batches: int):
-        self.batches = batches
+    def __init__(self, batches: int, times: Dict[Hashable, List[Optional[float]]]):
+        self.batches, self.times = batches, times
         self.best: List[float] = [math.inf] * batches
         self.best_total = math.inf
-        self.times: Dict[Hashable, List[Optional[float]]] = {}
 
     def done(self, key: Hashable, batch: int, seconds: Optional[float]) -> None:
-        """Setting ``key``'s time for ``batch`` (None: out of memory; DOMINATED: stopped)."""
+        """Setting ``key``'s time for ``batch`` (None: out of memory; DOMINATED: stopped), added
+        to ``times``."""
         ts = self.times.setdefault(key, [])
         ts.append(seconds)
         if seconds is not None and seconds < self.best[batch]:

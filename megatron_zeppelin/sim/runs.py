@@ -513,7 +513,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
         batch_recs: Dict = {}
         errors: Dict = {}
         fitted = set()  # settings that fit every batch at a faster rung: no slower one for them
-        seen = Dominated(len(runs))  # what the settings so far let the next one stop early on
+        seen = Dominated(len(runs), times)  # fills times; what the settings so far let the next one stop on
         for rc, cap in rungs:
             rc_config = config.with_(recompute=rc, capacity_tokens=cap) if spec.recompute_per_strategy else config
             capacity = cap or 2 * spec.tokens_per_gpu  # the planner's default: twice the mean per rank
@@ -540,16 +540,14 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                         t2 = time.perf_counter()
                     except (ZeppelinError, Beyond) as e:
                         t = DOMINATED if isinstance(e, Beyond) else None
-                        times[key].append(t)
-                        batch_recs[key].append(None)
                         seen.done(key, b, t)
+                        batch_recs[key].append(None)
                         if t is None:
                             errors.setdefault(key, f"batch {b}: {e}")
                         continue
                     br = _batch_record(plans, res, spec, model, profile, t1 - t0, t2 - t1, rc)
-                    times[key].append(br["iteration_s"])
-                    batch_recs[key].append(br)
                     seen.done(key, b, br["iteration_s"])
+                    batch_recs[key].append(br)
                 if all(t is not None for t in times[key]):
                     fitted.add(s)
         dep, dep_times, oracle = deployed_and_oracle(times)

@@ -64,9 +64,7 @@ def prepare(ctx: PlanContext, placement: Placement, costs: bool = True) -> Prepa
         rings = tuple(replace(placement.rings[i], id=new_id[placement.rings[i].id]) for i in order)
         docs = tuple(sorted((replace(d, ring=new_id[d.ring]) if d.ring >= 0 else d for d in placement.docs),
                             key=_DOC))
-    if local is None:  # in document order: both per-rank views read them
-        local_ = DocClass.LOCAL  # bound once (spec/words.py)
-        local = [d for d in docs if d.cls == local_]
+    local = _local(placement, docs)
     att = attention_layout(docs, rings, topo.world_size, local)
     dmap = ring_documents(docs, rings)  # ring_ops reads ring documents only
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of, cost.model.q_bytes_per_token(cost.tp))
@@ -88,22 +86,28 @@ def priced(ctx: PlanContext, placement: Placement, pre: Prepared) -> Prepared:
     """``pre`` (prepared unpriced) with its ring costs, as ``prepare`` prices them."""
     if pre.parts is not None:
         return pre
-    local = placement.local
-    if local is None and not placement.padded:
-        local_ = DocClass.LOCAL
-        local = [d for d in pre.docs if d.cls == local_]
-    arrays = local_arrays(charged_docs(pre.docs)) if placement.padded else local_arrays(pre.docs, local)
-    return replace(pre, parts=_ring_costs(ctx, placement, pre.docs, pre.rings, pre.ops, arrays))
+    return replace(pre, parts=_ring_costs(ctx, placement, pre.docs, pre.rings, pre.ops))
 
 
-def _ring_costs(ctx: PlanContext, placement: Placement, docs, rings, ops, arrays):
+def _local(placement: Placement, docs) -> list:
+    """The local documents in document order (the strategy's own list where it has one): both
+    per-rank views and the ring costs read them."""
+    if placement.local is not None:
+        return placement.local
+    local_ = DocClass.LOCAL  # bound once (spec/words.py)
+    return [d for d in docs if d.cls == local_]
+
+
+def _ring_costs(ctx: PlanContext, placement: Placement, docs, rings, ops, arrays=None):
     """ring_costs of a placement's documents; a padded one's as the padded system runs them (its
-    charged documents and their ring messages: ``arrays`` are those documents' local arrays)."""
+    charged documents and their ring messages). ``arrays``: those documents' local arrays, where
+    the caller has them."""
     if placement.padded:
         cdocs = charged_docs(docs)
         return ring_costs(cdocs, rings, charged_ops(rings, cdocs, ctx.cost, ctx.config, placement.routing), ctx.cost,
-                          arrays)
-    return ring_costs(docs, rings, ops, ctx.cost, arrays)
+                          local_arrays(cdocs) if arrays is None else arrays)
+    return ring_costs(docs, rings, ops, ctx.cost,
+                      local_arrays(docs, _local(placement, docs)) if arrays is None else arrays)
 
 
 class Flow(NamedTuple):
