@@ -77,7 +77,8 @@ def test_joint_equals_data_order_pp2_dp2(data, tmp_path):
     assert _digests(log, 0) == _digests(log, 1)  # both stages planned the same regrouped micro-batches
 
 
-@pytest.mark.parametrize("how", [pytest.param("by_length", marks=pytest.mark.slow), "rounds"])
+# both -m slow: test_joint_equals_data_order_pp2_dp2 runs a regrouping through Megatron-LM in the default run
+@pytest.mark.parametrize("how", [pytest.param("by_length", marks=pytest.mark.slow), pytest.param("rounds", marks=pytest.mark.slow)])
 def test_regrouped_equals_data_order_dp4(data, tmp_path, how):
     """by_length and rounds differ only in which indices they hand JointBatches (unit-tested in
     tests/unit/test_joint_accumulation.py): one of them in the default run."""

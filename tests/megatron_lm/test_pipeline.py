@@ -84,6 +84,7 @@ def digest(plan_line):
     return re.search(r"digest=([0-9a-f]{16})", plan_line).group(1)
 
 
+@pytest.mark.slow  # ~40 s; test_pp2_dp2_1f1b_matches_stock_spec runs Megatron-LM's 1F1B in the default run
 def test_pp2_vpp2_dp2_interleaved_matches_stock_spec(data, slower_gemm, tmp_path):
     """Interleaved 1F1B: 4 layers, each stage two model chunks of one layer, 4 micro-batches per
     iteration (a multiple of PP, as Megatron's interleaving needs). Each chunk reads the documents

@@ -240,7 +240,7 @@ def a2a_step_bytes(plan, rank: int, hq: int, hk: int, d: int = 8, elt: int = 8) 
     return out
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: ~55 s
 def test_engine_a2a_rings_exact(world):
     cases = a2a_cases(world)
     assert all(p.rings and {r.comm for r in p.rings} == {"a2a"} for _, p, _, _ in cases)
@@ -310,7 +310,7 @@ def hier_step_bytes(plan, rank: int, hq: int, hk: int, d: int = 8, elt: int = 8)
     return out
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_engine_a2a_p2p_rings_exact(world):
     if world == 2:  # two ranks cannot hold a ring of a2a groups: refused, naming the split
         with pytest.raises(ValueError, match="a2a\\+p2p ring 0 of 2 ranks needs groups"):

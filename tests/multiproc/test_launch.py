@@ -85,6 +85,7 @@ def _stuck_in_a_phase(rank, world):
     dist.barrier()
 
 
+@pytest.mark.slow  # ~40 s (a 30 s hang window); the hung rank above is named in the default run
 def test_step_and_phase_markers_name_where_a_rank_stopped():
     with pytest.raises(DistributedFailure) as e:
         run_distributed(_stuck_in_a_phase, 2, timeout=30)

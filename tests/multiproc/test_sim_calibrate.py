@@ -1,12 +1,15 @@
 """CPU calibration and the simulator-vs-engine validation: real gloo ranks (structure only; timings
 are measured, never asserted)."""
 
+import pytest
+
 from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.host import load_host
 from megatron_zeppelin.validation.concurrent import SEQLENS, calibrate
 from megatron_zeppelin.validation.validate import validate
 
 
+@pytest.mark.slow  # ~100 s; test_bench_validate_cpu_command below calibrates and validates in the default run
 def test_calibrate_and_validate_world_2(tmp_path):
     prof, host = cpu = calibrate(2, repeat=1)
     assert len(prof.attn_fwd_tflops) == len(SEQLENS) and min(prof.attn_fwd_tflops) > 0

@@ -33,7 +33,7 @@ CASES = [  # (cluster, model, nodes, documents, lognormal mean, config)
     ("h200", "moe-8x550m", 2, 30, 8.0, {}),  # MoE: the expert load is not movable work
     ("a800", "llama-7b", 4, 100, 7.5, {"recompute": "selective"}),  # few documents per rank: linear work dominates
     # Recompute runs forwards again (compute_bound counts them): long documents, every kind of it
-    ("a800", "llama-7b", 4, 60, 9.5, {"recompute": "full"}),
+    pytest.param("a800", "llama-7b", 4, 60, 9.5, {"recompute": "full"}, marks=pytest.mark.slow),  # ~20 s
     ("h200", "llama-7b", 2, 40, 9.0, {"recompute": "full:block=16"}),
     ("a800", "llama-13b", 2, 30, 9.0, {"tp": 2, "recompute": "selective:core_attn,mlp"}),
     ("h800", "llama-3b", 4, 40, 8.5, {"recompute": "full", "capacity_tokens": 16384}),  # memory caps bind the remap
