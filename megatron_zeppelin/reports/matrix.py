@@ -291,7 +291,9 @@ def render(doc: dict, commands: List[str], figures: Dict[str, str], validation: 
     L += ["", "### Where Zeppelin loses", ""] + _losses(doc)
     attrib = _attribution(studies)
     if attrib:
+        from megatron_zeppelin.reports.partitioner_gaps import partitioner_gaps, render as render_gaps
         L += ["", "## Attribution: the partitioner or a baseline's shape", ""] + attrib
+        L += [""] + render_gaps(partitioner_gaps(runs))
     first = ("accumulation", "accumulation_4m", "accumulation_70b", "pipeline", "memory", "memory_scaling",
              "ablation_memory", "main", "context", "scaling", "ablation")
     for study in [s for s in first if s in studies] + [s for s in studies if s not in first]:
