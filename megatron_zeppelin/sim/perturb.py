@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from typing import Dict
+from typing import Dict, Sequence
 
 from megatron_zeppelin.errors import ZeppelinError
 from megatron_zeppelin.spec.hardware import HardwareProfile
@@ -45,16 +45,27 @@ def factors(error: float, seed: int) -> Dict[str, float]:
     return {t: 1.0 + error * (2.0 * rng.random() - 1.0) for t in TERMS}
 
 
-def perturbed(profile: HardwareProfile, error: float, seed: int) -> HardwareProfile:
-    """``profile`` with its rates scaled by ``factors(error, seed)`` (the profile itself at error 0)."""
+def perturbed(profile: HardwareProfile, error: float, seed: int, only: Sequence[str] = TERMS) -> HardwareProfile:
+    """``profile`` with its rates scaled by ``factors(error, seed)`` (the profile itself at error 0);
+    ``only``: the terms scaled, the others left true (which of a seed's factors a loss comes from).
+
+    >>> from megatron_zeppelin.spec.hardware import load_profile
+    >>> p, f = load_profile("a800"), factors(0.25, 1)
+    >>> q = perturbed(p, 0.25, 1, only=("gemm",))
+    >>> q.name, round(q.gemm_tflops / p.gemm_tflops, 12) == round(f["gemm"], 12), q.attn_fwd_tflops == p.attn_fwd_tflops
+    ('a800~1:gemm', True, True)
+    """
     if error == 0.0:
         return profile
-    f = factors(error, seed)
+    unknown = set(only) - set(TERMS)
+    if unknown:
+        raise ZeppelinError(f"unknown profile term(s) {sorted(unknown)}: want some of {', '.join(TERMS)}")
+    f = {t: (x if t in only else 1.0) for t, x in factors(error, seed).items()}
 
     def scale(xs, k):
         return tuple(x * k for x in xs)
     a = f["attention"]
-    return replace(profile, name=f"{profile.name}~{seed}",
+    return replace(profile, name=f"{profile.name}~{seed}" + ("" if set(only) == set(TERMS) else ":" + "+".join(only)),
                    attn_fwd_tflops=scale(profile.attn_fwd_tflops, a), attn_bwd_tflops=scale(profile.attn_bwd_tflops, a),
                    attn_full_fwd_tflops=scale(profile.attn_full_fwd_tflops, a),
                    attn_full_bwd_tflops=scale(profile.attn_full_bwd_tflops, a),
