@@ -7,7 +7,7 @@ the least predicted. For each configuration of a long-context mix (``LONG_MIXES`
 partitioner alone is more than ``GAP`` slower in mean simulated iteration, a gap names the kinds of
 candidate Zeppelin's plans took there instead of the partitioner's (sim/attribution.py) and the
 simulated terms of both runs that say why: how evenly the ranks finish (time max / mean), the bytes
-over the NICs, and the forward and backward passes of the busiest rank.
+over the NICs, and the backward pass of the busiest rank.
 
 >>> def rec(v, t, imb, nic, won=None):
 ...     return {"key": "main/x", "label": "a800 llama-13b tp2 github", "study": "main", "dataset": "github",
@@ -38,8 +38,9 @@ NIC = 0.10  # a relative difference in NIC bytes worth naming
 def partitioner_gaps(runs: Sequence[Dict], gap: float = GAP) -> List[Dict]:
     """Per configuration of a long-context mix where ``zeppelin-partitioner``'s mean simulated iteration
     is more than ``gap`` x ``zeppelin``'s: {key, label, study, slower, shapes (kind -> plans won, the
-    partitioner's own kinds left out), won (every kind), plans, why (measured reasons), forward, backward (partitioner
-    alone, search)}, slowest first."""
+    partitioner's own kinds left out), won (every kind), plans, why (measured reasons), backward
+    (partitioner alone, search)}, slowest first."""
+    from megatron_zeppelin.sim.attribution import PARTITIONER as OWN  # the partitioner's kinds start with it
     from megatron_zeppelin.sim.runs import PARTITIONER
     by: Dict[str, Dict[str, Dict]] = defaultdict(dict)
     for r in runs:
@@ -52,11 +53,10 @@ def partitioner_gaps(runs: Sequence[Dict], gap: float = GAP) -> List[Dict]:
         if z.get("dataset") not in LONG_MIXES or p["iteration_s"] <= gap * z["iteration_s"]:
             continue
         won = z.get("won") or {}
-        shapes = {k: n for k, n in sorted(won.items(), key=lambda kv: -kv[1]) if not k.startswith("partitioner")}
+        shapes = {k: n for k, n in sorted(won.items(), key=lambda kv: -kv[1]) if not k.startswith(OWN)}
         out.append(dict(key=key, label=z.get("label", key), study=z.get("study", key.split("/")[0]),
                         slower=p["iteration_s"] / z["iteration_s"], shapes=shapes, won=won, plans=sum(won.values()),
-                        why=_why(p, z), forward=(p["forward_s"], z["forward_s"]),
-                        backward=(p["backward_s"], z["backward_s"])))
+                        why=_why(p, z), backward=(p["backward_s"], z["backward_s"])))
     return sorted(out, key=lambda g: -g["slower"])
 
 
