@@ -178,7 +178,7 @@ def _attribution(studies: Dict[str, dict]) -> List[str]:
 def _robustness(runs: List[dict], study: str) -> List[str]:
     """The robustness study's speedups under a wrong profile and where Zeppelin then loses (sim/robustness.py)."""
     from megatron_zeppelin.sim.matrix import BEST
-    from megatron_zeppelin.sim.robustness import robustness
+    from megatron_zeppelin.sim.robustness import LOSS_MARGIN, robustness
     mine = [r for r in runs if r["study"] == study]
     if not any(r.get("profile_error") for r in mine):
         return []
@@ -202,9 +202,30 @@ def _robustness(runs: List[dict], study: str) -> List[str]:
         won = (f"; won by {l['won']} (true profile: {l['won_true']})" if l.get("won") else "")
         L.append(f"- {l['label']} (seed {l['seed']}: {f}): {l['baseline']} faster, Zeppelin's speedup "
                  f"{l['speedup']:.3f}x{moved}{won}")
+        if l.get("terms"):
+            L.append("  " + _loss_terms(l))
     if not s["losses"]:
         L.append("- none: under every perturbed profile Zeppelin is at least as fast as the best deployed baseline")
+    beyond = [l for l in s["losses"] if l["speedup"] < 1.0 / (1.0 + LOSS_MARGIN)]
+    L += ["", f"Zeppelin slower than the best deployed baseline by more than {100 * LOSS_MARGIN:g}% (issue 53's bound) "
+              f"in {len(beyond)} of {s['runs']} perturbed runs" + (": " + "; ".join(
+                  f"{l['label']} ({l['speedup']:.3f}x)" for l in beyond) if beyond else "") + "."]
     return L
+
+
+def _loss_terms(loss: dict) -> str:
+    """One loss replanned term by term (sim/loss_terms.py): Zeppelin's speedup over the same baseline."""
+    from megatron_zeppelin.sim.loss_terms import verdict
+    t = loss["terms"]
+
+    def sp(x):
+        return f"{t['baseline_s'] / x:.3f}x" if x else "-"
+    alone = ", ".join(f"{k} {sp(v)}" for k, v in t["alone"].items())
+    left = ", ".join(f"{k} {sp(v)}" for k, v in t["left_out"].items())
+    return (f"Replanned term by term, simulated with the true profile, against the same {t['baseline']} "
+            f"(sim/loss_terms.py): Zeppelin's speedup with one term's factor alone: {alone}; with one term "
+            f"left true: {left}. So: " + verdict(t["alone"], t["left_out"], t["baseline_s"], loss["factors"],
+                                                   loss["zeppelin_s"], loss["zeppelin_true_s"]) + ".")
 
 
 def _gpu_terms(runs: List[dict], study: str) -> List[str]:

@@ -59,6 +59,7 @@ from megatron_zeppelin.sim.gpu_terms import NOTHING, check
 from megatron_zeppelin.sim.iteration import SimOptions
 from megatron_zeppelin.sim.memory_fit import (MEMORY_FILL, MatrixError, batch_and_recompute,  # noqa: F401 -- re-exported
                                              memory_tokens)
+from megatron_zeppelin.sim.loss_terms import with_loss_terms
 from megatron_zeppelin.sim.runs import DEFAULT_BATCHES, VARIANTS, RunSpec, domain_topology, run_config
 from megatron_zeppelin.presets import preset_dir
 from megatron_zeppelin.spec.hardware import load_profile
@@ -229,9 +230,11 @@ def clock_text(seconds: float) -> str:
 
 
 def _one(k: int, spec: RunSpec, variants, options, cp_sizes):
-    """A worker's configuration: (its index, its records, seconds)."""
+    """A worker's configuration: (its index, its records, seconds); a robustness run Zeppelin loses
+    replanned term by term (sim/loss_terms.py)."""
     t = time.perf_counter()
-    return k, run_config(spec, variants, options, cp_sizes), time.perf_counter() - t
+    recs = with_loss_terms(spec, run_config(spec, variants, options, cp_sizes), options, cp_sizes)
+    return k, recs, time.perf_counter() - t
 
 
 def _configurations(items, options, jobs: int):

@@ -30,6 +30,7 @@ import re
 from collections import defaultdict
 from typing import Dict, List, Sequence
 
+LOSS_MARGIN = 0.03  # issue 53's bound: under the profile error, no loss to the best deployed baseline beyond this
 TERMS = ("forward_s", "backward_s", "head_s", "allreduce_s", "recompute_s")  # a run record's simulated parts
 
 
@@ -81,6 +82,7 @@ def robustness(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
                            "profile_most_off": max(f, key=lambda t: abs(f[t] - 1.0)) if f else "",
                            "moved": moved, "moved_s": (z.get(moved, 0.0) - ref.get(moved, 0.0)) if ref else None,
                            "zeppelin_s": z["iteration_s"], "zeppelin_true_s": ref["iteration_s"] if ref else None,
-                           "won": z.get("won", {}), "won_true": ref.get("won", {}) if ref else {}})
+                           "won": z.get("won", {}), "won_true": ref.get("won", {}) if ref else {},
+                           "terms": z.get("loss_terms")})
     out = {v: {"true": _stats(c["true"]), "error": _stats(c["error"])} for v, c in sorted(sp.items())}
     return {"speedups": out, "losses": sorted(losses, key=lambda l: l["speedup"]), "runs": runs}

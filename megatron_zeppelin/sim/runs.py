@@ -67,7 +67,7 @@ from megatron_zeppelin.sim.attribution import count_kinds
 from megatron_zeppelin.sim.iteration import SimOptions, accumulate, pipeline, simulate
 from megatron_zeppelin.sim.dominated import DOMINATED, Beyond, Dominated
 from megatron_zeppelin.sim.gpu_terms import without
-from megatron_zeppelin.sim.perturb import factors, perturbed
+from megatron_zeppelin.sim.perturb import TERMS, factors, perturbed
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
 from megatron_zeppelin.planner.accumulation import joint_steps
@@ -115,6 +115,7 @@ class RunSpec:
     pipeline: int = 1  # pipeline stages over ``nodes`` (module doc); the domain is one stage's DP ranks
     profile_error: float = 0.0  # plan with the profile off by up to +-this per term (sim/perturb.py), simulate true
     profile_seed: int = 0  # the perturbation's seed (with profile_error)
+    profile_terms: str = ""  # the perturbed terms, "+"-joined (sim/perturb.py TERMS); "": every term
     gpu_term_off: str = "nothing"  # a GPU cost term turned off in the true profile (sim/gpu_terms.py)
 
     def key(self) -> str:
@@ -122,7 +123,8 @@ class RunSpec:
         balanced = "/balance-memory" if self.balance_memory else ""
         gbs = f"/gbs{_tokens_label(self.global_batch_tokens)}" if self.global_batch_tokens else ""
         rc = "/rc-per-strategy" if self.recompute_per_strategy else ""
-        err = f"/err{self.profile_error:g}-s{self.profile_seed}" if self.profile_error else ""
+        err = (f"/err{self.profile_error:g}-s{self.profile_seed}" + (f"-{self.profile_terms}" if self.profile_terms
+                                                                      else "") if self.profile_error else "")
         pp = f"/pp{self.pipeline}" if self.pipeline > 1 else ""
         off = f"/no-{self.gpu_term_off}" if self.gpu_term_off != "nothing" else ""
         return (f"{self.study}/{self.cluster}/{self.model}-tp{self.tp}/{self.dataset}/ctx{self.context // 1024}K/"
@@ -134,7 +136,8 @@ class RunSpec:
         regime = " mem" if self.regime == "memory" else f" {self.tokens_per_gpu // 1024}K/GPU"
         gbs = (f" gbs {_tokens_label(self.global_batch_tokens)} x{self.micro_batches}"
                if self.global_batch_tokens else "")
-        err = f" err{self.profile_error:g}~{self.profile_seed}" if self.profile_error else ""
+        err = (f" err{self.profile_error:g}~{self.profile_seed}" + (f":{self.profile_terms}" if self.profile_terms
+                                                                      else "") if self.profile_error else "")
         pp = f" pp{self.pipeline}" if self.pipeline > 1 else ""
         off = f" no-{self.gpu_term_off}" if self.gpu_term_off != "nothing" else ""
         return (f"{self.cluster} {self.model}{tp} {self.dataset} {self.context // 1024}K {self.nodes}n{pp}{regime}{gbs}"
@@ -495,7 +498,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     profile, model = without(load_profile(spec.cluster), spec.gpu_term_off), load_model(spec.model)
     # Every strategy plans with the profile it is given (off by spec.profile_error: sim/perturb.py);
     # the simulator times the plans with the true one.
-    plan_profile = perturbed(profile, spec.profile_error, spec.profile_seed)
+    plan_profile = perturbed(profile, spec.profile_error, spec.profile_seed,
+                             only=spec.profile_terms.split("+") if spec.profile_terms else TERMS)
     topo = domain_topology(profile, spec.domain_nodes, spec.tp)
     runs = run_steps(spec, topo.world_size)
     config = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node,

@@ -102,3 +102,30 @@ def test_jobs_give_the_same_records_and_out_dir_writes_each_study_and_the_report
     assert "## Attribution" in page and "Zeppelin / partitioner alone" in page
     assert "Every strategy planned with a profile off by up to +-25%" in page
     assert "zeppelin-partitioner" not in main_doc["summary"].get("best_baseline", {}).get("best_of", {})
+
+
+def test_a_loss_under_a_wrong_profile_is_replanned_term_by_term(tmp_path):
+    """Where Zeppelin planned with a wrong profile loses to the best deployed baseline, its run is
+    replanned with each term's factor alone and with each left true (sim/loss_terms.py); naming every
+    term is the run itself; a run Zeppelin does not lose, or a true profile, is left as it is."""
+    import dataclasses
+    from megatron_zeppelin.sim.loss_terms import with_loss_terms
+    from megatron_zeppelin.sim.matrix import load_matrix
+    from megatron_zeppelin.sim.perturb import TERMS
+    from megatron_zeppelin.sim.runs import run_config
+    items, _ = load_matrix(_matrix(tmp_path))
+    true, wrong = [it[0] for it in items if it[0].study == "robustness"][:2]
+    every = dataclasses.replace(wrong, profile_terms="+".join(TERMS))
+    assert every.key() != wrong.key() and every.label().endswith(":" + "+".join(TERMS))
+    z = run_config(wrong, ["zeppelin"])[0]
+    assert run_config(every, ["zeppelin"])[0]["iteration_s"] == z["iteration_s"]
+
+    def faster(rec, by):  # a baseline's record beside Zeppelin's, ``by`` times its time
+        return {**rec, "variant": "hybrid_dp", "iteration_s": rec["iteration_s"] * by}
+    assert "loss_terms" not in with_loss_terms(wrong, [dict(z), faster(z, 1.5)])[0]  # Zeppelin wins
+    zt = run_config(true, ["zeppelin"])[0]
+    assert "loss_terms" not in with_loss_terms(true, [zt, faster(zt, 0.5)])[0]  # the true profile
+    lost = with_loss_terms(wrong, [dict(z), faster(z, 0.5)])[0]["loss_terms"]
+    assert lost["baseline"] == "hybrid_dp" and lost["baseline_s"] == z["iteration_s"] * 0.5
+    assert set(lost["alone"]) == set(lost["left_out"]) == set(TERMS)
+    assert all(t > 0 for t in list(lost["alone"].values()) + list(lost["left_out"].values()))
