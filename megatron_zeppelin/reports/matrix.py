@@ -189,8 +189,10 @@ def _robustness(runs: List[dict], study: str) -> List[str]:
         t, e = x["true"] or {}, x["error"] or {}
         rows.append([("best deployed baseline" if v == BEST else v), _x(t.get("mean")), _x(t.get("worst")),
                      _x(e.get("mean")), _x(e.get("worst")), str(e.get("runs", 0))])
-    L = ["", f"Every strategy planned with a profile off by up to +-{100 * err:g}% per term (attention rates, GEMM "
-             "rate, NVLink and NIC bandwidth, each its own seeded factor: sim/perturb.py), simulated with the true "
+    L = ["", f"Every strategy planned with a profile off by up to +-{100 * err:g}% per measured term (attention "
+             "rates, GEMM rate, NVLink and NIC bandwidth) and by a factor between 0 and 2 per term the GPU presets "
+             "assume (contention: the SM contention of overlapped NCCL kernels; overheads: the kernel-call launch "
+             "and per-message costs), each its own seeded factor (sim/perturb.py), simulated with the true "
              f"profile; {s['runs']} perturbed runs. Zeppelin's speedup (deployed):", ""]
     L += _table(["baseline", "true profile: mean", "worst", "under error: mean", "worst", "runs"], rows)
     L += ["", "Where Zeppelin then loses to the best deployed baseline:", ""]
