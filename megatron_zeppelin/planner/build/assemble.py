@@ -105,9 +105,9 @@ def _ring_costs(ctx: PlanContext, placement: Placement, docs, rings, ops, arrays
     if placement.padded:
         cdocs = charged_docs(docs)
         return ring_costs(cdocs, rings, charged_ops(rings, cdocs, ctx.cost, ctx.config, placement.routing), ctx.cost,
-                          local_arrays(cdocs) if arrays is None else arrays)
+                          local_arrays(cdocs) if arrays is None else arrays, ctx.exchanges)
     return ring_costs(docs, rings, ops, ctx.cost,
-                      local_arrays(docs, _local(placement, docs)) if arrays is None else arrays)
+                      local_arrays(docs, _local(placement, docs)) if arrays is None else arrays, ctx.exchanges)
 
 
 class Flow(NamedTuple):

@@ -214,32 +214,39 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
     for o in ops:
         groups[(o.queue, o.step)].append(o)
     out: List[CommOp] = []
+    for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
+        out.extend(_route_step(tuple(groups[k]), topo, threshold, chunk))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _route_step(step_ops: Tuple[CommOp, ...], topo: Topology, threshold: int, chunk: int) -> Tuple[CommOp, ...]:
+    """One step's ops routed (``route_schedule``): a step's routing reads its own ops alone, so the
+    candidates of a batch that share a queue's rings (a placement and its +a2a version: the same
+    inter rings) route each of its steps once."""
     nvlink, direct = Link.NVLINK, Stage.DIRECT  # bound once (spec/words.py): compared per op
     stage_rank = {st: i for i, st in enumerate(STAGES)}  # STAGES.index, looked up
-    for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
-        step_ops = groups[k]
-        router = _StepRouter(topo, threshold)
-        routed: List[CommOp] = []
-        big: List[CommOp] = []
-        for o in step_ops:
-            if o.link == nvlink or o.stage != direct:  # any network level's hop is routed
-                routed.append(o)
-            elif o.nbytes >= threshold and o.stop - o.start >= 2 and topo.nics_per_node > 1:
-                big.append(o)
-            else:  # too small to split: stays direct and loads its NICs before the big ones are spread
-                router.add_direct(o)
-                routed.append(o)
-        for o in sorted(big, key=lambda o: (-o.nbytes, o.ring, o.block, o.msg_src, o.msg_dst)):
-            for x in router.route(o):  # each piece's hops cut the same way into chunks (a pipeline)
-                if x.stage == direct:
-                    routed.append(x)
-                    continue
-                per_row = x.nbytes // max(1, x.stop - x.start)
-                routed.extend(_hop_of(x, x.src, x.dst, a, b, (b - a) * per_row, x.link, x.nic, x.stage)
-                              for a, b in chunk_cuts(x.start, x.stop, per_row, chunk))
-        routed.sort(key=lambda o: (stage_rank[o.stage], o.ring, o.block, o.msg_src, o.msg_dst, o.start))
-        out.extend(routed)
-    return out
+    router = _StepRouter(topo, threshold)
+    routed: List[CommOp] = []
+    big: List[CommOp] = []
+    for o in step_ops:
+        if o.link == nvlink or o.stage != direct:  # any network level's hop is routed
+            routed.append(o)
+        elif o.nbytes >= threshold and o.stop - o.start >= 2 and topo.nics_per_node > 1:
+            big.append(o)
+        else:  # too small to split: stays direct and loads its NICs before the big ones are spread
+            router.add_direct(o)
+            routed.append(o)
+    for o in sorted(big, key=lambda o: (-o.nbytes, o.ring, o.block, o.msg_src, o.msg_dst)):
+        for x in router.route(o):  # each piece's hops cut the same way into chunks (a pipeline)
+            if x.stage == direct:
+                routed.append(x)
+                continue
+            per_row = x.nbytes // max(1, x.stop - x.start)
+            routed.extend(_hop_of(x, x.src, x.dst, a, b, (b - a) * per_row, x.link, x.nic, x.stage)
+                          for a, b in chunk_cuts(x.start, x.stop, per_row, chunk))
+    routed.sort(key=lambda o: (stage_rank[o.stage], o.ring, o.block, o.msg_src, o.msg_dst, o.start))
+    return tuple(routed)
 
 
 def nic_bytes(ops: Sequence[CommOp], topo: Topology, direction: str = "out") -> Dict[int, int]:

@@ -222,8 +222,13 @@ class _Attention:
     """The core attention of one layer on every rank (forward or backward), advancing per-rank
     clocks: the layer program (program.py) priced by the cost model and ``_exchange``."""
 
-    def __init__(self, docs, rings, schedule, cost: CostModel, local=None):
+    def __init__(self, docs, rings, schedule, cost: CostModel, local=None, memo: Optional[dict] = None):
         self.cost, self.world = cost, cost.topology.world_size
+        # ``memo`` (PlanContext.exchanges), shared by the candidates of one batch: "hops", [hops, parts]
+        # by (ops, reverse); "prepared", as ``_prepared_lists`` (the ids of the memo's own hop lists,
+        # alive as long as it is). ``_shared`` finds a hops entry from its hops (by id).
+        self._memo = memo.setdefault("hops", {}) if memo is not None else None
+        self._shared = {}
         local = local_arrays(docs) if local is None else local
         self.work = AttentionWork(cost, docs, rings, self.world, local, schedule)
         self.ops: Dict[Tuple[str, int], List[CommOp]] = defaultdict(list)
@@ -237,7 +242,8 @@ class _Attention:
         self._lists: Dict[Tuple, list] = {}
         self._parts: Dict[int, tuple] = {}  # _exchange_parts of each, by id (_lists keeps them)
         self._prepared: Dict[Tuple[bool, str], list] = {}  # _prepared_exchange of each Post
-        self._prepared_lists: Dict[Tuple[int, int], list] = {}  # ... by (id of its hops, id of its also)
+        # ... by (id of its hops, id of its also)
+        self._prepared_lists: Dict[Tuple[int, int], list] = {} if memo is None else memo.setdefault("prepared", {})
         self._posts = {bw: {x.name: x for x in prog if isinstance(x, Post)} for bw, prog in self.program.items()}
         self.host = cost.host  # a shared CPU host's engine CPU per pass, Post and Wait (None on GPUs)
         self._host_costs: Dict[Tuple[bool, str], Tuple[np.ndarray, np.ndarray]] = {}
@@ -254,8 +260,15 @@ class _Attention:
             rings = frozenset(x.rings)
             same = (x.queue, x.step, rings, x.reverse)
             if same not in self._lists:
-                self._lists[same] = _op_hops([o for o in self.ops[(x.queue, x.step)] if o.ring in rings], self.cost,
-                                             reverse=x.reverse)
+                ops = [o for o in self.ops[(x.queue, x.step)] if o.ring in rings]
+                memo_key = (tuple(ops), x.reverse) if self._memo is not None else None
+                entry = self._memo.get(memo_key) if memo_key is not None else None
+                if entry is None:
+                    entry = [_op_hops(ops, self.cost, reverse=x.reverse), None]
+                    if memo_key is not None:
+                        self._memo[memo_key] = entry
+                self._lists[same] = entry[0]
+                self._shared[id(entry[0])] = entry
             self._hops[key] = self._lists[same]
         return self._hops[key]
 
@@ -263,7 +276,13 @@ class _Attention:
         """``_exchange_parts`` of one of the layer's hop lists (``_lists`` keeps it, so its id)."""
         got = self._parts.get(id(hops))
         if got is None:
-            got = self._parts[id(hops)] = _exchange_parts(hops, self.cost)
+            entry = self._shared.get(id(hops))
+            got = entry[1] if entry is not None else None
+            if got is None:
+                got = _exchange_parts(hops, self.cost)
+                if entry is not None:
+                    entry[1] = got
+            self._parts[id(hops)] = got
         return got
 
     def _prepare(self, backward: bool, x: Post, hops) -> list:
@@ -361,12 +380,13 @@ class RingParts(tuple):
 
 
 def ring_costs(docs: Sequence[DocPlan], rings: Sequence[Ring], schedule: Sequence[CommOp], cost: CostModel,
-               local=None) -> Tuple[List[float], List[float]]:
+               local=None, memo: Optional[dict] = None) -> Tuple[List[float], List[float]]:
     """Per rank (attention seconds, exposed communication seconds) of one iteration of the core
     attention alone (every rank starting each layer's forward and backward together): what the
     attention layout and the routed schedule cost, before the linear modules and the remap.
-    ``local``: ``local_arrays(docs)``, where the caller has it."""
-    att = _Attention(docs, rings, schedule, cost, local)
+    ``local``: ``local_arrays(docs)``, where the caller has it; ``memo``: the batch's exchanges
+    (PlanContext.exchanges), which other candidates may have priced already."""
+    att = _Attention(docs, rings, schedule, cost, local, memo)
     L, world = cost.model.layers, cost.topology.world_size
     busy, total = np.zeros(world), np.zeros(world)
     att.run(total, False, busy)

@@ -1,0 +1,48 @@
+"""The batch's exchange memo (PlanContext.exchanges) and the routed-step cache change no number:
+every candidate Zeppelin proposes costs the same priced with the memo its batch shares as priced
+alone, and a placement priced again finds every exchange in the memo."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import megatron_zeppelin.planner.strategies as strategies
+from megatron_zeppelin.planner import make_context
+from megatron_zeppelin.planner.build.assemble import prepare
+from megatron_zeppelin.planner.build.routing import _route_step
+from megatron_zeppelin.spec.config import ZeppelinConfig
+from megatron_zeppelin.spec.hardware import load_profile
+from megatron_zeppelin.spec.model import load_model
+from megatron_zeppelin.sim.runs import domain_topology
+
+# (cluster, model, tp, nodes, capacity tokens): routed and memory-bound, where +a2a versions share inter rings
+CASES = [("a800", "llama-7b", 1, 2, 4608), ("h200", "llama-13b", 2, 2, 8192)]
+
+
+def _context(cluster, model, tp, nodes, cap, seed=0):
+    prof = load_profile(cluster)
+    topo = domain_topology(prof, nodes, tp)
+    cfg = ZeppelinConfig(gpus_per_node=topo.gpus_per_node, nics_per_node=topo.nics_per_node, capacity_tokens=cap, tp=tp)
+    world = topo.world_size
+    lengths = np.random.default_rng(seed).lognormal(8.5, 1.4, 24 * nodes).clip(1, cap * world // 2).astype(int)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), 0.75 * cap * world))].tolist()
+    return lengths, make_context(topo, prof, load_model(model), cfg, total_tokens=sum(lengths))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-cap{c[4]}")
+def test_candidates_cost_the_same_with_the_batch_memo(case):
+    lengths, ctx = _context(*case)
+    cands = [c for c in strategies.get_strategy("zeppelin").propose(lengths, ctx, strategies.Search())
+             if c.placement is not None]
+    assert any(c.label.endswith("+a2a") for c in cands) and any(c.placement.routing for c in cands)
+    for c in cands:
+        shared = c.prepared if c.prepared is not None else prepare(ctx, c.placement)
+        _route_step.cache_clear()
+        alone = prepare(replace(ctx, exchanges={}), c.placement)
+        assert tuple(shared.parts) == tuple(alone.parts), c.label
+        assert shared.ops == alone.ops, c.label
+    hops = ctx.exchanges["hops"]
+    entries = len(hops)
+    again = prepare(ctx, cands[0].placement)  # priced again: every exchange found
+    assert len(hops) == entries and tuple(again.parts) == tuple(prepare(replace(ctx, exchanges={}), cands[0].placement).parts)
