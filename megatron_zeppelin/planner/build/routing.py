@@ -214,16 +214,20 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
     for o in ops:
         groups[(o.queue, o.step)].append(o)
     out: List[CommOp] = []
+    nvlink, direct = Link.NVLINK, Stage.DIRECT
     for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
-        out.extend(_route_step(tuple(groups[k]), topo, threshold, chunk))
+        step_ops = groups[k]
+        splits = topo.nics_per_node > 1 and any(o.link != nvlink and o.stage == direct and o.nbytes >= threshold
+                                                and o.stop - o.start >= 2 for o in step_ops)
+        # a step with pieces to spread is routed once per batch (_route_step's cache); one without is sorted
+        out.extend((_route_step if splits else _route_step_once)(tuple(step_ops), topo, threshold, chunk))
     return out
 
 
-@lru_cache(maxsize=256)
-def _route_step(step_ops: Tuple[CommOp, ...], topo: Topology, threshold: int, chunk: int) -> Tuple[CommOp, ...]:
-    """One step's ops routed (``route_schedule``): a step's routing reads its own ops alone, so the
+def _route_step_once(step_ops: Tuple[CommOp, ...], topo: Topology, threshold: int, chunk: int) -> Tuple[CommOp, ...]:
+    """One step's ops routed (``route_schedule``). A step's routing reads its own ops alone, so the
     candidates of a batch that share a queue's rings (a placement and its +a2a version: the same
-    inter rings) route each of its steps once."""
+    inter rings) route each step once (``_route_step``, cached by the ops)."""
     nvlink, direct = Link.NVLINK, Stage.DIRECT  # bound once (spec/words.py): compared per op
     stage_rank = {st: i for i, st in enumerate(STAGES)}  # STAGES.index, looked up
     router = _StepRouter(topo, threshold)
@@ -247,6 +251,9 @@ def _route_step(step_ops: Tuple[CommOp, ...], topo: Topology, threshold: int, ch
                           for a, b in chunk_cuts(x.start, x.stop, per_row, chunk))
     routed.sort(key=lambda o: (stage_rank[o.stage], o.ring, o.block, o.msg_src, o.msg_dst, o.start))
     return tuple(routed)
+
+
+_route_step = lru_cache(maxsize=256)(_route_step_once)
 
 
 def nic_bytes(ops: Sequence[CommOp], topo: Topology, direction: str = "out") -> Dict[int, int]:

@@ -224,9 +224,11 @@ class _Attention:
 
     def __init__(self, docs, rings, schedule, cost: CostModel, local=None, memo: Optional[dict] = None):
         self.cost, self.world = cost, cost.topology.world_size
-        # ``memo`` (PlanContext.exchanges), shared by the candidates of one batch: "hops", [hops, parts]
-        # by (ops, reverse); "prepared", as ``_prepared_lists`` (the ids of the memo's own hop lists,
-        # alive as long as it is). ``_shared`` finds a hops entry from its hops (by id).
+        # ``memo`` (PlanContext.exchanges), shared by the candidates of one batch: "hops", [hops, parts,
+        # ops] by the ops' ids and reverse (the ops of a routed step are the same objects in every
+        # candidate that routes it: routing.py ``_route_step``; the entry keeps them alive, so their ids
+        # stay theirs); "prepared", as ``_prepared_lists`` (ids of the memo's own hop lists).
+        # ``_shared`` finds a hops entry from its hops (by id).
         self._memo = memo.setdefault("hops", {}) if memo is not None else None
         self._shared = {}
         local = local_arrays(docs) if local is None else local
@@ -261,10 +263,10 @@ class _Attention:
             same = (x.queue, x.step, rings, x.reverse)
             if same not in self._lists:
                 ops = [o for o in self.ops[(x.queue, x.step)] if o.ring in rings]
-                memo_key = (tuple(ops), x.reverse) if self._memo is not None else None
+                memo_key = (tuple(map(id, ops)), x.reverse) if self._memo is not None else None
                 entry = self._memo.get(memo_key) if memo_key is not None else None
                 if entry is None:
-                    entry = [_op_hops(ops, self.cost, reverse=x.reverse), None]
+                    entry = [_op_hops(ops, self.cost, reverse=x.reverse), None, ops]
                     if memo_key is not None:
                         self._memo[memo_key] = entry
                 self._lists[same] = entry[0]
