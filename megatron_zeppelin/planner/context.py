@@ -24,9 +24,10 @@ class PlanContext:
     # --zeppelin-balance-memory (memory_choice.plan_memory_first): ``capacity`` is the memory-balance
     # cap, which both layouts of every candidate must fit, as a set --zeppelin-capacity-tokens
     memory_first: bool = False
-    # The batch's priced exchanges (cost/predict.py ``_Attention``: hops and their parts by the ops
-    # they come from): candidates sharing a queue's rings (a placement and its +a2a version) price
-    # them once. A memo: no field of a Plan depends on what it holds.
+    # The batch's routed steps (build/routing.py ``route_schedule``) and priced exchanges
+    # (cost/predict.py ``_Attention``: hops and their parts by the ops they come from): candidates
+    # sharing a queue's rings (a placement and its +a2a version) route and price them once. A memo:
+    # no field of a Plan depends on what it holds, and it lives as long as the batch's context.
     exchanges: Dict = field(default_factory=dict, compare=False, repr=False)
 
 

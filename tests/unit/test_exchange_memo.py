@@ -1,4 +1,4 @@
-"""The batch's exchange memo (PlanContext.exchanges) and the routed-step cache change no number:
+"""The batch's memo (PlanContext.exchanges: routed steps, priced exchanges) changes no number:
 every candidate Zeppelin proposes costs the same priced with the memo its batch shares as priced
 alone, and a routed placement priced again finds its routed steps' exchanges in the memo."""
 
@@ -10,7 +10,6 @@ import pytest
 import megatron_zeppelin.planner.strategies as strategies
 from megatron_zeppelin.planner import make_context
 from megatron_zeppelin.planner.build.assemble import prepare
-from megatron_zeppelin.planner.build.routing import _route_step
 from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.hardware import load_profile
 from megatron_zeppelin.spec.model import load_model
@@ -38,7 +37,6 @@ def test_candidates_cost_the_same_with_the_batch_memo(case):
     assert any(c.label.endswith("+a2a") for c in cands) and any(c.placement.routing for c in cands)
     for c in cands:
         shared = c.prepared if c.prepared is not None else prepare(ctx, c.placement)
-        _route_step.cache_clear()
         alone = prepare(replace(ctx, exchanges={}), c.placement)
         assert tuple(shared.parts) == tuple(alone.parts), c.label
         assert shared.ops == alone.ops, c.label

@@ -69,7 +69,7 @@ def prepare(ctx: PlanContext, placement: Placement, costs: bool = True) -> Prepa
     dmap = ring_documents(docs, rings)  # ring_ops reads ring documents only
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of, cost.model.q_bytes_per_token(cost.tp))
     if placement.routing:
-        ops = route_schedule(ops, topo, cost, ctx.config)
+        ops = route_schedule(ops, topo, cost, ctx.config, ctx.exchanges)
     if placement.padded:  # priced as the real system runs it: pad rows computed, exchanged, held
         cdocs = charged_docs(docs)
         arrays = local_arrays(cdocs)

@@ -41,7 +41,7 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 from functools import lru_cache
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.topology import Topology
@@ -198,13 +198,17 @@ def relay_chunk_bytes(cost, config=None) -> int:
     return int(cost.profile.relay_chunk_bytes) if cost is not None else 0
 
 
-def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[CommOp]:
+def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config, memo: Optional[dict] = None) -> List[CommOp]:
     """Replace direct inter-node ('nic') ops by dispatch/transfer/combine chains (see module doc),
     each piece cut into chunks of at most ``relay_chunk_bytes`` (program.py ``chunk_cuts``: every
     stage of a piece the same rows, so chunk i+1's dispatch can run with chunk i's transfer).
 
     The result does not depend on the input order: steps come in queue order (inter, intra), then
     step; within a step ops are sorted by STAGES, then message (ring, block, msg_src, msg_dst), then rows. ``config.routing == 'off'`` returns ``ops`` unchanged.
+
+    ``memo``: the batch's (PlanContext.exchanges), where a step with pieces to spread is routed once
+    for every candidate that has it (a step's routing reads its own ops alone: a placement and its
+    +a2a version share their inter rings); its routed ops are then the same objects in each.
     """
     if config is not None and getattr(config, "routing", "auto") == "off":
         return list(ops)
@@ -215,19 +219,24 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config) -> List[
         groups[(o.queue, o.step)].append(o)
     out: List[CommOp] = []
     nvlink, direct = Link.NVLINK, Stage.DIRECT
+    routes = memo.setdefault("routes", {}) if memo is not None else None
     for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
-        step_ops = groups[k]
-        splits = topo.nics_per_node > 1 and any(o.link != nvlink and o.stage == direct and o.nbytes >= threshold
-                                                and o.stop - o.start >= 2 for o in step_ops)
-        # a step with pieces to spread is routed once per batch (_route_step's cache); one without is sorted
-        out.extend((_route_step if splits else _route_step_once)(tuple(step_ops), topo, threshold, chunk))
+        step_ops = tuple(groups[k])
+        if routes is None or topo.nics_per_node == 1 or not any(
+                o.link != nvlink and o.stage == direct and o.nbytes >= threshold and o.stop - o.start >= 2
+                for o in step_ops):  # nothing to spread: sorting it costs less than finding it
+            out.extend(_route_step(step_ops, topo, threshold, chunk))
+            continue
+        key = (step_ops, threshold, chunk)
+        got = routes.get(key)
+        if got is None:
+            got = routes[key] = _route_step(step_ops, topo, threshold, chunk)
+        out.extend(got)
     return out
 
 
-def _route_step_once(step_ops: Tuple[CommOp, ...], topo: Topology, threshold: int, chunk: int) -> Tuple[CommOp, ...]:
-    """One step's ops routed (``route_schedule``). A step's routing reads its own ops alone, so the
-    candidates of a batch that share a queue's rings (a placement and its +a2a version: the same
-    inter rings) route each step once (``_route_step``, cached by the ops)."""
+def _route_step(step_ops: Tuple[CommOp, ...], topo: Topology, threshold: int, chunk: int) -> Tuple[CommOp, ...]:
+    """One step's ops routed (``route_schedule``)."""
     nvlink, direct = Link.NVLINK, Stage.DIRECT  # bound once (spec/words.py): compared per op
     stage_rank = {st: i for i, st in enumerate(STAGES)}  # STAGES.index, looked up
     router = _StepRouter(topo, threshold)
@@ -251,9 +260,6 @@ def _route_step_once(step_ops: Tuple[CommOp, ...], topo: Topology, threshold: in
                           for a, b in chunk_cuts(x.start, x.stop, per_row, chunk))
     routed.sort(key=lambda o: (stage_rank[o.stage], o.ring, o.block, o.msg_src, o.msg_dst, o.start))
     return tuple(routed)
-
-
-_route_step = lru_cache(maxsize=256)(_route_step_once)
 
 
 def nic_bytes(ops: Sequence[CommOp], topo: Topology, direction: str = "out") -> Dict[int, int]:

@@ -226,8 +226,9 @@ class _Attention:
         self.cost, self.world = cost, cost.topology.world_size
         # ``memo`` (PlanContext.exchanges), shared by the candidates of one batch: "hops", [hops, parts,
         # ops] by the ops' ids and reverse (the ops of a routed step are the same objects in every
-        # candidate that routes it: routing.py ``_route_step``; the entry keeps them alive, so their ids
-        # stay theirs); "prepared", as ``_prepared_lists`` (ids of the memo's own hop lists).
+        # candidate that routes it: routing.py ``route_schedule``, with the same memo; the entry keeps
+        # them alive, so their ids stay theirs); "prepared", as ``_prepared_lists`` (ids of the memo's
+        # own hop lists).
         # ``_shared`` finds a hops entry from its hops (by id).
         self._memo = memo.setdefault("hops", {}) if memo is not None else None
         self._shared = {}
