@@ -24,17 +24,18 @@ nvlink, nic, contention and overheads change nothing (the same plans); attention
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from megatron_zeppelin.sim.perturb import TERMS
 
 REFERENCE = "zeppelin"
 
 
-def best_baseline(records: Sequence[Dict]) -> Optional[Dict]:
-    """The fastest deployed baseline's record among one configuration's (sim/robustness.py's best)."""
+def best_baseline(records: Iterable[Dict], reference: str = REFERENCE) -> Optional[Dict]:
+    """The fastest deployed baseline's record among one configuration's (the first of equals): no
+    ablation, not ``reference``, and run without error (sim/robustness.py's best too)."""
     from megatron_zeppelin.sim.runs import ABLATIONS
-    ok = [r for r in records if r["variant"] != REFERENCE and r["variant"] not in ABLATIONS
+    ok = [r for r in records if r["variant"] != reference and r["variant"] not in ABLATIONS
           and not r.get("error") and r.get("iteration_s")]
     return min(ok, key=lambda r: r["iteration_s"]) if ok else None
 

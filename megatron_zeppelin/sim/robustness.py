@@ -47,6 +47,7 @@ def robustness(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     """``speedups``: per baseline (and ``best_baseline``), Zeppelin's speedup with the ``true`` profile
     and under ``error`` (mean, worst, best, runs); ``losses``: the perturbed runs where Zeppelin is
     slower than the best deployed baseline; ``runs``: how many perturbed runs Zeppelin completed."""
+    from megatron_zeppelin.sim.loss_terms import best_baseline
     from megatron_zeppelin.sim.matrix import BEST
     from megatron_zeppelin.sim.runs import ABLATIONS
     by: Dict[str, Dict[str, Dict]] = defaultdict(dict)
@@ -62,16 +63,13 @@ def robustness(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
             continue
         col = "error" if z.get("profile_error") else "true"
         runs += col == "error"
-        best = None
         for v, r in vs.items():
-            if v == reference or r.get("error") or not r.get("iteration_s"):
-                continue
-            x = r["iteration_s"] / z["iteration_s"]
-            if v not in ABLATIONS:
-                sp[v][col].append(x)
-                best = (x, v) if best is None or x < best[0] else best
-        if best is None:
+            if v != reference and v not in ABLATIONS and not r.get("error") and r.get("iteration_s"):
+                sp[v][col].append(r["iteration_s"] / z["iteration_s"])
+        b = best_baseline(vs.values(), reference)
+        if b is None:
             continue
+        best = (b["iteration_s"] / z["iteration_s"], b["variant"])
         sp[BEST][col].append(best[0])
         if col == "error" and best[0] < 1.0:
             ref = true_z.get(config_key(key))

@@ -218,13 +218,11 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config, memo: Op
     for o in ops:
         groups[(o.queue, o.step)].append(o)
     out: List[CommOp] = []
-    nvlink, direct = Link.NVLINK, Stage.DIRECT
     routes = memo.setdefault("routes", {}) if memo is not None else None
     for k in sorted(groups, key=lambda k: (RING_QUEUES.index(k[0]) if k[0] in RING_QUEUES else len(RING_QUEUES), k)):
         step_ops = tuple(groups[k])
-        if routes is None or topo.nics_per_node == 1 or not any(
-                o.link != nvlink and o.stage == direct and o.nbytes >= threshold and o.stop - o.start >= 2
-                for o in step_ops):  # nothing to spread: sorting it costs less than finding it
+        if routes is None or not any(_spreads(o, topo, threshold) for o in step_ops):
+            # nothing to spread: sorting it costs less than finding it
             out.extend(_route_step(step_ops, topo, threshold, chunk))
             continue
         key = (step_ops, threshold, chunk)
@@ -235,17 +233,27 @@ def route_schedule(ops: Sequence[CommOp], topo: Topology, cost, config, memo: Op
     return out
 
 
+_STAGE_RANK = {st: i for i, st in enumerate(STAGES)}  # STAGES.index, looked up
+
+
+def _spreads(o: CommOp, topo: Topology, threshold: int) -> bool:
+    """Whether ``route_schedule`` splits ``o`` over the node's NICs: a direct network message of at
+    least ``threshold`` bytes and two rows, on nodes with more than one NIC."""
+    return (o.link != Link.NVLINK and o.stage == Stage.DIRECT and o.nbytes >= threshold and o.stop - o.start >= 2
+            and topo.nics_per_node > 1)
+
+
 def _route_step(step_ops: Tuple[CommOp, ...], topo: Topology, threshold: int, chunk: int) -> Tuple[CommOp, ...]:
     """One step's ops routed (``route_schedule``)."""
     nvlink, direct = Link.NVLINK, Stage.DIRECT  # bound once (spec/words.py): compared per op
-    stage_rank = {st: i for i, st in enumerate(STAGES)}  # STAGES.index, looked up
+    stage_rank = _STAGE_RANK
     router = _StepRouter(topo, threshold)
     routed: List[CommOp] = []
     big: List[CommOp] = []
     for o in step_ops:
         if o.link == nvlink or o.stage != direct:  # any network level's hop is routed
             routed.append(o)
-        elif o.nbytes >= threshold and o.stop - o.start >= 2 and topo.nics_per_node > 1:
+        elif _spreads(o, topo, threshold):
             big.append(o)
         else:  # too small to split: stays direct and loads its NICs before the big ones are spread
             router.add_direct(o)
