@@ -71,11 +71,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--balance-memory", "--zeppelin-balance-memory", action="store_true",
                    help="plan Zeppelin with every rank within 1.10x the mean tokens (balanced activation "
                         "memory, for some predicted time and planning time)")
-    g.add_argument("--accumulation", "--zeppelin-accumulation", default="data_order", choices=ACCUMULATION,
-                   help="with several steps: plan each step's documents as sampled (data_order), or assign the "
-                        "iteration's documents to its steps jointly first, each of like work (joint) or like "
-                        "documents together (by_length), or packed as Megatron's dynamic-CP scheduler packs its "
-                        "rounds (rounds); Zeppelin only, planner/accumulation.py")
+    g.add_argument("--accumulation", "--zeppelin-accumulation", default="rounds", choices=ACCUMULATION,
+                   help="with several steps: assign the iteration's documents to its steps first, packed as "
+                        "Megatron's dynamic-CP scheduler packs its rounds (rounds, the default), each of like "
+                        "work (joint) or like documents together (by_length), or plan each step's documents as "
+                        "sampled (data_order); Zeppelin only, planner/accumulation.py")
     add_memory_flags(g)
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the results as JSON")

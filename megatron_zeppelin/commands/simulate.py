@@ -4,10 +4,10 @@
 With ``--global-batch-size G --micro-batch-size M`` on R ranks an iteration is G / (M x R) steps, each a
 global micro-batch sampled with the next seed, planned and simulated, then the DP all-reduce once
 (sim/iteration.py ``accumulate``): the iteration Megatron logs; the mean step is printed beside it.
-``--zeppelin-accumulation joint``, ``by_length`` or ``rounds`` (or ``--strategy zeppelin+joint`` / ``+by_length`` /
-``+rounds``)
-assigns the iteration's documents to Zeppelin's steps first (planner/accumulation.py); the baselines keep
-data order.
+Zeppelin's steps get the iteration's documents packed as dynamic CP's rounds (``--zeppelin-accumulation
+rounds``, the default), as sampled (``data_order``), or assigned jointly (``joint``, ``by_length``; or
+``--strategy zeppelin+data_order`` / ``+joint`` / ``+by_length`` / ``+rounds``; planner/accumulation.py); the
+baselines keep data order.
 ``--pipeline-stages N`` splits the nodes into N stages and runs the steps in 1F1B over them
 (sim/iteration.py ``pipeline``), the bubble printed (flags/pipeline.py)."""
 
@@ -31,7 +31,8 @@ LABELS = {"zeppelin": "Zeppelin", "packed_dp": "packed DP", "static_cp": "static
           "hybrid_dp": "hybrid DP/CP", "dynamic_cp": "dynamic CP", "static_cp+routing": "static CP + routing",
           "zeppelin-noremap": "Zeppelin, no remap", "zeppelin+joint": "Zeppelin, joint accumulation",
           "zeppelin+by_length": "Zeppelin, accumulation by length",
-          "zeppelin+rounds": "Zeppelin, accumulation in rounds"}
+          "zeppelin+rounds": "Zeppelin, accumulation in rounds",
+          "zeppelin+data_order": "Zeppelin, accumulation in data order"}
 
 
 def _tokens_or_memory(x):
@@ -55,13 +56,13 @@ def add_parser(subparsers):
                    help="per-rank token capacity every strategy must fit: a count, or 'memory' (what one GPU "
                         "holds: ZeRO-1, no recompute, 90%% of the profile's memory_GB); 0 = the planner's default")
     p.add_argument("--strategy", default="zeppelin", choices=VARIANTS,
-                   help="a strategy, or an ablation step (static_cp+routing, zeppelin-noremap), or zeppelin+joint / "
-                        "zeppelin+by_length / zeppelin+rounds (Zeppelin with --zeppelin-accumulation joint / "
-                        "by_length / rounds)")
-    p.add_argument("--accumulation", "--zeppelin-accumulation", default="data_order", choices=ACCUMULATION,
-                   help="with several steps: Zeppelin's documents as sampled per step (data_order), or assigned to "
-                        "the steps jointly, each of like work (joint), like documents together (by_length) or "
-                        "packed as Megatron's dynamic-CP rounds (rounds; "
+                   help="a strategy, or an ablation step (static_cp+routing, zeppelin-noremap), or "
+                        "zeppelin+data_order / zeppelin+joint / zeppelin+by_length / zeppelin+rounds (Zeppelin with "
+                        "--zeppelin-accumulation data_order / joint / by_length / rounds)")
+    p.add_argument("--accumulation", "--zeppelin-accumulation", default="rounds", choices=ACCUMULATION,
+                   help="with several steps: Zeppelin's documents packed as Megatron's dynamic-CP scheduler packs "
+                        "its rounds (rounds, the default), as sampled per step (data_order), or assigned to the "
+                        "steps jointly, each of like work (joint) or like documents together (by_length; "
                         "planner/accumulation.py); baselines keep data order")
     p.add_argument("--compare", action="store_true", help="simulate every strategy on the same batch")
     p.add_argument("--cp-size", type=int, default=0, help="CP size for static_cp/allgather_cp (0 = best predicted)")
@@ -116,16 +117,16 @@ def _run_batch(variants, step_lengths, topo, profile, model, config, args) -> di
     it cannot be planned (--compare only). ``step_lengths``: one batch per gradient-accumulation step."""
     from megatron_zeppelin.planner.iteration import Iteration
     from megatron_zeppelin.sim.iteration import pipeline
-    from megatron_zeppelin.planner.accumulation import ASSIGNING, JOINT_STRATEGIES, joint_steps
-    from megatron_zeppelin.sim.runs import ASSIGNED
+    from megatron_zeppelin.planner.accumulation import joint_steps
+    from megatron_zeppelin.sim.runs import regrouping
     out = {}
     for v in variants:
         try:
             v_lengths, v_config = step_lengths, config
-            if len(step_lengths) > 1 and (v in ASSIGNED or (v in JOINT_STRATEGIES and
-                                                            config.accumulation in ASSIGNING)):
+            how = regrouping(v, config)
+            if len(step_lengths) > 1 and how is not None:
                 v_lengths, v_config = joint_steps([[int(x) for x in ls] for ls in step_lengths], topo, profile,
-                                                  model, config, ASSIGNED.get(v))
+                                                  model, config, how)
             steps = [_simulate_one(v, lengths, topo, profile, model, v_config, args) for lengths in v_lengths]
         except ZeppelinError as e:
             if v == args.strategy:

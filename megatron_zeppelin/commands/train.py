@@ -183,10 +183,10 @@ def run(args) -> int:
         raise ZeppelinError("zeppelin train runs no pipeline schedule: set --pipeline-model-parallel-size 1, "
                             "or train with pipeline parallelism through the Megatron-LM entry "
                             "(python -m megatron_zeppelin.integration.pretrain_gpt)")
-    if args.zeppelin_accumulation != "data_order":
+    if args.zeppelin_accumulation not in ("data_order", "rounds"):  # one micro-batch: both keep it as read
         raise ZeppelinError("zeppelin train runs one micro-batch per step (no gradient accumulation): set "
-                            "--zeppelin-accumulation data_order, or train joint / by_length / rounds assignment through "
-                            "the Megatron-LM entry (python -m megatron_zeppelin.integration.pretrain_gpt)")
+                            "--zeppelin-accumulation rounds (the default) or data_order, or train joint / by_length "
+                            "assignment through the Megatron-LM entry (python -m megatron_zeppelin.integration.pretrain_gpt)")
     if args.context_parallel_size != 1:
         if not args.zeppelin_balance:  # with it, config_from_args names the flag
             raise ZeppelinError("zeppelin train runs TP x DP only: set --context-parallel-size 1 and "

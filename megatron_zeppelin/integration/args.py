@@ -9,7 +9,7 @@ refuses settings Zeppelin does not support yet, naming the flag.
 >>> a = p.parse_args(["--zeppelin-balance", "--zeppelin-gpus-per-node", "2", "--zeppelin-gpu-nic-map", "0,0"])
 >>> c = config_from_args(a)
 >>> c.balance, c.gpus_per_node, c.gpu_nic_map, c.remap, c.accumulation
-(True, 2, (0, 0), True, 'data_order')
+(True, 2, (0, 0), True, 'rounds')
 >>> a.context_parallel_size = 2
 >>> config_from_args(a)
 Traceback (most recent call last):
@@ -73,15 +73,16 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-cp-a2a-size", type=int, default=0,
                    help="a2a+p2p's a2a group size, the a of Megatron's --hierarchical-context-parallel-sizes a p "
                         "(0 = every size dividing the GPUs of a node and the heads).")
-    g.add_argument("--zeppelin-accumulation", choices=ACCUMULATION, default="data_order",
-                   help="Documents of an iteration's global batch to its micro-batches: data_order (as read), "
+    g.add_argument("--zeppelin-accumulation", choices=ACCUMULATION, default="rounds",
+                   help="Documents of an iteration's global batch to its micro-batches (with one micro-batch "
+                        "per iteration all are the same): rounds (the default: packed as Megatron's dynamic-CP "
+                        "scheduler packs its rounds, each only as full as k rounds need, from the data-order "
+                        "micro-batches' size up to the capacity: docs/megatron.md), data_order (as read), "
                         "joint (the planner spreads long documents over the micro-batches, evening them), or "
-                        "by_length (documents of like length together, longest first), or rounds (packed as "
-                        "Megatron's dynamic-CP scheduler packs its rounds, each only as full as k rounds need, from "
-                        "the data-order micro-batches' size up to the capacity: docs/megatron.md); the same "
-                        "documents per iteration (planner/accumulation.py; --zeppelin-strategy zeppelin only). "
-                        "Trained by the Megatron-LM entry, planned by `zeppelin plan` / `simulate` / `bench`; "
-                        "`zeppelin train` runs one micro-batch per step and refuses them.")
+                        "or by_length (documents of like length together, longest first); the same documents "
+                        "per iteration (planner/accumulation.py; --zeppelin-strategy zeppelin only). Trained by "
+                        "the Megatron-LM entry, planned by `zeppelin plan` / `simulate` / `bench`; `zeppelin "
+                        "train` runs one micro-batch per step and refuses joint and by_length.")
     g.add_argument("--zeppelin-min-route-bytes", type=int, default=0,
                    help="Smallest inter-node message worth routing over several NICs (0 = from profile).")
     g.add_argument("--zeppelin-relay-chunk-bytes", type=int, default=None,
@@ -189,7 +190,7 @@ def config_from_args(args) -> ZeppelinConfig:
         debug_plan=bool(_get(args, "zeppelin_debug_plan", False)),
         plan_ahead=bool(_get(args, "zeppelin_plan_ahead", True)),
         plan_sharing=_plan_sharing(args),
-        accumulation=_get(args, "zeppelin_accumulation", "data_order"),
+        accumulation=_get(args, "zeppelin_accumulation", "rounds"),
         plan_budget_ms=float(_get(args, "zeppelin_plan_budget_ms", 0.0)),
         tp=tp,
         sequence_parallel=bool(_get(args, "sequence_parallel", False)),

@@ -233,7 +233,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     if getattr(args, "zeppelin_balance", False):
         _stage_check(args)
         cfg, topo, spec = _domain(args)
-        if _joint_applies(cfg):  # an iteration's documents to its micro-batches jointly
+        if _joint_applies(cfg, args):  # an iteration's documents to its micro-batches jointly
             planner = _run_planner(args, topo, spec, cfg)
             train = _joint(train, planner, _micro_batches(args, False), say=first)
             valid = valid if valid is None else _joint(valid, planner, _micro_batches(args, True), say=first)
@@ -376,14 +376,17 @@ def _domain(args):
     topo = Topology.from_world(ps.get_data_parallel_world_size(), cfg.gpus_per_node, cfg.nics_per_node,
                                cfg.gpu_nic_map)
     spec = model_spec(args)
-    if _joint_applies(cfg):
+    if _joint_applies(cfg, args):
         cfg = _joint_config(args, topo, spec, cfg)
     return cfg, topo, spec
 
 
-def _joint_applies(cfg) -> bool:
+def _joint_applies(cfg, args) -> bool:
+    """The config regroups (planner/accumulation.py) and an iteration has micro-batches to regroup:
+    with one per iteration (training's and evaluation's) every accumulation is data order, planned
+    with the planner's own capacity as before the default became rounds."""
     from megatron_zeppelin.planner.accumulation import joint_applies
-    return joint_applies(cfg)
+    return joint_applies(cfg) and max(_micro_batches(args, False), _micro_batches(args, True)) > 1
 
 
 def _joint_config(args, topo, spec, cfg):

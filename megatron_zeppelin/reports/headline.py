@@ -111,8 +111,8 @@ def headline(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     (MHA, GQA, all: mean / geomean / min / max speedup over the best deployed baseline), ``datasets``
     (per long-context mix at 64K, and ``together``), ``lower_bound`` (mean, max), ``losses``,
     ``best_of``, ``no_baseline`` (labels of configurations no baseline completed), and per regrouped
-    accumulation (``joint``, ``by_length``, ``rounds``: sim/runs.py ASSIGNED) the same groups with it,
-    where it ran."""
+    Zeppelin variant of another accumulation than the default (``data_order``, ``joint``, ``by_length``:
+    sim/runs.py ASSIGNED) the same groups with it, where it ran."""
     from megatron_zeppelin.sim.runs import ASSIGNED
     mine = [r for r in records if in_headline(r)]
     rows = configurations(mine, reference)
@@ -140,9 +140,10 @@ def headline(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
             **assigned}
 
 
-# The headline's row of each regrouped accumulation (sim/runs.py ASSIGNED), in this order
-ASSIGNED_ROWS = {"joint": "joint assignment", "by_length": "documents grouped by length",
-                 "rounds": "documents packed as dynamic CP's rounds"}
+# The headline's row of each accumulation's variant (sim/runs.py ASSIGNED), in this order; the
+# default's (spec/config.py DEFAULT_ACCUMULATION) is ``zeppelin`` itself
+ASSIGNED_ROWS = {"data_order": "each micro-batch planned in data order", "joint": "joint assignment",
+                 "by_length": "documents grouped by length", "rounds": "documents packed as dynamic CP's rounds"}
 
 
 def _x(v: Optional[float]) -> str:
@@ -172,6 +173,7 @@ def _aim(s: Dict) -> str:
 
 def render(h: Dict) -> List[str]:
     """The headline section's Markdown lines (the report's first section)."""
+    from megatron_zeppelin.spec.config import DEFAULT_ACCUMULATION
     lo, hi = (_tokens(x) for x in GLOBAL_BATCH_TOKENS)
     L = [f"## Headline: Zeppelin against the best deployed baseline, {lo}-{hi}-token global batches with "
          "gradient accumulation", ""]
@@ -184,8 +186,9 @@ def render(h: Dict) -> List[str]:
           "and gradient-accumulated (Megatron's `--global-batch-size`), without pipeline stages (those are in "
           "their study's section). Per configuration: the fastest baseline as deployed (its run-level settings "
           "fixed for the run; Zeppelin's own variants are not baselines), its mean simulated iteration over "
-          "Zeppelin's (`zeppelin`: each micro-batch planned in data order). MHA: kv_heads = heads; GQA: fewer "
-          "K/V heads.", ""]
+          f"Zeppelin's (`zeppelin`: as the plugin runs by default, {ASSIGNED_ROWS[DEFAULT_ACCUMULATION.value]}, "
+          f"`--zeppelin-accumulation {DEFAULT_ACCUMULATION.value}`). MHA: kv_heads = heads; GQA: fewer K/V heads.",
+          ""]
     g = h["groups"]
     rows = [_row(f"{k} models", g[k]) for k in KINDS if g[k]["configs"]] + [_row("all", g["all"])]
     for how, words in ASSIGNED_ROWS.items():

@@ -1,7 +1,8 @@
-"""Zeppelin's regrouped accumulations, a global batch's documents assigned to its micro-batches jointly
-(``zeppelin+joint``), by length (``zeppelin+by_length``) or as dynamic CP's rounds (``zeppelin+rounds``,
-planner/accumulation.py), against
-per-micro-batch planning in data order (``zeppelin``), on the same runs.
+"""Zeppelin's variants of other accumulations than its default: each micro-batch planned in data order
+(``zeppelin+data_order``), a global batch's documents assigned to its micro-batches jointly
+(``zeppelin+joint``) or by length (``zeppelin+by_length``; planner/accumulation.py), against the
+default, packed as dynamic CP's rounds (``zeppelin``: spec/config.py DEFAULT_ACCUMULATION), on the
+same runs.
 
 >>> def rec(key, v, t):
 ...     return {"key": key, "study": "accumulation", "variant": v, "iteration_s": t, "error": ""}
@@ -22,8 +23,8 @@ from typing import Dict, List, Optional, Sequence
 
 
 def joint_speedups(runs: Sequence[Dict], study: str, variant: str = "zeppelin+joint") -> Optional[Dict]:
-    """Over ``study``'s configurations that completed both: data order's mean iteration over
-    ``variant``'s (a regrouped accumulation: sim/runs.py ASSIGNED) (mean, geomean, min, max, configs;
+    """Over ``study``'s configurations that completed both: the default's (``zeppelin``) mean
+    iteration over ``variant``'s (another accumulation: sim/runs.py ASSIGNED) (mean, geomean, min, max, configs;
     ``faster``: where it is faster, as the summary counts losses)."""
     from megatron_zeppelin.sim.matrix import _stats
     ok = {(r["key"], r["variant"]): r for r in runs
@@ -38,17 +39,19 @@ def joint_speedups(runs: Sequence[Dict], study: str, variant: str = "zeppelin+jo
 
 
 def joint_line(runs: Sequence[Dict], study: str) -> List[str]:
-    """The study section's lines on the regrouped accumulations (none where the study did not run
-    one beside data order)."""
+    """The study section's lines on the other accumulations (none where the study did not run one
+    beside the default)."""
     from megatron_zeppelin.reports.headline import ASSIGNED_ROWS
     from megatron_zeppelin.sim.runs import ASSIGNED
+    from megatron_zeppelin.spec.config import DEFAULT_ACCUMULATION
+    d = DEFAULT_ACCUMULATION.value
     L: List[str] = []
     for v, how in ASSIGNED.items():
         s = joint_speedups(runs, study, v)
         if not s:
             continue
         name = ASSIGNED_ROWS[how.value]
-        L += ["", f"`{v}` vs `zeppelin` ({name}): speedup over data order (data order's mean "
+        L += ["", f"`{v}` vs `zeppelin` ({name}): speedup over the default, {d} ({d}'s mean "
                   f"iteration / {how.value}'s) mean {s['mean_speedup']:.3f}x, min {s['min_speedup']:.3f}x, max "
                   f"{s['max_speedup']:.3f}x, geomean {s['geomean_speedup']:.3f}x over {s['configs']} "
                   f"configurations; {how.value} faster in {s['faster']}."]

@@ -1,6 +1,7 @@
 """A pipeline study's table (issue 52): per pipeline size, Zeppelin's speedup over every baseline and
-over the best deployed baseline of each configuration, planned in data order (``zeppelin``) and with
-each regrouped accumulation that ran (``zeppelin+joint``, ``+by_length``, ``+rounds``), on the same runs (sim/iteration.py ``pipeline``: 1F1B stages, each
+over the best deployed baseline of each configuration, planned as the plugin does by default
+(``zeppelin``: spec/config.py DEFAULT_ACCUMULATION) and with each other accumulation that ran
+(``zeppelin+data_order``, ``+joint``, ``+by_length``), on the same runs (sim/iteration.py ``pipeline``: 1F1B stages, each
 micro-batch planned on one stage's DP ranks).
 
 >>> def rec(key, pp, v, t):
@@ -13,7 +14,7 @@ micro-batch planned on one stage's DP ranks).
 '| 1 | 16 | 1 | 1.20x / 1.50x | 1.60x / 2.00x | 1.20x / 1.50x (min 1.20x, max 1.20x) | 1.250x |'
 >>> t[3]
 '| 2 | 8 | 1 | 1.50x | - | 1.50x (min 1.50x, max 1.50x) | - |'
->>> pipeline_table(runs + [rec("a", 1, "zeppelin+rounds", 0.5)], "pipeline")[2]   # data order / joint / rounds
+>>> pipeline_table(runs + [rec("a", 1, "zeppelin+by_length", 0.5)], "pipeline")[2]   # rounds / joint / by_length
 '| 1 | 16 | 1 | 1.20x / 1.50x / 2.40x | 1.60x / 2.00x / 3.20x | 1.20x / 1.50x / 2.40x (min 1.20x, max 1.20x) | 1.250x | 2.000x |'
 >>> iteration_table(runs, "pipeline")[2:]
 ['| 1 | 1.00 (1) | 0.80 (1) | 1.20 (1) | 1.60 (1) |', '| 2 | 2.00 (1) | - | 3.00 (1) | - |']
@@ -38,8 +39,13 @@ def _x(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _default() -> str:
+    from megatron_zeppelin.spec.config import DEFAULT_ACCUMULATION
+    return DEFAULT_ACCUMULATION.value
+
+
 def _regrouped(runs: Sequence[Dict], study: str) -> List[str]:
-    """The regrouped accumulations (sim/runs.py ASSIGNED) that ran in ``study``, in ASSIGNED's order."""
+    """The other accumulations' variants (sim/runs.py ASSIGNED) that ran in ``study``, in ASSIGNED's order."""
     from megatron_zeppelin.sim.runs import ASSIGNED
     ran = {r["variant"] for r in runs if r["study"] == study}
     return [v for v in ASSIGNED if v in ran]
@@ -47,8 +53,8 @@ def _regrouped(runs: Sequence[Dict], study: str) -> List[str]:
 
 def pipeline_table(runs: Sequence[Dict], study: str) -> List[str]:
     """Rows per pipeline size: its DP ranks per stage, configurations, then Zeppelin's mean speedup
-    over each baseline and over the best deployed baseline per configuration, "data order / joint /
-    ..." (each regrouped accumulation that ran), and each regrouping's speedup over data order."""
+    over each baseline and over the best deployed baseline per configuration, "rounds / joint /
+    ..." (the default, then each other accumulation that ran), and each one's speedup over the default."""
     from megatron_zeppelin.sim.runs import ABLATIONS
     by: Dict[int, Dict[str, Dict[str, Dict]]] = defaultdict(lambda: defaultdict(dict))
     for r in runs:
@@ -61,7 +67,7 @@ def pipeline_table(runs: Sequence[Dict], study: str) -> List[str]:
     for pp in sorted(by):
         cells: Dict[str, Dict[str, List[float]]] = {b: {z: [] for z in zs} for b in bases + ["best"]}
         ranks = sorted({vs["zeppelin"].get("ranks") for vs in by[pp].values() if "zeppelin" in vs} - {None})
-        over_data: Dict[str, List[float]] = {z: [] for z in zs[1:]}
+        over_default: Dict[str, List[float]] = {z: [] for z in zs[1:]}
         configs = 0
         for vs in by[pp].values():
             if "zeppelin" not in vs:
@@ -69,7 +75,7 @@ def pipeline_table(runs: Sequence[Dict], study: str) -> List[str]:
             configs += 1
             for z in zs[1:]:
                 if z in vs:
-                    over_data[z].append(vs["zeppelin"]["iteration_s"] / vs[z]["iteration_s"])
+                    over_default[z].append(vs["zeppelin"]["iteration_s"] / vs[z]["iteration_s"])
             best = min((vs[b]["iteration_s"] for b in bases if b in vs), default=None)
             for z in zs:
                 if z not in vs:
@@ -88,17 +94,17 @@ def pipeline_table(runs: Sequence[Dict], study: str) -> List[str]:
         best = cells["best"]["zeppelin"]
         span = f" (min {_x(min(best))}, max {_x(max(best))})" if best else ""
         rows.append([str(pp), "/".join(str(x) for x in ranks) or "-", str(configs)] + [cell(b) for b in bases]
-                    + [cell("best") + span] + [f"{_mean(over_data[z]):.3f}x" if over_data[z] else "-"
+                    + [cell("best") + span] + [f"{_mean(over_default[z]):.3f}x" if over_default[z] else "-"
                                                for z in zs[1:]])
     head = (["PP", "DP ranks per stage", "configs"] + [f"over {b}" for b in bases]
-            + ["over the best deployed baseline"] + [f"{z.split('+')[1]}: speedup over data order" for z in zs[1:]])
+            + ["over the best deployed baseline"] + [f"{z.split('+')[1]}: speedup over {_default()}" for z in zs[1:]])
     return (["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
             + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def iteration_table(runs: Sequence[Dict], study: str) -> List[str]:
     """Rows per pipeline size: every variant's mean simulated iteration (s) over the configurations,
-    Zeppelin in data order and joint first, so a baseline faster than Zeppelin at some size shows as is
+    Zeppelin by default and in its other accumulations first, so a baseline faster than Zeppelin at some size shows as is
     (its losses are also listed per configuration under the regime's summary)."""
     by: Dict[int, Dict[str, List[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
@@ -118,7 +124,7 @@ def pipeline_section(runs: Sequence[Dict], study: str) -> List[str]:
     if not is_pipeline_study(runs, study):
         return []
     zs = ["zeppelin"] + _regrouped(runs, study)
-    names = " / ".join(["data order"] + [z.split("+")[1] for z in zs[1:]])
+    names = " / ".join([_default()] + [z.split("+")[1] for z in zs[1:]])
     return ["", "By pipeline size (1F1B; a stage's time is its slowest DP rank's, the bubble included): Zeppelin's "
                 "mean speedup over each baseline's iteration as deployed, and over the best deployed baseline of "
                 f"each configuration, as `{names}` ({' / '.join(f'`{z}`' for z in zs)}):", ""] + \

@@ -70,19 +70,35 @@ from megatron_zeppelin.sim.gpu_terms import without
 from megatron_zeppelin.sim.perturb import TERMS, factors, perturbed
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
-from megatron_zeppelin.planner.accumulation import joint_steps
+from megatron_zeppelin.planner.accumulation import ASSIGNING, JOINT_STRATEGIES, joint_steps
 from megatron_zeppelin.planner.baselines.static_cp import a2a_heads_problem, a2a_p2p_problem
 from megatron_zeppelin.spec.words import Accumulation, Comm, Link, StrategyName
 
-JOINT = "zeppelin+joint"  # Zeppelin with --zeppelin-accumulation joint (planner/accumulation.py)
-BY_LENGTH = "zeppelin+by_length"  # Zeppelin with --zeppelin-accumulation by_length (planner/accumulation.py)
-ROUNDS = "zeppelin+rounds"  # Zeppelin with --zeppelin-accumulation rounds (planner/accumulation.py)
-ASSIGNED = {JOINT: Accumulation.JOINT, BY_LENGTH: Accumulation.BY_LENGTH,
-            ROUNDS: Accumulation.ROUNDS}  # Zeppelin's regrouped variants
+# Zeppelin with another --zeppelin-accumulation than its default (``zeppelin`` itself: rounds; planner/accumulation.py)
+DATA_ORDER = "zeppelin+data_order"  # each micro-batch planned as the loader read it
+JOINT = "zeppelin+joint"
+BY_LENGTH = "zeppelin+by_length"
+ROUNDS = "zeppelin+rounds"  # the default's own name, for `zeppelin simulate --strategy`
+ASSIGNED = {DATA_ORDER: Accumulation.DATA_ORDER, JOINT: Accumulation.JOINT, BY_LENGTH: Accumulation.BY_LENGTH,
+            ROUNDS: Accumulation.ROUNDS}  # Zeppelin's variants by accumulation
 PARTITIONER = "zeppelin-partitioner"  # Zeppelin with the paper's partitioner alone (no portfolio of shapes)
 # Zeppelin's variants: no baseline
-ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", JOINT, BY_LENGTH, ROUNDS, PARTITIONER)
+ABLATIONS = ("static_cp+routing", "zeppelin-noremap", "zeppelin-noulysses", DATA_ORDER, JOINT, BY_LENGTH, ROUNDS,
+             PARTITIONER)
 VARIANTS = STRATEGIES + ABLATIONS
+
+
+def regrouping(variant: str, config) -> Optional[Accumulation]:
+    """The accumulation that regroups ``variant``'s micro-batches: its own (``ASSIGNED``), the config's
+    for Zeppelin itself (``JOINT_STRATEGIES``; default rounds), None where they keep data order.
+
+    >>> from megatron_zeppelin.spec.config import ZeppelinConfig
+    >>> c = ZeppelinConfig(gpus_per_node=8)
+    >>> regrouping("zeppelin", c), regrouping(DATA_ORDER, c), regrouping(JOINT, c), regrouping("dynamic_cp", c)
+    ('rounds', None, 'joint', None)
+    """
+    how = ASSIGNED.get(variant) or (config.accumulation if variant in JOINT_STRATEGIES else None)
+    return how if how in ASSIGNING else None
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
 DEFAULT_BATCHES = 16
 AUTO = "auto"  # the setting of a variant without run-level settings: it plans each batch itself
@@ -533,9 +549,9 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                     try:
                         t0 = time.perf_counter()
                         v_steps, v_config = steps, rc_config
-                        if v in ASSIGNED and len(steps) > 1:  # the iteration's documents regrouped
-                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config,
-                                                            ASSIGNED[v])
+                        how = regrouping(v, rc_config)
+                        if how is not None and len(steps) > 1:  # the iteration's documents regrouped
+                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config, how)
                         plans = ([] if v == "dynamic_cp" else  # dynamic_cp: its rounds (_simulate_steps)
                                  [make_plan(v, lengths, topo, plan_profile, model, v_config, s) for lengths in v_steps])
                         t1 = time.perf_counter()

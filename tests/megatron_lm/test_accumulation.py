@@ -30,7 +30,8 @@ def data(tmp_path_factory):
 
 def _both(data, tmp_path, ranks, dp, extra, how="joint"):
     gbs = MICRO * dp
-    ref, ref_log = train(data, tmp_path, "data_order", ranks, ZEPPELIN + EVAL + extra, iters=ITERS, global_batch=gbs)
+    ref, ref_log = train(data, tmp_path, "data_order", ranks,
+                         ZEPPELIN + EVAL + ["--zeppelin-accumulation", "data_order"] + extra, iters=ITERS, global_batch=gbs)
     run, log = train(data, tmp_path, how, ranks, ZEPPELIN + EVAL + ["--zeppelin-accumulation", how] + extra,
                      iters=ITERS, global_batch=gbs)
     assert_same(run, ref, range(1, ITERS + 1))

@@ -79,7 +79,9 @@ def train(tmp_path, name, ranks, tp, extra):
     data = build_ordered_dataset(str(work / "docs"), batches)
     flags = m.model_flags(data) + ["--split", "100,0,0", "--train-iters", str(len(batches) // 2),
                                    "--global-batch-size", str(2 * dp), "--tensor-model-parallel-size", str(tp),
-                                   "--tensorboard-dir", str(work / "tb")] + extra
+                                   "--tensorboard-dir", str(work / "tb"),
+                                   # each micro-batch is one case: none regrouped with the next (the default, rounds)
+                                   "--zeppelin-accumulation", "data_order"] + extra
     log = m.run(PY, ranks, flags, TIMEOUT, str(work))
     return m.scalars(str(work / "tb")), log, batches
 

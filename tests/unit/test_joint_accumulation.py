@@ -65,13 +65,13 @@ def test_by_length_beats_data_order_on_a_memory_bound_accumulation_iteration():
     memory): its micro-batches in data order mix one long document with short ones, which cannot balance
     within the capacity; grouped by length they can (simulated, sim/runs.py; 8.15 s -> 7.49 s when
     measured; dynamic_cp 7.28 s)."""
-    from megatron_zeppelin.sim.runs import BY_LENGTH, JOINT, run_config
+    from megatron_zeppelin.sim.runs import BY_LENGTH, DATA_ORDER, JOINT, run_config
     from megatron_zeppelin.sim.matrix import load_matrix
     spec = next(s for s, _, _ in load_matrix(None)[0]
                 if s.key().startswith("accumulation/a800/llama-7b-tp1/github/"))
     spec = type(spec)(**{**spec.__dict__, "batches": 1})
-    t = {r["variant"]: r["iteration_s"] for r in run_config(spec, ["zeppelin", BY_LENGTH, JOINT])}
-    assert t[BY_LENGTH] < 0.95 * t["zeppelin"] and t[BY_LENGTH] < t[JOINT]
+    t = {r["variant"]: r["iteration_s"] for r in run_config(spec, [DATA_ORDER, BY_LENGTH, JOINT])}
+    assert t[BY_LENGTH] < 0.95 * t[DATA_ORDER] and t[BY_LENGTH] < t[JOINT]
 
 
 def test_rounds_packs_as_megatrons_scheduler_and_keeps_megatrons_count_of_micro_batches():
@@ -119,14 +119,16 @@ def test_rounds_beats_by_length_and_data_order_on_a_memory_bound_accumulation_it
     """The iteration of the by_length test: by_length's first micro-batch holds the five longest
     documents, which cannot balance within the capacity; the scheduler's rounds put a long document
     beside the shorter ones that fill its ranks (simulated: 8.15 s data order, 7.49 s by length,
-    7.18 s rounds when measured; dynamic_cp 7.28 s)."""
-    from megatron_zeppelin.sim.runs import BY_LENGTH, ROUNDS, run_config
+    7.18 s rounds when measured; dynamic_cp 7.28 s). Rounds is the default: ``zeppelin`` runs it,
+    the same plans as ``zeppelin+rounds``."""
+    from megatron_zeppelin.sim.runs import BY_LENGTH, DATA_ORDER, ROUNDS, run_config
     from megatron_zeppelin.sim.matrix import load_matrix
     spec = next(s for s, _, _ in load_matrix(None)[0]
                 if s.key().startswith("accumulation/a800/llama-7b-tp1/github/"))
     spec = type(spec)(**{**spec.__dict__, "batches": 1})
-    t = {r["variant"]: r["iteration_s"] for r in run_config(spec, ["zeppelin", BY_LENGTH, ROUNDS])}
-    assert t[ROUNDS] < t[BY_LENGTH] < t["zeppelin"]
+    t = {r["variant"]: r["iteration_s"] for r in run_config(spec, ["zeppelin", DATA_ORDER, BY_LENGTH, ROUNDS])}
+    assert t[ROUNDS] < t[BY_LENGTH] < t[DATA_ORDER]
+    assert t["zeppelin"] == t[ROUNDS]
 
 
 def test_joint_iteration_plans_the_same_documents_and_data_order_is_unchanged():
