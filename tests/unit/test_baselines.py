@@ -13,6 +13,7 @@ from megatron_zeppelin.planner.baselines.cp_groups import member_tokens
 from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_placement, gpus_needed
 from megatron_zeppelin.planner.baselines.hybrid_dp import doc_flops
 from megatron_zeppelin.planner.build.checks import check_plan
+from megatron_zeppelin.planner.errors import PlanError
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE, toy_context
 from megatron_zeppelin.spec.topology import Topology
 
@@ -183,7 +184,13 @@ def test_invariants_on_random_batches(lengths, shape, strategy, tight):
     cap = 2 * -(-sum(lengths) // world)  # the default capacity, or a tight one (1.1x the mean)
     if tight:
         cap = max(max(lengths) // 4 + 2, -(-sum(lengths) // world) * 11 // 10 + 2)
-    p = plan(lengths, *shape, strategy=strategy, capacity_tokens=cap)
+    try:
+        p = plan(lengths, *shape, strategy=strategy, capacity_tokens=cap)
+    except PlanError as e:  # at a tight capacity a baseline's packing may not fit (its OOM in the bench):
+        # e.g. hybrid_dp on [1, 304, 607, 716, 1129, 1129] over 3 x 4 ranks at 358 tokens, its groups
+        # leave no rank 304 tokens of room; said so, naming the flag
+        assert tight and "--zeppelin-capacity-tokens" in str(e), (strategy, lengths, cap, str(e))
+        return
     check_plan(p, cap)
     for r in p.rings:
         assert r.cls == ("intra" if len({x // shape[1] for x in r.ranks}) == 1 else "inter")

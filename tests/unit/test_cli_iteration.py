@@ -9,11 +9,12 @@ import pytest
 
 from megatron_zeppelin.cli import main
 
-# 8 ranks (2 nodes x 4 GPUs), 4K sequences: G 8 is one step, G 32 four.
+# 8 ranks (2 nodes x 4 GPUs), 4K sequences: G 8 is one step, G 32 four; each step as sampled (data
+# order: the default, rounds, regroups them; tests/unit/test_joint_accumulation.py)
 BASE = ["--model", "tiny", "--cluster", "h200", "--gpus-per-node", "4", "--nodes", "2", "--dataset", "github",
-        "--seq-length", "4K", "--micro-batch-size", "1"]
+        "--seq-length", "4K", "--micro-batch-size", "1", "--accumulation", "data_order"]
 SIM = ["--model", "tiny", "--cluster", "a800", "--nodes", "1", "--dataset", "github", "--seq-length", "4K",
-       "--micro-batch-size", "1"]  # simulate takes the profile's 8 GPUs per node: 8 ranks too
+       "--micro-batch-size", "1", "--accumulation", "data_order"]  # simulate takes the profile's 8 GPUs per node: 8 ranks too
 
 
 def _plan(capsys, tmp_path, gbs, *extra):

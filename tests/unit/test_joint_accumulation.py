@@ -135,7 +135,7 @@ def test_joint_iteration_plans_the_same_documents_and_data_order_is_unchanged():
     ctx = toy_context(gpus=4)
     topo, prof, model = ctx.topology, ctx.profile, ctx.model
     from megatron_zeppelin.planner import plan_batch
-    cfg = ZeppelinConfig(gpus_per_node=4)
+    cfg = ZeppelinConfig(gpus_per_node=4, accumulation="data_order")
     data = plan_iteration(STEPS, topo, prof, model, cfg)
     assert [p.digest() for p in data.steps] == [plan_batch(s, topo, prof, model, cfg).digest() for s in STEPS]
     jcfg = cfg.with_(accumulation="joint")
@@ -150,6 +150,7 @@ def test_joint_iteration_plans_the_same_documents_and_data_order_is_unchanged():
 
 
 def test_the_flag_is_typed_and_read_by_the_training_flags():
+    assert ZeppelinConfig().accumulation is Accumulation.ROUNDS  # the default
     assert ZeppelinConfig(accumulation="joint").accumulation is Accumulation.JOINT
     assert ZeppelinConfig(accumulation="by_length").accumulation is Accumulation.BY_LENGTH
     assert ZeppelinConfig(accumulation="rounds").accumulation is Accumulation.ROUNDS
