@@ -11,6 +11,7 @@ MEMORY_BALANCE of the mean where the node's tokens allow (memory_caps).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from operator import attrgetter
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
@@ -36,13 +37,20 @@ _DOC = attrgetter("doc")
 class Prepared:
     """What a placement fixes whatever the remap does: rings and documents in queue order, the
     attention layout, the (routed) schedule and the ring costs. Shared by variants that differ only
-    in their remap (planner/partitioner/partition.py), so those are assembled once."""
+    in their remap (planner/partitioner/partition.py), so those are assembled once. The attention
+    layout's segments are cut when first read: a candidate its least prediction rules out never
+    needs them (a CP shape over 1k documents cuts 16-32k), and every prediction reads ``att_tokens``."""
     rings: tuple
     docs: tuple
-    attention_layout: tuple
     ops: list
     parts: tuple
-    att_tokens: tuple = ()  # attention-layout tokens per rank
+    att_tokens: tuple  # attention-layout tokens per rank
+    local: list  # the local documents in document order (layout.attention_layout's)
+    world: int
+
+    @cached_property
+    def attention_layout(self) -> tuple:
+        return attention_layout(self.docs, self.rings, self.world, self.local)
 
 
 def prepare(ctx: PlanContext, placement: Placement, costs: bool = True) -> Prepared:
@@ -65,7 +73,6 @@ def prepare(ctx: PlanContext, placement: Placement, costs: bool = True) -> Prepa
         docs = tuple(sorted((replace(d, ring=new_id[d.ring]) if d.ring >= 0 else d for d in placement.docs),
                             key=_DOC))
     local = _local(placement, docs)
-    att = attention_layout(docs, rings, topo.world_size, local)
     dmap = ring_documents(docs, rings)  # ring_ops reads ring documents only
     ops = ring_ops(rings, dmap, topo, cost.kv_bytes_per_token, cost.link_of, cost.model.q_bytes_per_token(cost.tp))
     if placement.routing:
@@ -74,19 +81,22 @@ def prepare(ctx: PlanContext, placement: Placement, costs: bool = True) -> Prepa
         cdocs = charged_docs(docs)
         arrays = local_arrays(cdocs)
         tokens = tuple(attention_tokens(cdocs, rings, topo.world_size, arrays).astype(np.int64).tolist())
-        return Prepared(rings, docs, att, ops, _ring_costs(ctx, placement, docs, rings, ops, arrays) if costs else None,
-                        tokens)
+        return Prepared(rings, docs, ops, _ring_costs(ctx, placement, docs, rings, ops, arrays) if costs else None,
+                        tokens, local, topo.world_size)
     arrays = local_arrays(docs, local)  # the attention tokens and the ring costs both read them
     tokens = tuple(attention_tokens(docs, rings, topo.world_size, arrays).astype(np.int64).tolist())
-    return Prepared(rings, docs, att, ops, _ring_costs(ctx, placement, docs, rings, ops, arrays) if costs else None,
-                    tokens)
+    return Prepared(rings, docs, ops, _ring_costs(ctx, placement, docs, rings, ops, arrays) if costs else None,
+                    tokens, local, topo.world_size)
 
 
 def priced(ctx: PlanContext, placement: Placement, pre: Prepared) -> Prepared:
     """``pre`` (prepared unpriced) with its ring costs, as ``prepare`` prices them."""
     if pre.parts is not None:
         return pre
-    return replace(pre, parts=_ring_costs(ctx, placement, pre.docs, pre.rings, pre.ops))
+    out = replace(pre, parts=_ring_costs(ctx, placement, pre.docs, pre.rings, pre.ops))
+    if "attention_layout" in pre.__dict__:  # already cut: the same segments
+        out.__dict__["attention_layout"] = pre.__dict__["attention_layout"]
+    return out
 
 
 def _local(placement: Placement, docs) -> list:
@@ -123,8 +133,13 @@ class Remap:
     moves (``layout()``, segments cut once) only when the plan is assembled: a variant that its least
     prediction rules out never needs them."""
 
-    def __init__(self, attention_layout: tuple, flows: Optional[dict]):
-        self.flows, self._att, self._layout = flows, attention_layout, None
+    def __init__(self, prepared: "Prepared", flows: Optional[dict]):
+        self.flows, self._pre, self._layout = flows, prepared, None
+
+    @property
+    def attention_layout(self) -> tuple:
+        """Its placement's attention layout (the prepared one's segments, cut once)."""
+        return self._pre.attention_layout
 
     @property
     def counted(self) -> Tuple[Flow, ...]:
@@ -133,7 +148,8 @@ class Remap:
     def layout(self) -> Tuple[tuple, tuple]:
         """(linear layout, moves): the attention layout unmoved without a remap."""
         if self._layout is None:
-            self._layout = (self._att, ()) if self.flows is None else remap_moves(self._att, self.flows)
+            att = self._pre.attention_layout
+            self._layout = (att, ()) if self.flows is None else remap_moves(att, self.flows)
         return self._layout
 
 
@@ -141,7 +157,7 @@ def remapped(ctx: PlanContext, placement: Placement, pre: Prepared) -> Remap:
     """The remap of a prepared placement (flows None: none, the attention layout stays)."""
     topo, cost = ctx.topology, ctx.cost
     if not placement.remap:
-        return Remap(pre.attention_layout, None)
+        return Remap(pre, None)
     caps = None
     if placement.balance_linear:
         # Ranks busier with attention + exposed communication + their projections (which run on
@@ -151,7 +167,7 @@ def remapped(ctx: PlanContext, placement: Placement, pre: Prepared) -> Remap:
         busy = (np.asarray(parts[0]) + np.asarray(parts[1]) + cost.proj_s_np(np.asarray(tokens))).tolist()
         limit = memory_caps(tokens, topo.gpus_per_node, *activation_weights(cost), ctx.capacity)
         caps = node_time_targets(busy, tokens, topo.gpus_per_node, cost.mlp_s(1), limit)
-    return Remap(pre.attention_layout, remap_flows(list(pre.att_tokens), topo, cost=cost, capacities=caps))
+    return Remap(pre, remap_flows(list(pre.att_tokens), topo, cost=cost, capacities=caps))
 
 
 def least_iteration_s(ctx: PlanContext, pre: Prepared, remap: Remap) -> float:
@@ -174,8 +190,10 @@ def assemble(strategy: str, lengths: Sequence[int], ctx: PlanContext, placement:
     pre = prepared or prepare(ctx, placement, predicted)
     if predicted:
         pre = priced(ctx, placement, pre)
-    docs, rings, att, ops, parts = pre.docs, pre.rings, pre.attention_layout, pre.ops, pre.parts
-    lin, moves = (moved if moved is not None else remapped(ctx, placement, pre)).layout()
+    docs, rings, ops, parts = pre.docs, pre.rings, pre.ops, pre.parts
+    moved = moved if moved is not None else remapped(ctx, placement, pre)
+    lin, moves = moved.layout()
+    att = moved.attention_layout
     rank_cost = predict(docs, rings, lin, ops, moves, cost, parts=parts, att_tokens=pre.att_tokens) if predicted else ()
     fits = ctx.capacity if ctx.memory_first else ctx.config.capacity_tokens
     if fits:  # a set capacity is memory: every strategy must fit it
