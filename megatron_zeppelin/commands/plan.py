@@ -163,7 +163,7 @@ def run(args) -> int:
         return lambda ls, ns: make_plans(ls, topo, profile, model, cfg, ns)
 
     def joint(step_lists):  # the steps' documents assigned jointly, planned with the capacity it keeps
-        lists, cfg = joint_steps(step_lists, topo, profile, model, config)
+        lists, cfg = joint_steps(step_lists, topo, profile, model, config, stages=stages)
         return lists, plan_with(cfg)
     regroup = ({n: joint for n in names if n in JOINT_STRATEGIES}
                if config.accumulation in ASSIGNING and steps > 1 else {})

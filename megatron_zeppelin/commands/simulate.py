@@ -120,20 +120,20 @@ def _run_batch(variants, step_lengths, topo, profile, model, config, args) -> di
     from megatron_zeppelin.planner.accumulation import joint_steps
     from megatron_zeppelin.sim.runs import regrouping
     out = {}
+    stages = getattr(args, "pipeline_stages", 1) or 1  # 1F1B over the stages (accumulate with one)
     for v in variants:
         try:
             v_lengths, v_config = step_lengths, config
             how = regrouping(v, config)
             if len(step_lengths) > 1 and how is not None:
                 v_lengths, v_config = joint_steps([[int(x) for x in ls] for ls in step_lengths], topo, profile,
-                                                  model, config, how)
+                                                  model, config, how, stages)
             steps = [_simulate_one(v, lengths, topo, profile, model, v_config, args) for lengths in v_lengths]
         except ZeppelinError as e:
             if v == args.strategy:
                 raise
             out[v] = str(e)
             continue
-        stages = getattr(args, "pipeline_stages", 1) or 1  # 1F1B over the stages (accumulate with one)
         out[v] = (Iteration(tuple(p for p, _ in steps), stages=stages), pipeline([r for _, r in steps], stages))
     return out
 

@@ -235,8 +235,10 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
         cfg, topo, spec = _domain(args)
         if _joint_applies(cfg, args):  # an iteration's documents to its micro-batches jointly
             planner = _run_planner(args, topo, spec, cfg)
-            train = _joint(train, planner, _micro_batches(args, False), say=first)
-            valid = valid if valid is None else _joint(valid, planner, _micro_batches(args, True), say=first)
+            stages = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)  # rounds' fill (round_fill)
+            train = _joint(train, planner, _micro_batches(args, False), say=first, stages=stages)
+            valid = valid if valid is None else _joint(valid, planner, _micro_batches(args, True), say=first,
+                                                       stages=stages)
         share = _share_group(args, cfg)
         if first and (cfg.plan_ahead or share is not None):
             ahead = args._zeppelin_plan_ahead = _plan_ahead(args, _run_planner(args, topo, spec, cfg), share)
@@ -294,10 +296,11 @@ def _micro_batches(args, evaluation: bool) -> int:
     return max(1, int(gbs) // (int(mbs) * dp))
 
 
-def _joint(batches, planner, k: int, say: bool = True):
+def _joint(batches, planner, k: int, say: bool = True, stages: int = 1):
     """``batches`` regrouped k at a time by the joint assignment (data.py JointBatches) with the
-    run's cost model and capacity; ``--zeppelin-debug-plan`` prints each regrouping on rank 0
-    (where ``say``: the first model chunk's iterators, not the later chunks' same regroupings)."""
+    run's cost model and capacity (``stages``: the pipeline's, which rounds' fill reads);
+    ``--zeppelin-debug-plan`` prints each regrouping on rank 0 (where ``say``: the first model
+    chunk's iterators, not the later chunks' same regroupings)."""
     from megatron_zeppelin.integration.data import JointBatches
     from megatron_zeppelin.planner.accumulation import document_s, joint_indices
 
@@ -307,7 +310,7 @@ def _joint(batches, planner, k: int, say: bool = True):
 
     def order(steps):
         out = joint_indices(steps, planner.cost, planner.config.capacity_tokens, world,
-                            planner.config.accumulation)
+                            planner.config.accumulation, stages=stages)
         if say and planner.config.debug_plan and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
             docs = [L for s in steps for L in s]
             work = [[sum(document_s(planner.cost, L) for L in s) for s in steps],

@@ -29,7 +29,9 @@ stages on: how well each micro-batch balances outweighs the bubbles there.
 ``rounds`` pools them and packs them as Megatron's dynamic-CP scheduler packs a global batch into
 HDP rounds (planner/baselines/dynamic_cp.py ``dynamic_cp_rounds``, its packing-aware rules, on the
 real lengths, at ``max_seqlen_per_dp_cp_rank`` = the least fill, from the data-order micro-batches'
-per-rank share up to the capacity, at which k rounds hold the iteration: ``round_fill``): longest
+per-rank share (or, where the capacity allows, the longest document's length over a node's ranks, so
+that it stays inside one node) up to the capacity, at which k rounds hold the iteration:
+``round_fill``): longest
 first, each round filled up to that on every rank, a long document beside the shorter ones that fit
 around its group (not only like lengths: by_length's first micro-batch of five 25-30K documents on
 32 ranks could not balance at 90% of memory, the scheduler's round of twelve documents at 100%
@@ -211,7 +213,7 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     return members
 
 
-def round_fill(steps: Sequence[Sequence[int]], world: int, capacity: int) -> Tuple[int, int]:
+def round_fill(steps: Sequence[Sequence[int]], world: int, capacity: int, node_ranks: int = 0) -> Tuple[int, int]:
     """(least, most) per-rank tokens ``rounds`` may pack each round up to (``round_indices`` takes
     the least at which its rounds fit the k micro-batches): from the largest data-order
     micro-batch's per-rank share up to ``capacity`` (the one the micro-batches are planned with).
@@ -222,18 +224,40 @@ def round_fill(steps: Sequence[Sequence[int]], world: int, capacity: int) -> Tup
     ``rounds_full``: docs/megatron.md). With pipeline stages, 1F1B also pays for uneven
     micro-batches in bubbles.
 
+    With ``node_ranks`` ranks per node on more than one node, a round filled below the longest
+    document's length over the node's ranks cannot hold that document inside one node: its ring
+    then crosses the NIC in every layer where a fuller round keeps it on NVLink, as dynamic_cp's
+    rounds at the capacity do. Where the capacity allows, the least fill is raised to that
+    (h200 llama-13b TP 2 prolong64k 1M, 4 ranks a node, 64K documents: 13620 -> 16384 a rank, its
+    second iteration 11.03 -> 10.40 s simulated, ``benchmarks/bench_accumulation_assign.py --only
+    rounds rounds_share``: docs/megatron.md). Not with pipeline stages (the caller passes no
+    ``node_ranks``): fuller rounds are more uneven, which 1F1B pays for in bubbles (h200 llama3-70b
+    prolong64k 1M at 8 stages: the micro-batches' sum the same, 12.53 -> 14.74 s in 1F1B raised,
+    ``rounds_node``).
+
     >>> round_fill([[3000, 1000], [2500, 2000]], 4, capacity=2250)
     (1125, 2250)
+    >>> round_fill([[3000, 1000], [2500, 2000]], 4, capacity=2250, node_ranks=2)   # 3000 fits 2 x 1500
+    (1500, 2250)
+    >>> round_fill([[3000, 1000], [2500, 2000]], 4, capacity=1400, node_ranks=2)   # it cannot: no raise
+    (1125, 1400)
     """
     largest = max(sum(int(L) for L in s) for s in steps)
-    return min(max(1, -(-largest // world)), capacity), max(1, capacity)
+    least = min(max(1, -(-largest // world)), capacity)
+    if node_ranks >= 1 and world > node_ranks:  # more than one node: keep the longest inside one
+        node = -(-max((int(L) for s in steps for L in s), default=0) // node_ranks)
+        if least < node <= capacity:
+            least = node
+    return least, max(1, capacity)
 
 
 def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int, world: int,
-                  how: Accumulation = Accumulation.JOINT, fill: Optional[Tuple[int, int]] = None) -> List[List[int]]:
+                  how: Accumulation = Accumulation.JOINT, fill: Optional[Tuple[int, int]] = None,
+                  stages: int = 1) -> List[List[int]]:
     """The micro-batches of ``steps`` assigned as ``how`` says (``assign_indices`` for joint,
     ``length_indices`` for by_length, ``round_indices`` for rounds, each round up to the least of the
-    per-rank tokens ``fill`` (default ``round_fill``'s) allows at which they fit: by_length's where
+    per-rank tokens ``fill`` (default ``round_fill``'s, a node's ranks given without pipeline
+    ``stages``) allows at which they fit: by_length's where
     the scheduler needs more rounds than there are micro-batches at every fill) for
     micro-batches planned with per-rank ``capacity`` tokens on ``world`` ranks: the room of the module
     doc (the largest data-order micro-batch, plus ``TOKEN_SLACK`` for joint, within what the domain
@@ -245,7 +269,8 @@ def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     room = min(hard, int(largest * (1.0 + (TOKEN_SLACK if how == Accumulation.JOINT else 0.0))))
     if how == Accumulation.ROUNDS:
         try:
-            rounds = round_indices(steps, cost, *(fill or round_fill(steps, world, capacity)))
+            node_ranks = cost.topology.gpus_per_node if stages <= 1 else 0
+            rounds = round_indices(steps, cost, *(fill or round_fill(steps, world, capacity, node_ranks)))
         except PlanError as e:  # the scheduler's words name dynamic_cp: say which flag packed them
             raise PlanError(f"--zeppelin-accumulation rounds: {e}") from None
         if rounds is not None:
@@ -270,17 +295,19 @@ def joint_config(topology: Topology, profile: HardwareProfile, model: ModelSpec,
 
 
 def joint_steps(steps: Sequence[Sequence[int]], topology: Topology, profile: HardwareProfile, model: ModelSpec,
-                config: ZeppelinConfig, how: Optional[Accumulation] = None
+                config: ZeppelinConfig, how: Optional[Accumulation] = None, stages: int = 1
                 ) -> Tuple[List[List[int]], ZeppelinConfig]:
     """(the micro-batches' lengths assigned as ``how`` says (default: the config's accumulation where
     it assigns, else joint), the config to plan each with: the capacity the largest data-order
-    micro-batch had). Raises PlanError where a document fits no micro-batch."""
+    micro-batch had); ``stages``: pipeline stages (``joint_indices``). Raises PlanError where a
+    document fits no micro-batch."""
     from megatron_zeppelin.planner import make_context
     largest = max(sum(int(L) for L in s) for s in steps)
     ctx = make_context(topology, profile, model, config, total_tokens=largest)
     docs = [int(L) for s in steps for L in s]
     how = how or (config.accumulation if config.accumulation in ASSIGNING else Accumulation.JOINT)
-    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size, how)]
+    out = [[docs[i] for i in m] for m in joint_indices(steps, ctx.cost, ctx.capacity, topology.world_size, how,
+                                                        stages=stages)]
     return out, config.with_(capacity_tokens=ctx.capacity)
 
 
@@ -298,6 +325,6 @@ def plan_iteration(steps: Sequence[Sequence[int]], topology: Topology, profile: 
     from megatron_zeppelin.planner import plan_batch
     name = StrategyName(strategy or config.strategy)
     if joint_applies(config, name) and len(steps) > 1:
-        steps, config = joint_steps(steps, topology, profile, model, config)
+        steps, config = joint_steps(steps, topology, profile, model, config, stages=stages)
     return Iteration(tuple(plan_batch(list(s), topology, profile, model, config, strategy=name) for s in steps),
                      stages=stages)

@@ -551,7 +551,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                         v_steps, v_config = steps, rc_config
                         how = regrouping(v, rc_config)
                         if how is not None and len(steps) > 1:  # the iteration's documents regrouped
-                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config, how)
+                            v_steps, v_config = joint_steps(steps, topo, plan_profile, model, rc_config, how,
+                                                             stages=spec.pipeline)
                         plans = ([] if v == "dynamic_cp" else  # dynamic_cp: its rounds (_simulate_steps)
                                  [make_plan(v, lengths, topo, plan_profile, model, v_config, s) for lengths in v_steps])
                         t1 = time.perf_counter()

@@ -11,7 +11,7 @@ import torch
 from megatron_zeppelin.integration import megatron_lm as zl
 from megatron_zeppelin.integration.megatron_lm import DocumentBatches
 from megatron_zeppelin.planner import Planner
-from megatron_zeppelin.planner.accumulation import TOKEN_SLACK, document_s, joint_config
+from megatron_zeppelin.planner.accumulation import TOKEN_SLACK, document_s, joint_config, round_fill
 from megatron_zeppelin.planner.testing import TOY_MODEL, TOY_PROFILE
 from megatron_zeppelin.spec.config import ZeppelinConfig
 from megatron_zeppelin.spec.topology import Topology
@@ -105,20 +105,30 @@ def test_by_length_regrouping_puts_the_long_documents_together_within_the_data_o
     assert max(d.numel() - 1 for d in grouped[0][-1]) == 59 and max(d.numel() - 1 for d in order[0][-1]) == 89
 
 
+@pytest.mark.parametrize("stages", [1, 2])
 @pytest.mark.parametrize("set_capacity", [0, 4 * TOKENS // 4])
-def test_rounds_regrouping_keeps_megatrons_micro_batches_each_about_data_orders_size(set_capacity):
+def test_rounds_regrouping_keeps_megatrons_micro_batches_each_about_data_orders_size(set_capacity, stages):
     topo = Topology(2, 2)
     cfg = ZeppelinConfig(gpus_per_node=2, accumulation="rounds", capacity_tokens=set_capacity)
     planned = joint_config(topo, TOY_PROFILE, TOY_MODEL, cfg, TOKENS)
     planner = Planner(topo, TOY_PROFILE, TOY_MODEL, planned)
     order = _iterations(DocumentBatches(Stream(LENGTHS), TOKENS, 1000))
-    grouped = _iterations(zl._joint(DocumentBatches(Stream(LENGTHS), TOKENS, 1000), planner, K))
+    grouped = _iterations(zl._joint(DocumentBatches(Stream(LENGTHS), TOKENS, 1000), planner, K, stages=stages))
+    raised = 0
     for a, b in zip(order, grouped):
         assert sorted(tuple(d.tolist()) for s in a for d in s) == sorted(tuple(d.tolist()) for s in b for d in s)
         assert len(b) == len(a) and all(b)  # Megatron's k micro-batches, each training something
-        # each round up to the least fill above data order's largest per-rank share at which k rounds
-        # hold the iteration (accumulation.round_fill), here one step of 1/8 above it, whatever the capacity
+        # each round up to the least fill at which k rounds hold the iteration (accumulation.round_fill),
+        # from data order's largest per-rank share, or where the capacity allows and no pipeline stages
+        # pay for uneven rounds the longest document over a node's 2 ranks (it then stays in one
+        # node), here at most one step of 1/8 above it
         share = -(-max(sum(d.numel() - 1 for d in s) for s in a) // topo.world_size)
-        assert max(sum(d.numel() - 1 for d in s) for s in b) <= (share + share // 8) * topo.world_size
+        node = -(-max(d.numel() - 1 for s in a for d in s) // topo.gpus_per_node)
+        least = round_fill([[d.numel() - 1 for d in s] for s in a], topo.world_size, planner.config.capacity_tokens,
+                           topo.gpus_per_node if stages == 1 else 0)[0]
+        assert least == (max(share, node) if node <= planner.config.capacity_tokens and stages == 1 else share)
+        raised += least > share
+        assert max(sum(d.numel() - 1 for d in s) for s in b) <= (least + least // 8) * topo.world_size
         assert all([d[0].item() for d in s] == sorted(d[0].item() for d in s) for s in b)  # data order kept
     assert any(len(a) and [len(s) for s in a] != [len(s) for s in b] for a, b in zip(order, grouped))
+    assert (raised > 0) == (stages == 1)  # the node's fill is read, and only without stages
