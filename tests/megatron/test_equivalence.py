@@ -33,6 +33,7 @@ def _check(res, ref, strategies=STRATEGIES):
         assert all(x[strategy]["losses"] == r["losses"] for x in res)
 
 
+@pytest.mark.slow  # ~20 s; a2a+p2p below runs a2a inside each node by default, test_engine.py a2a rings
 def test_static_cp_a2a_matches_single_process_4_ranks_2x2(reference):
     """static_cp in TE's a2a (Ulysses) mode: head groups over CP pairs, the engine's saved head-sharded
     tensors in the layer's autograd context."""

@@ -66,22 +66,23 @@ def _check_regrouped(log, ref_log, stage=None, how="joint"):
     assert all("planned ahead" in p for p in m.plan_lines(log)), m.plan_lines(log)
 
 
-@pytest.mark.slow  # the PP 2 x DP 2 case below runs the same regrouping in the default run
+@pytest.mark.slow  # the PP 2 x DP 2 case below runs the same regrouping (-m slow)
 def test_joint_equals_data_order_dp4(data, tmp_path):
     log, ref_log = _both(data, tmp_path, 4, 4, [])
     _check_regrouped(log, ref_log)
 
 
+@pytest.mark.slow  # ~45 s; tests/unit/test_joint_batches.py runs _joint, test_pipeline.py PP 2 x DP 2 by default
 def test_joint_equals_data_order_pp2_dp2(data, tmp_path):
     log, ref_log = _both(data, tmp_path, 4, 2, ["--pipeline-model-parallel-size", "2"])
     _check_regrouped(log, ref_log, stage=0)
     assert _digests(log, 0) == _digests(log, 1)  # both stages planned the same regrouped micro-batches
 
 
-# both -m slow: test_joint_equals_data_order_pp2_dp2 runs a regrouping through Megatron-LM in the default run
+# all -m slow: the default run's Megatron-LM runs (test_pretrain.py, test_pipeline.py) take the default rounds
 @pytest.mark.parametrize("how", [pytest.param("by_length", marks=pytest.mark.slow), pytest.param("rounds", marks=pytest.mark.slow)])
 def test_regrouped_equals_data_order_dp4(data, tmp_path, how):
     """by_length and rounds differ only in which indices they hand JointBatches (unit-tested in
-    tests/unit/test_joint_accumulation.py): one of them in the default run."""
+    tests/unit/test_joint_accumulation.py)."""
     log, ref_log = _both(data, tmp_path, 4, 4, [], how=how)
     _check_regrouped(log, ref_log, how=how)

@@ -175,6 +175,7 @@ def blend(data, tmp_path_factory):
     return f"0.3 {data} 0.7 {other}"
 
 
+@pytest.mark.slow  # ~40 s; test_blend.py checks the blend itself by default, the 2 x 2 run above the loop
 def test_blend_zeppelin_matches_stock_spec_4_ranks(blend, tmp_path):
     # --data-path 0.3 A 0.7 B: megatron-core's BlendedMegatronDatasetBuilder blends whole documents of
     # both (integration/blend.py); the Zeppelin run plans whatever the blended sampler yields and

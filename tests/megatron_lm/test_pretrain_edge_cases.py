@@ -94,8 +94,9 @@ def planned_documents(log):
 # (strategy, its flags, ranks): every strategy on 4 ranks as 2 nodes x 2 (-m slow: about 45 s a launch
 # on a loaded 2-core machine); the default run has the smallest: static_cp on 2 ranks, whose 1-token
 # documents each sit on a CP ring of 2 whose other member holds nothing of them
+# all -m slow (~20 s each): tests/multiproc/test_edge_cases.py runs every strategy's edge cases by default
 STRATEGIES = [pytest.param("static_cp", ["--zeppelin-cp-size", "2", "--zeppelin-cp-comm-type", "p2p"], 2,
-                           id="static_cp-2ranks"),
+                           id="static_cp-2ranks", marks=pytest.mark.slow),
               pytest.param("zeppelin", [], 4, marks=pytest.mark.slow),
               # capacity for all 256 1-token documents on member 0: TE pads each to 2 x cp = 8 rows, and
               # member 0 holds two of its ring's 8 chunks (the first and the last, the token's), 2 rows each

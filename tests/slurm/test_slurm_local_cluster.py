@@ -117,6 +117,7 @@ def test_sbatch_zeppelin_and_stock_dp_jobs(cluster, tmp_path, monkeypatch, capsy
         assert re.search(rf"tiny-cpu\s+{mode}\s+\S+\s+[\d.]+\s+[\d.]+s", table), table
 
 
+@pytest.mark.slow  # ~23 s with the cluster's teardown; the jobs above run on slurmd by default
 def test_collect_names_a_failed_job(cluster, tmp_path, monkeypatch, capsys):
     """A job Megatron refuses (a flag it does not know) ends without iterations: --collect names it with
     Megatron's own error line and exits 1, instead of a row of n/a."""
