@@ -23,7 +23,13 @@ per_strategy``): the recompute joins the run-level settings. For each setting a 
 spec/recompute.py's LADDER from the fastest rung, each rung's memory capacity binding it, and keeps
 the first rung at which every batch of the run fits (a slower rung only repeats more of the forward
 for the same plan shape); the deployed (setting, recompute) pair is again the least mean time.
-Rungs whose capacity is below the mean tokens per GPU are skipped: no plan can fit them.
+Rungs whose capacity is below the mean tokens per GPU are skipped: no plan can fit them. A variant
+whose plans read the capacity (``CAPACITY_PLANNED``: Zeppelin's, hybrid_dp's groups) has no fixed
+plan shape: a slower rung's larger capacity may split fewer documents. Past its first rung that fits
+it also tries the rung of the fastest fixed-shape variant of the configuration (run first): where
+capacity paid for the variant to beat, it may pay for this one (every rung would cost each Zeppelin
+variant a planning of every micro-batch per rung, and most cannot win: results/s60). A rung tried can
+only lower the variant's deployed time, never raise it.
 
 A *variant* is a strategy, or one of the paper's ablation steps expressed as a Plan:
 
@@ -100,6 +106,9 @@ def regrouping(variant: str, config) -> Optional[Accumulation]:
     how = ASSIGNED.get(variant) or (config.accumulation if variant in JOINT_STRATEGIES else None)
     return how if how in ASSIGNING else None
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
+# Variants whose plans read the capacity (not only checked against it): past the first rung that fits
+# they try the rung the fastest other variant deployed (module doc)
+CAPACITY_PLANNED = ("zeppelin", "hybrid_dp", "zeppelin-noremap", "zeppelin-noulysses", PARTITIONER) + tuple(ASSIGNED)
 DEFAULT_BATCHES = 16
 AUTO = "auto"  # the setting of a variant without run-level settings: it plans each batch itself
 # Numeric fields of a batch's record averaged over the run.
@@ -523,8 +532,11 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                             capacity_tokens=spec.capacity, recompute=spec.recompute,
                             balance_memory=spec.balance_memory)
     rungs = recompute_rungs(spec)
-    out = []
-    for v in variants:
+    out: List[Optional[Dict]] = [None] * len(variants)
+    fastest = None  # (mean time, recompute) the fastest fixed-shape variant deployed (CAPACITY_PLANNED)
+    for i in sorted(range(len(variants)), key=lambda i: variants[i] in CAPACITY_PLANNED):  # them first
+        v = variants[i]
+        climb = (fastest[1],) if v in CAPACITY_PLANNED and fastest is not None else ()
         rec = {**asdict(spec), "key": spec.key(), "label": spec.label(), "variant": v, "ranks": topo.world_size,
                "error": "", "oracle_error": ""}
         if spec.profile_error:
@@ -541,7 +553,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                                     lambda cp: not a2a_heads_problem(model, config.tp, cp),
                                     lambda cp, a: not a2a_p2p_problem(model, config.tp, topo.gpus_per_node, cp, a))
             for s in settings:
-                if s in fitted:
+                if s in fitted and rc not in climb:
                     continue
                 key = (s, rc) if spec.recompute_per_strategy else s
                 times[key], batch_recs[key] = [], []
@@ -597,6 +609,9 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
             if spec.recompute_per_strategy:
                 rec["recompute"], rec["capacity"] = dep[1], dict(rungs)[dep[1]]
             rec.update(_mean_record(batch_recs[dep]))
+            if spec.recompute_per_strategy and v not in CAPACITY_PLANNED and (
+                    fastest is None or rec["iteration_s"] < fastest[0]):
+                fastest = (rec["iteration_s"], dep[1])
             rec["batch_iteration_s"] = dep_times
             rec["run_setting"] = "" if s_dep == AUTO else str(s_dep)
             rec["cp_size"] = str(s_dep) if v in CP_VARIANTS else batch_recs[dep][0]["setting"]
@@ -609,5 +624,5 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                                       if spec.recompute_per_strategy else
                                       [str(s) if s != AUTO else "" for s in oracle])
         rec["run_setting_name"] = name if not auto else ""
-        out.append(rec)
+        out[i] = rec
     return out

@@ -192,7 +192,9 @@ def test_gradient_accumulation_sums_the_micro_batches_then_reduces_once():
 def test_each_strategy_deploys_the_fastest_recompute_its_own_plans_fit():
     """A memory-bound run (7B, 16 H200s): packed_dp cannot hold a 64K document on one rank without
     recompute and climbs the ladder; Zeppelin fits without any. A setting stops climbing at its first
-    rung that fits every batch."""
+    rung that fits every batch, but for a plan that reads the capacity (Zeppelin's): it also tries the
+    rung the fastest fixed-shape variant, packed_dp, deployed (run first, whatever the order asked),
+    and keeps the faster."""
     from megatron_zeppelin.sim.matrix import memory_tokens
     from megatron_zeppelin.sim.runs import recompute_rungs, run_config
     tok, cap = memory_tokens("h200", "llama-7b", 1, 2)
@@ -201,7 +203,9 @@ def test_each_strategy_deploys_the_fastest_recompute_its_own_plans_fit():
     rungs = recompute_rungs(spec)
     assert [rc for rc, _ in rungs] == list(RECOMPUTE_LADDER) and rungs[0][1] == cap
     z, p = run_config(spec, ("zeppelin", "packed_dp"))
-    assert z["recompute"] == "none" and z["capacity"] == cap and z["tried"] == {"auto rc=none": z["iteration_s"]}
+    assert (z["variant"], p["variant"]) == ("zeppelin", "packed_dp")
+    assert list(z["tried"]) == ["auto rc=none", f"auto rc={p['recompute']}"]
+    assert z["recompute"] == "none" and z["capacity"] == cap and z["tried"]["auto rc=none"] == z["iteration_s"]
     assert p["recompute"] != "none" and p["capacity"] == dict(rungs)[p["recompute"]]
     assert list(p["tried"].values())[-1] == p["iteration_s"] and all(t is None for t in list(p["tried"].values())[:-1])
     assert p["recompute_s"] > 0 and z["recompute_s"] == 0
