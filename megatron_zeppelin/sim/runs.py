@@ -27,9 +27,9 @@ Rungs whose capacity is below the mean tokens per GPU are skipped: no plan can f
 whose plans read the capacity (``CAPACITY_PLANNED``: Zeppelin's, hybrid_dp's groups) has no fixed
 plan shape: a slower rung's larger capacity may split fewer documents. Past its first rung that fits
 it also tries the rung of the fastest fixed-shape variant of the configuration (run first): where
-capacity paid for the variant to beat, it may pay for this one (every rung would cost each Zeppelin
-variant a planning of every micro-batch per rung, and most cannot win: results/s60). A rung tried can
-only lower the variant's deployed time, never raise it.
+capacity paid for the variant to beat, it may pay for this one. Every rung would cost each Zeppelin
+variant a planning of every micro-batch per rung (2-4x the accumulation studies' time:
+results/s60/README.md). A rung tried can only lower the variant's deployed time, never raise it.
 
 A *variant* is a strategy, or one of the paper's ablation steps expressed as a Plan:
 
