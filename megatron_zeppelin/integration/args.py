@@ -79,7 +79,7 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "scheduler packs its rounds, each only as full as k rounds need, from the data-order "
                         "micro-batches' size up to the capacity: docs/megatron.md), data_order (as read), "
                         "joint (the planner spreads long documents over the micro-batches, evening them), or "
-                        "or by_length (documents of like length together, longest first); the same documents "
+                        "by_length (documents of like length together, longest first); the same documents "
                         "per iteration (planner/accumulation.py; --zeppelin-strategy zeppelin only). Trained by "
                         "the Megatron-LM entry, planned by `zeppelin plan` / `simulate` / `bench`; `zeppelin "
                         "train` runs one micro-batch per step and refuses joint and by_length.")

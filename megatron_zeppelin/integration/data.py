@@ -176,11 +176,17 @@ class JointBatches:
     their documents in data order (``--zeppelin-accumulation joint`` / ``by_length`` / ``rounds``:
     planner/accumulation.py ``joint_indices``). An iteration keeps its documents, only which
     micro-batch holds each changes, and every rank regroups alike (``order`` is a pure function of the
-    lengths). A last, partial iteration is regrouped over the micro-batches it has.
+    lengths). A last, partial iteration is regrouped over the micro-batches it has. Where ``order``
+    returns fewer micro-batches than it was given (``rounds``: fewer rounds hold the iteration),
+    Megatron still runs its k forward steps: the first ones are empty (no documents: the forward step
+    runs no layer, integration/megatron_lm.py ``forward_step``), so the last, which starts the
+    gradient reduce, trains documents.
 
     >>> order = lambda lengths: [[0, 3], [1, 2]]            # as if planned: the two long ones apart
     >>> list(JointBatches(iter([[9, 1], [2, 8]]), 2, order, lengths_of=list))
     [[9, 8], [1, 2]]
+    >>> list(JointBatches(iter([[9, 1], [2, 8]]), 2, lambda lengths: [[0, 1, 2, 3]], lengths_of=list))
+    [[], [9, 1, 2, 8]]
     """
 
     def __init__(self, batches, k: int, order, lengths_of):
@@ -204,6 +210,7 @@ class JointBatches:
                 raise StopIteration
             docs = [d for s in steps for d in s]
             self._ready = [[docs[i] for i in m] for m in self._order([list(self._lengths_of(s)) for s in steps])]
+            self._ready[:0] = [[] for _ in range(len(steps) - len(self._ready))]
         return self._ready.pop(0)
 
 

@@ -486,6 +486,17 @@ def _plan_of(args, planner, lengths, chunk: int, chunks: int):
     return plan, how
 
 
+def _empty_step(args, dp_rank: int):
+    """An empty micro-batch's forward: no layer runs and no Plan is made or compared (every rank of
+    the domain regrouped the same lengths alike, so all are here together); its loss is a zero over
+    no tokens that Megatron's backward can run (a leaf of no elements, no parameter reached), adding
+    nothing to the iteration's per-token loss or gradients. The only cost is Megatron's step call."""
+    if getattr(args, "zeppelin_debug_plan", False) and dp_rank == 0:
+        print("zeppelin empty micro-batch: no documents, no layer runs\n", end="", flush=True)
+    out = torch.zeros((1, 0), device=torch.cuda.current_device(), requires_grad=True)
+    return out, partial(loss_func, 0)
+
+
 def forward_step(data_iterator, model, return_schedule_plan: bool = False):
     from megatron.core import parallel_state as ps
     from megatron.training import get_args
@@ -499,6 +510,9 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
                              max_doc_tokens(args), device=torch.cuda.current_device())
         out = model(b.tokens, b.position_ids, None, labels=b.labels)
         return out, partial(loss_func, b.label_tokens, loss_mask=b.loss_mask)
+
+    if not docs:  # rounds left Megatron's step empty (data.py JointBatches): every rank of the domain alike
+        return _empty_step(args, ps.get_data_parallel_rank())
 
     from megatron_zeppelin.attention.kernels import Kernel
     from megatron_zeppelin.integration.batch import build_rank_batch, default_engine_factory

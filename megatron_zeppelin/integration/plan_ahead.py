@@ -155,7 +155,8 @@ def _nothing():
 
 class PlannedBatches:
     """Batches of ``batches`` in order, each submitted to ``ahead`` for planning one batch before
-    it is returned (``lengths_of``: a batch's document lengths)."""
+    it is returned (``lengths_of``: a batch's document lengths); an empty one (no documents:
+    data.py JointBatches) is not planned."""
 
     def __init__(self, batches: Iterator, ahead: PlanAhead, lengths_of: Callable[[object], Sequence[int]]):
         self._it, self._ahead, self._lengths_of = iter(batches), ahead, lengths_of
@@ -169,7 +170,9 @@ class PlannedBatches:
             batch = next(self._it)
         except StopIteration:
             return ()
-        self._ahead.submit(self._lengths_of(batch))
+        lengths = self._lengths_of(batch)
+        if len(lengths):
+            self._ahead.submit(lengths)
         return (batch,)
 
     def __next__(self):

@@ -35,12 +35,14 @@ that it stays inside one node) up to the capacity, at which k rounds hold the it
 first, each round filled up to that on every rank, a long document beside the shorter ones that fit
 around its group (not only like lengths: by_length's first micro-batch of five 25-30K documents on
 32 ranks could not balance at 90% of memory, the scheduler's round of twelve documents at 100%
-could). Where fewer rounds hold the iteration than Megatron's k micro-batches, each micro-batch
-beyond them takes the shortest document of the round holding the most, so Megatron still runs k
-forward steps; where the scheduler needs more than k rounds even at the capacity, by_length's
-grouping. Megatron's dynamic CP itself runs as many micro-batches as its rounds (the benchmark's
-dynamic_cp, sim/runs.py); ``rounds`` is the same packing within Megatron's fixed count, planned by
-Zeppelin.
+could). Where fewer rounds hold the iteration than Megatron's k micro-batches, Megatron's k forward
+steps run the rounds and, before them, empty micro-batches (integration/data.py JointBatches): an
+empty one trains nothing and runs no layer (integration/megatron_lm.py ``forward_step``), so the
+iteration costs its rounds, as Megatron's dynamic CP, which runs as many micro-batches as its rounds
+(the benchmark's dynamic_cp, sim/runs.py). With pipeline stages an empty micro-batch cannot pass
+through them: there each micro-batch beyond the rounds takes the shortest document of the round
+holding the most. Where the scheduler needs more than k rounds even at the capacity, by_length's
+grouping.
 
 Memory as the capacity says: a micro-batch's room is the largest data-order micro-batch's tokens
 (joint: plus ``TOKEN_SLACK``, whole documents rarely pack exactly), never above what the domain holds
@@ -163,22 +165,24 @@ def length_indices(steps: Sequence[Sequence[int]], room: int, hard_room: int = 0
 
 
 def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int,
-                  most: int = 0) -> Optional[List[List[int]]]:
+                  most: int = 0, every_step: bool = False) -> Optional[List[List[int]]]:
     """Which documents go in which micro-batch (as ``assign_indices``): the HDP rounds Megatron's
     dynamic-CP scheduler packs them into at ``max_seqlen_per_dp_cp_rank`` = ``capacity`` (per-rank
     tokens, on the real lengths), or, where those are more than the micro-batches, at the least of
     ``capacity`` x (1 + j / FILL_STEPS) up to ``most`` at which they are not, in its order, longest
-    first; while there are fewer rounds than micro-batches, the round holding the most documents
-    gives its shortest (ties: the later) to a micro-batch of its own, at the end; None where the
-    rounds are more than the micro-batches at every fill. Each keeps its documents in data order
-    (module doc). Raises PlanError where the longest document does not fit the domain.
+    first; None where the rounds are more than the micro-batches at every fill. Fewer rounds than
+    micro-batches stay fewer (the rest run empty: module doc), unless ``every_step`` (pipeline
+    stages): then the round holding the most documents gives its shortest (ties: the later) to a
+    micro-batch of its own, at the end, until there are as many. Each keeps its documents in data
+    order (module doc). Raises PlanError where the longest document does not fit the domain.
 
     >>> from megatron_zeppelin.planner.testing import toy_context
     >>> ctx = toy_context(gpus=4, capacity=4000)
     >>> steps = [[6000, 500, 3000, 1000], [6000, 2000, 200], [1500, 800]]
-    >>> rounds = round_indices(steps, ctx.cost, 4000)
     >>> docs = [L for s in steps for L in s]
-    >>> [[docs[i] for i in m] for m in rounds]      # two rounds, the first all 4 x 4000 tokens; the third gets its 500
+    >>> [[docs[i] for i in m] for m in round_indices(steps, ctx.cost, 4000)]  # two rounds, the first all 4 x 4000
+    [[6000, 500, 6000, 2000, 1500], [3000, 1000, 200, 800]]
+    >>> [[docs[i] for i in m] for m in round_indices(steps, ctx.cost, 4000, every_step=True)]  # the third: its 500
     [[6000, 6000, 2000, 1500], [3000, 1000, 200, 800], [500]]
     """
     from megatron_zeppelin.planner import make_context
@@ -205,7 +209,7 @@ def round_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
         fill = min(top, capacity + capacity * j // FILL_STEPS)
     if len(members) > len(steps):
         return None
-    while len(members) < len(steps):
+    while every_step and len(members) < len(steps):
         fullest = max(range(len(members)), key=lambda m: (len(members[m]), -m))
         shortest = min(members[fullest], key=lambda i: (docs[i], -i))
         members[fullest].remove(shortest)
@@ -270,7 +274,8 @@ def joint_indices(steps: Sequence[Sequence[int]], cost: CostModel, capacity: int
     if how == Accumulation.ROUNDS:
         try:
             node_ranks = cost.topology.gpus_per_node if stages <= 1 else 0
-            rounds = round_indices(steps, cost, *(fill or round_fill(steps, world, capacity, node_ranks)))
+            rounds = round_indices(steps, cost, *(fill or round_fill(steps, world, capacity, node_ranks)),
+                                   every_step=stages > 1)
         except PlanError as e:  # the scheduler's words name dynamic_cp: say which flag packed them
             raise PlanError(f"--zeppelin-accumulation rounds: {e}") from None
         if rounds is not None:

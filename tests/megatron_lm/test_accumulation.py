@@ -86,3 +86,17 @@ def test_regrouped_equals_data_order_dp4(data, tmp_path, how):
     tests/unit/test_joint_accumulation.py)."""
     log, ref_log = _both(data, tmp_path, 4, 4, [], how=how)
     _check_regrouped(log, ref_log, how=how)
+
+
+def test_rounds_fewer_than_steps_run_empty_steps_equal_to_data_order_dp2(data, tmp_path):
+    """Where fewer rounds hold an iteration than Megatron's k forward steps (here each rank is a node
+    of its own, so a round is filled to hold the longest document on one rank: planner/accumulation.py
+    ``round_fill``), the first steps run empty (no Plan, no layer: megatron_lm.py ``_empty_step``) and
+    the losses, grad norms and validation losses are still data order's."""
+    extra = ["--zeppelin-gpus-per-node", "1", "--zeppelin-capacity-tokens", str(4 * m.SEQ)]
+    log, ref_log = _both(data, tmp_path, 2, 2, extra, how="rounds")
+    empty = log.count("zeppelin empty micro-batch")
+    assert empty > 0 and "zeppelin empty micro-batch" not in ref_log, log[-3000:]
+    # every step that trains was planned (ahead, on the worker); the empty ones were not
+    assert len(_digests(log)) + empty == len(_digests(ref_log)), (len(_digests(log)), empty, len(_digests(ref_log)))
+    assert all("planned ahead" in p for p in m.plan_lines(log)), m.plan_lines(log)

@@ -78,14 +78,18 @@ def test_rounds_packs_as_megatrons_scheduler_and_keeps_megatrons_count_of_micro_
     from megatron_zeppelin.planner.baselines.dynamic_cp import dynamic_cp_rounds
     ctx = toy_context(gpus=4, capacity=16000)
     docs = [L for s in STEPS for L in s]
-    idx = round_indices(STEPS, ctx.cost, 16000)
-    assert sorted(i for m in idx for i in m) == list(range(len(docs))) and all(m == sorted(m) for m in idx)
-    assert len(idx) == len(STEPS) and all(idx)  # Megatron still runs its k forward steps
     rounds = [sorted(r) for r in dynamic_cp_rounds(docs, ctx, 16000, pad=False)]
-    assert len(rounds) < len(STEPS)  # fuller than the data order's, so fewer: the rest split off
+    assert len(rounds) < len(STEPS)  # fuller than the data order's, so fewer
+    # without pipeline stages: the scheduler's rounds as it packed them (the other steps run empty)
+    assert round_indices(STEPS, ctx.cost, 16000) == rounds
+    # with them every one of Megatron's k forward steps trains something: short documents split off
+    idx = round_indices(STEPS, ctx.cost, 16000, every_step=True)
+    assert sorted(i for m in idx for i in m) == list(range(len(docs))) and all(m == sorted(m) for m in idx)
+    assert len(idx) == len(STEPS) and all(idx)
     assert all(set(m) <= set(r) for m, r in zip(idx, rounds))  # each round as the scheduler packed it, less
     assert all(len(m) == 1 for m in idx[len(rounds):])  # ... the short documents given to the extra ones
-    assert round_indices(STEPS, ctx.cost, 16000) == idx  # deterministic
+    assert round_indices(STEPS, ctx.cost, 16000, every_step=True) == idx  # deterministic
+    assert joint_indices(STEPS, ctx.cost, 16000, 4, Accumulation.ROUNDS, (16000, 16000), stages=2) == idx
     # more rounds than micro-batches: on 2 ranks of 100 tokens no two of 70, 70 and 60 share a rank
     # within max_seqlen_per_dp_cp_rank, so three rounds for Megatron's two full micro-batches: by_length's
     tight, full = toy_context(gpus=2, capacity=100), [[70, 70, 60], [70, 70, 60]]
@@ -111,8 +115,8 @@ def test_rounds_fill_climbs_from_data_orders_share_only_as_far_as_k_rounds_need(
     # at 1000 a rank the scheduler needs 5 rounds; at 1125 four, each within 4 x 1125 tokens
     assert rounds(1000, 2000) == [[3000, 1500], [2500, 2000], [1200, 1200, 1000, 900, 100], [1200, 700, 400, 300]]
     assert round_indices(steps, ctx.cost, 1000) is None  # no room above the fill: no climb
-    # filled to the capacity: two rounds of 8000 and 7000 tokens, two near-empty micro-batches
-    assert rounds(2000) == [[3000, 2500, 1500, 1000], [2000, 1200, 1200, 1200, 700, 400, 300], [900], [100]]
+    # filled to the capacity: three rounds, 8000, 7900 and 900 tokens (the fourth micro-batch empty)
+    assert rounds(2000) == [[3000, 2500, 1500, 1000], [2000, 1200, 1200, 1200, 700, 400, 300, 100], [900]]
 
 
 def test_rounds_beats_by_length_and_data_order_on_a_memory_bound_accumulation_iteration():
