@@ -304,7 +304,9 @@ layer's backward, in the prediction and in the simulator's task graph (spec/reco
 ring-split document's core attention repeats its K/V ring exchanges, a local document's repeats none). In both, every strategy must fit the capacity on
 every rank: a plan over it is out of memory. The lower bound: every document's attention whole,
 all linear work and (with TP) the TP all-reduces' bandwidth, and the least recompute, perfectly
-balanced, all other communication hidden.
+balanced, all other communication hidden; where each strategy deploys its own recompute, the least
+is the fastest that holds the mean tokens per GPU (a perfectly balanced run fits it), one bound per
+configuration whichever a strategy deploys (sim/runs.py ``run_config``).
 
 Iterations of several micro-batches (a study's `global_batch_tokens`: Megatron's --global-batch-size, each
 micro-batch a batch of either regime, gradient-accumulated: a rank's time is the sum over its

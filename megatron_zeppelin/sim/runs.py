@@ -76,7 +76,9 @@ from megatron_zeppelin.sim.gpu_terms import without
 from megatron_zeppelin.sim.perturb import TERMS, factors, perturbed
 from megatron_zeppelin.sim.memory_fit import domain_topology, memory_tokens  # noqa: F401 -- domain_topology re-exported
 from megatron_zeppelin.spec.memory import RECOMPUTE_LADDER
+from megatron_zeppelin.planner import cost_model_of
 from megatron_zeppelin.planner.accumulation import ASSIGNING, JOINT_STRATEGIES, joint_steps
+from megatron_zeppelin.planner.cost.predict import lower_bound
 from megatron_zeppelin.planner.baselines.static_cp import a2a_heads_problem, a2a_p2p_problem
 from megatron_zeppelin.spec.words import Accumulation, Comm, Link, StrategyName
 
@@ -393,12 +395,14 @@ def run_steps(spec: RunSpec, world: int) -> List[List[List[int]]]:
                                            max_len=spec.context)] for k in range(m)] for b in range(spec.batches)]
 
 
-def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: str) -> Dict:
+def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: str, bound_cost=None) -> Dict:
     """A batch's plans (one per micro-batch) and simulated iteration (the activation recompute
     ``recompute`` is in both: the plan is priced with it, the simulator runs the recomputed forward
     in each layer's backward; ``recompute_s`` is the busiest rank's recomputed work) and the plans'
     time and memory balance. Each micro-batch (and each of dynamic_cp's rounds) waits for its
-    slowest rank; a rank holds one of them at a time."""
+    slowest rank; a rank holds one of them at a time. ``lower_bound_s``: the plans' micro-batches
+    perfectly balanced (planner/cost/predict.py ``lower_bound``) priced by ``bound_cost`` (default
+    each plan's own, at its recompute)."""
     from megatron_zeppelin.spec.memory import plan_memory_balance
     held = res.plans if isinstance(res, _Rounds) else plans
     if len(held) == 1 and not isinstance(res, _Rounds):
@@ -416,7 +420,7 @@ def _batch_record(plans, res, spec, model, profile, plan_s, sim_s, recompute: st
     for p in plans:
         for c, n in p.class_counts().items():
             classes[c] = classes.get(c, 0) + n
-    bounds = [p.lower_bound_s for p in plans]
+    bounds = [p.lower_bound_s if bound_cost is None else lower_bound(p.lengths, bound_cost) for p in plans]
     if spec.pipeline > 1:  # the steps in 1F1B (planner/iteration.py), as the simulator runs them
         from megatron_zeppelin.planner.iteration import pipeline_s
         predicted = pipeline_s([max(c.total_s for c in p.cost) for p in held], spec.pipeline)
@@ -532,6 +536,12 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                             capacity_tokens=spec.capacity, recompute=spec.recompute,
                             balance_memory=spec.balance_memory)
     rungs = recompute_rungs(spec)
+    # Each strategy deploys its own rung, but a configuration has one lower bound: perfect balance at
+    # the fastest rung that holds the mean tokens per GPU (a perfectly balanced run fits it), priced
+    # with the true profile; the bound at a record's own rung would rise as a slower rung is deployed
+    # and flatter the ratio (docs/results.md).
+    bound_cost = (cost_model_of(topo, profile, model, config.with_(recompute=rungs[0][0]))
+                  if spec.recompute_per_strategy and rungs else None)
     out: List[Optional[Dict]] = [None] * len(variants)
     fastest = None  # (mean time, recompute) the fastest fixed-shape variant deployed (CAPACITY_PLANNED)
     for i in sorted(range(len(variants)), key=lambda i: variants[i] in CAPACITY_PLANNED):  # them first
@@ -578,7 +588,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                         if t is None:
                             errors.setdefault(key, f"batch {b}: {e}")
                         continue
-                    br = _batch_record(plans, res, spec, model, profile, t1 - t0, t2 - t1, rc)
+                    br = _batch_record(plans, res, spec, model, profile, t1 - t0, t2 - t1, rc, bound_cost)
                     seen.done(key, b, br["iteration_s"])
                     batch_recs[key].append(br)
                 if all(t is not None for t in times[key]):

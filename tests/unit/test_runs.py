@@ -210,6 +210,10 @@ def test_each_strategy_deploys_the_fastest_recompute_its_own_plans_fit():
     assert list(p["tried"].values())[-1] == p["iteration_s"] and all(t is None for t in list(p["tried"].values())[:-1])
     assert p["recompute_s"] > 0 and z["recompute_s"] == 0
     assert z["iteration_s"] < p["iteration_s"]
+    # one lower bound for the configuration, at the fastest rung (none), whichever rung a record deployed:
+    # packed_dp's own plans bound at its recompute would pay the recomputed forward too
+    assert z["lower_bound_s"] == pytest.approx(p["lower_bound_s"], rel=1e-9)
+    assert z["lower_bound_s"] < z["iteration_s"] < p["iteration_s"]
 
 
 def test_static_cp_comm_type_is_fixed_for_the_run():
