@@ -46,6 +46,15 @@ def _summary_table(s: dict) -> List[str]:
     lines = _table(["baseline", "deployed: mean speedup", "geomean", "max", "min", "configs", "Zeppelin slower in",
                     "no fixed setting fits (OOM)", "oracle: mean speedup", "max", "min", "configs",
                     "Zeppelin slower in", "deployed baseline / lower bound (mean)"], rows)
+    for b, x in baselines(s["summary"]).items():
+        h = x.get("not_deployable")
+        if h:
+            lines += ["", f"Not deployable, so in neither column above: {b} in {h['configs']} configurations "
+                          f"({h['why']}). Simulated as if it ran them, Zeppelin's speedup over it would be "
+                          f"{_x(h['mean_speedup'])} mean, {_x(h['min_speedup'])} min, {_x(h['max_speedup'])} max, "
+                          f"slower in {len(h['losses'])}" + (": " + ", ".join(
+                              f"{k} ({v:.3f}x)" for k, v in zip(h["losses"], h["loss_speedups"])) if h["losses"]
+                              else "") + "."]
     lines += _ablation_table(s)
     lb = s["summary"].get("zeppelin_lower_bound")
     if lb:

@@ -37,6 +37,11 @@ its profile off (sim/gpu_terms.py): the report's GPU-terms table.
 >>> best = summarize(recs)["summary"][BEST]   # per configuration, the fastest deployed baseline
 >>> best["deployed"]["mean_speedup"], best["deployed"]["losses"], best["best_of"]
 (1.0, ['b'], {'packed_dp': 1, 'static_cp': 1})
+>>> no = {**rec("b", "dynamic_cp", None), "error": "not deployable with 2 pipeline stages: ...",
+...       "hypothetical_iteration_s": 1.6, "oracle_iteration_s": None}   # sim/runs.py undeployable
+>>> s = summarize(recs + [rec("a", "dynamic_cp", 1.2), no])["summary"]
+>>> s["dynamic_cp"]["deployed"]["configs"], s["dynamic_cp"]["not_deployable"]["losses"], s[BEST]["best_of"]
+(1, ['b'], {'dynamic_cp': 1, 'static_cp': 1})
 """
 
 from __future__ import annotations
@@ -281,6 +286,8 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     ``summary.best_baseline`` (BEST): the same against, per configuration, the fastest of the
     baselines (strategies, not the ablation steps) as deployed, and the fastest oracle; ``best_of``
     counts which baseline that was.
+    ``not_deployable`` (where any): the same over runs the baseline's system refuses (sim/runs.py
+    ``undeployable``), simulated as if it ran them, and why; in neither ``deployed`` nor ``oracle``.
     ``summary.zeppelin_lower_bound``: Zeppelin's mean iteration / the lower bound (mean, max).
     ``balance``: per variant (Zeppelin too), the mean over configurations of the plans' time and
     peak-activation-memory imbalance (max / mean over ranks)."""
@@ -291,6 +298,8 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
     orc: Dict[str, List[Tuple[str, float]]] = defaultdict(list)
     ceiling: Dict[str, List[float]] = defaultdict(list)
     oom: Dict[str, int] = defaultdict(int)
+    hyp: Dict[str, List[Tuple[str, float]]] = defaultdict(list)  # not deployable there, simulated as if it were
+    why: Dict[str, str] = {}
     lb, zkeys = [], []
     for key, vs in by_key.items():
         z = vs.get(reference)
@@ -306,12 +315,17 @@ def summarize(records: Sequence[Dict], reference: str = "zeppelin") -> Dict:
                 ceiling[v].append(r["iteration_s"] / z["lower_bound_s"])
             elif "out of memory" in (r.get("error") or "") or "fits every batch" in (r.get("error") or ""):
                 oom[v] += 1
+            elif r.get("hypothetical_iteration_s"):  # sim/runs.py undeployable
+                hyp[v].append((key, r["hypothetical_iteration_s"] / z["iteration_s"]))
+                why.setdefault(v, r["error"])
             if r.get("oracle_iteration_s"):
                 orc[v].append((key, r["oracle_iteration_s"] / z["iteration_s"]))
     summary: Dict[str, Dict] = {}
-    for v in sorted(set(dep) | set(orc) | set(oom)):
+    for v in sorted(set(dep) | set(orc) | set(oom) | set(hyp)):
         summary[v] = {"deployed": _stats(dep[v]), "oracle": _stats(orc[v]), "out_of_memory": oom.get(v, 0),
                       "lower_bound_ratio": sum(ceiling[v]) / len(ceiling[v]) if ceiling[v] else None}
+        if hyp[v]:
+            summary[v]["not_deployable"] = {**_stats(hyp[v]), "why": why[v]}
     best = _best_baseline(dep, orc, ceiling, zkeys)
     if best:
         summary[BEST] = best
