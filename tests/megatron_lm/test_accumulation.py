@@ -5,9 +5,10 @@ An iteration of 4 micro-batches per DP rank: the joint run trains the same docum
 the data-order run, only regrouped over its micro-batches by the planner (planner/accumulation.py,
 integration/data.py JointBatches), so with ``--calculate-per-token-loss`` each iteration's loss (the
 sum over its micro-batches over their token count), grad norm and validation loss equal the
-data-order run's up to float summation order (rel. 1e-5). DP 4 (2 nodes x 2) in the default run;
-PP 2 x DP 2 (1F1B, every stage regrouping alike) too; by_length (documents of like length together)
-and rounds (packed as Megatron's dynamic-CP scheduler packs its rounds) at DP 4.
+data-order run's up to float summation order (rel. 1e-5). DP 4 (2 nodes x 2) and PP 2 x DP 2 (1F1B,
+every stage regrouping alike); by_length (documents of like length together) and rounds (packed as
+Megatron's dynamic-CP scheduler packs its rounds) at DP 4; in the default run, rounds at DP 2 where
+fewer rounds than Megatron's steps leave steps empty.
 """
 
 import re
