@@ -37,7 +37,7 @@ its profile off (sim/gpu_terms.py): the report's GPU-terms table.
 >>> best = summarize(recs)["summary"][BEST]   # per configuration, the fastest deployed baseline
 >>> best["deployed"]["mean_speedup"], best["deployed"]["losses"], best["best_of"]
 (1.0, ['b'], {'packed_dp': 1, 'static_cp': 1})
->>> no = {**rec("b", "dynamic_cp", None), "error": "not deployable with 2 pipeline stages: ...",
+>>> no = {**rec("b", "dynamic_cp", None), "error": "not deployable with pipeline stages: ...",
 ...       "hypothetical_iteration_s": 1.6, "oracle_iteration_s": None}   # sim/runs.py undeployable
 >>> s = summarize(recs + [rec("a", "dynamic_cp", 1.2), no])["summary"]
 >>> s["dynamic_cp"]["deployed"]["configs"], s["dynamic_cp"]["not_deployable"]["losses"], s[BEST]["best_of"]

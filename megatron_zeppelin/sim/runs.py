@@ -108,13 +108,13 @@ def regrouping(variant: str, config) -> Optional[Accumulation]:
     how = ASSIGNED.get(variant) or (config.accumulation if variant in JOINT_STRATEGIES else None)
     return how if how in ASSIGNING else None
 CP_VARIANTS = ("static_cp", "allgather_cp", "static_cp+routing")
-# Variants whose plans read the capacity (not only checked against it): past the first rung that fits
-# they try the rung the fastest other variant deployed (module doc)
 # Strategies their system refuses to run with pipeline stages: simulated as if it ran them (what it
 # would take), but not deployable there, so neither a deployed nor an oracle baseline (sim/matrix.py).
 NO_PIPELINE = {"dynamic_cp": "Megatron-LM's hybrid context parallelism asserts pipeline_model_parallel_size "
                              "== 1 (megatron/training/arguments.py, 'Hybrid context parallelism not supported "
                              "with pipeline parallelism', in 0.19 and its dev branch)"}
+# Variants whose plans read the capacity (not only checked against it): past the first rung that fits
+# they try the rung the fastest other variant deployed (module doc)
 CAPACITY_PLANNED = ("zeppelin", "hybrid_dp", "zeppelin-noremap", "zeppelin-noulysses", PARTITIONER) + tuple(ASSIGNED)
 DEFAULT_BATCHES = 16
 AUTO = "auto"  # the setting of a variant without run-level settings: it plans each batch itself
@@ -552,6 +552,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
     for i in sorted(range(len(variants)), key=lambda i: variants[i] in CAPACITY_PLANNED):  # them first
         v = variants[i]
         climb = (fastest[1],) if v in CAPACITY_PLANNED and fastest is not None else ()
+        refused = undeployable(v, spec)  # simulated, kept apart from the deployed (NO_PIPELINE)
         rec = {**asdict(spec), "key": spec.key(), "label": spec.label(), "variant": v, "ranks": topo.world_size,
                "error": "", "oracle_error": ""}
         if spec.profile_error:
@@ -624,7 +625,7 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
             if spec.recompute_per_strategy:
                 rec["recompute"], rec["capacity"] = dep[1], dict(rungs)[dep[1]]
             rec.update(_mean_record(batch_recs[dep]))
-            if spec.recompute_per_strategy and v not in CAPACITY_PLANNED and not undeployable(v, spec) and (
+            if spec.recompute_per_strategy and v not in CAPACITY_PLANNED and not refused and (
                     fastest is None or rec["iteration_s"] < fastest[0]):
                 fastest = (rec["iteration_s"], dep[1])
             rec["batch_iteration_s"] = dep_times
@@ -639,8 +640,8 @@ def run_config(spec: RunSpec, variants: Sequence[str], options: SimOptions = Non
                                       if spec.recompute_per_strategy else
                                       [str(s) if s != AUTO else "" for s in oracle])
         rec["run_setting_name"] = name if not auto else ""
-        if undeployable(v, spec) and not rec["error"]:  # its times kept apart, as what it would take
-            rec["error"] = f"not deployable with pipeline stages: {undeployable(v, spec)}"
+        if refused and not rec["error"]:  # its times kept apart, as what it would take
+            rec["error"] = f"not deployable with pipeline stages: {refused}"
             rec["hypothetical_iteration_s"] = rec.pop("iteration_s")
             rec.pop("oracle_iteration_s", None)
         out[i] = rec

@@ -31,3 +31,7 @@ def test_settings_stopped_early_change_no_record(monkeypatch, micro_batches, sta
         for s in p["dominated"]:  # stopped where the full run was slower than the deployed setting
             assert p["tried"][s] is None and (f["tried"][s] is None or f["tried"][s] > f["iteration_s"]), (p["variant"], s)
         assert all(p["tried"][s] == f["tried"][s] for s in p["tried"] if s not in p["dominated"])
+    # Megatron refuses hybrid CP with pipeline stages: dynamic_cp's simulated time is kept apart there
+    dc = next(r for r in full if r["variant"] == "dynamic_cp")
+    assert ("iteration_s" in dc) == (stages == 1) and ("hypothetical_iteration_s" in dc) == (stages > 1)
+    assert (dc["error"].startswith("not deployable with pipeline stages")) == (stages > 1), dc["error"]
