@@ -52,7 +52,22 @@ def with_a2a_rings(placement: Placement, ctx: PlanContext) -> Optional[Placement
         if (ring.cls == DocClass.INTRA and ring.comm == Comm.P2P and ring.docs
                 and not a2a_heads_problem(ctx.cost.model, ctx.cost.tp, ring.size)):
             a2a = replace(ring, comm=Comm.A2A)
-            if ring_seconds(a2a, docs, ctx) < ring_seconds(ring, docs, ctx):
+            if _priced(a2a, docs, ctx) < _priced(ring, docs, ctx):
                 ring, switched = a2a, True
         rings.append(ring)
     return replace(placement, rings=rings, meta=dict(placement.meta)) if switched else None
+
+
+def _priced(ring, docs, ctx: PlanContext) -> float:
+    """``ring_seconds`` of an intra ring, once per batch for each (kind, size, documents' cuts): alone
+    on one node's NVLink, where every GPU has its own port, a ring takes the same time on whichever
+    of the node's ranks it sits, and the candidates of a batch (free and aligned rings, hidden and
+    forced inter documents) put the same documents on rings of the same size again and again. The
+    memo is the batch's (PlanContext.exchanges)."""
+    key = ("ring alone", ring.comm, ring.size, ring.a2a,
+           tuple((docs[d].length, tuple(docs[d].bounds)) for d in ring.docs))
+    got = ctx.exchanges.get(key)
+    if got is None:
+        got = ctx.exchanges[key] = ring_seconds(ring, docs, ctx)
+    return got
+
