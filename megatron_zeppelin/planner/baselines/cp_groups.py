@@ -75,6 +75,7 @@ def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int
     topo = ctx.topology
     ring_keys = sorted({g for g in groups.values() if len(g) > 1}, key=lambda g: (-len(g), g))
     ring_id = {g: i for i, g in enumerate(ring_keys)}
+    cls = {g: ring_class(g, topo) for g in ring_keys}  # once per ring, not per document (16k of them)
     members: Dict[Tuple[int, ...], List[int]] = {g: [] for g in ring_keys}
     docs = []
     for i, L in enumerate(lengths):
@@ -84,8 +85,8 @@ def placement_from_groups(lengths: Sequence[int], groups: Mapping[int, Tuple[int
             docs.append(DocPlan(i, int(L), DocClass.LOCAL, -1, g[0], (0, int(L)), pad))
         else:
             members[g].append(i)
-            docs.append(DocPlan(i, int(L), ring_class(g, topo), ring_id[g], -1, zigzag_bounds(int(L), len(g)), pad))
-    rings = [Ring(ring_id[g], g, ring_class(g, topo), tuple(members[g]), comm) for g in ring_keys]
+            docs.append(DocPlan(i, int(L), cls[g], ring_id[g], -1, zigzag_bounds(int(L), len(g)), pad))
+    rings = [Ring(ring_id[g], g, cls[g], tuple(members[g]), comm) for g in ring_keys]
     return Placement(docs=docs, rings=rings, thresholds=describe_thresholds(docs, why), meta=dict(meta or {}),
                      padded=any(d.padded for d in docs))
 
