@@ -4,16 +4,7 @@ import json
 import os
 import sys
 
-TIMING = {"plan_s", "sim_s"}
-
-
-def strip(x):
-    if isinstance(x, dict):
-        return {k: strip(v) for k, v in x.items() if k not in TIMING}
-    if isinstance(x, list):
-        return [strip(v) for v in x]
-    return x
-
+from compare_regen import strip  # the records' fields but their timing
 
 out = sys.argv[1]
 rows, same_all = [], True
