@@ -59,7 +59,7 @@ class Steps:
         self.shapes: List[dict] = []
         self._open: List[str] = []  # the steps running, innermost last: a step's time excludes its inner steps'
 
-    def _enter(self, step: str) -> float:
+    def enter(self, step: str) -> float:
         now = time.process_time()
         if self._open:  # the outer step pauses
             self.seconds[self._open[-1]] += now
@@ -67,7 +67,7 @@ class Steps:
         self.seconds[step] -= now
         return now
 
-    def _leave(self) -> float:
+    def leave(self) -> float:
         now = time.process_time()
         self.seconds[self._open.pop()] += now
         if self._open:
@@ -76,24 +76,24 @@ class Steps:
 
     def wrap(self, step, fn):
         def timed(*a, **kw):
-            self._enter(step)
+            self.enter(step)
             try:
                 return fn(*a, **kw)
             finally:
-                self._leave()
+                self.leave()
         return timed
 
     def wrap_generator(self, step, fn):
         def timed(*a, **kw):
             it = iter(fn(*a, **kw))
             while True:
-                self._enter(step)
+                self.enter(step)
                 try:
                     item = next(it)
                 except StopIteration:
                     return
                 finally:
-                    self._leave()
+                    self.leave()
                 yield item
         return timed
 
@@ -101,11 +101,11 @@ class Steps:
         def timed(ctx, placement, *a, **kw):
             shape = placement.meta.get("shape")
             step = "prepare shapes" if shape else "prepare partitioner"
-            t0 = self._enter(step)
+            t0 = self.enter(step)
             try:
                 return fn(ctx, placement, *a, **kw)
             finally:
-                t1 = self._leave()
+                t1 = self.leave()
                 if shape:
                     topo = ctx.topology
                     units = placement_units(placement, topo.world_size, topo.gpus_per_node, chunk_rows_of(ctx))
@@ -139,11 +139,11 @@ def attribute(planner: Planner, lengths) -> dict:
     planner.plan(lengths, "zeppelin")
     steps = Steps()
     with steps.timing():
-        steps._enter("other")
+        steps.enter("other")
         t0 = time.process_time()
         plan = planner.plan(lengths, "zeppelin")
         total = time.process_time() - t0
-        steps._leave()
+        steps.leave()
     predicted = plan.predicted_with_allreduce_s
     meta = plan.meta
     return {"docs": len(lengths), "ranks": planner.topology.world_size, "cpu_s": total,
